@@ -1,0 +1,75 @@
+/* Per-device CUDA context: one stream, cuBLAS/cuBLASLt/cuDNN handles bound to it, the caching
+ * allocator and a pinned staging buffer. Created lazily on first use of a device. */
+#ifndef PTL_CUDA_DEVICE_H
+#define PTL_CUDA_DEVICE_H
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <pthread.h>
+
+#include "../runtime.h"
+#include "allocator.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ptl_cuda_ctx {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    cublasLtHandle_t cublaslt;
+    cudnnHandle_t cudnn;
+    ptl_allocator *alloc;
+    void *pinned; /* staging buffer for host<->device copies, grown on demand */
+    size_t pinned_bytes;
+    pthread_mutex_t staging_lock; /* one host<->device copy through `pinned` at a time */
+} ptl_cuda_ctx;
+
+/* The context of `device`, created on first call. */
+int ptl_cuda_ctx_get(ptl_runtime *rt, int device, ptl_cuda_ctx **out);
+
+/* Error reporting: each returns -1 after setting a PTL_ERR_CUDA error naming `call` and the status. */
+int ptl_cuda_fail(const char *call, cudaError_t status);
+int ptl_cublas_fail(const char *call, cublasStatus_t status);
+int ptl_cudnn_fail(const char *call, cudnnStatus_t status);
+/* Checks the last launch; names the kernel on failure. */
+int ptl_cuda_launch_check(const char *kernel);
+
+#define PTL_CUDA_TRY(call)                              \
+    do {                                                \
+        cudaError_t st_ = (call);                       \
+        if (st_ != cudaSuccess) {                       \
+            ptl_cuda_fail(#call, st_);                  \
+            goto fail;                                  \
+        }                                               \
+    } while (0)
+#define PTL_CUBLAS_TRY(call)                            \
+    do {                                                \
+        cublasStatus_t st_ = (call);                    \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {             \
+            ptl_cublas_fail(#call, st_);                \
+            goto fail;                                  \
+        }                                               \
+    } while (0)
+#define PTL_CUDNN_TRY(call)                             \
+    do {                                                \
+        cudnnStatus_t st_ = (call);                     \
+        if (st_ != CUDNN_STATUS_SUCCESS) {              \
+            ptl_cudnn_fail(#call, st_);                 \
+            goto fail;                                  \
+        }                                               \
+    } while (0)
+#define PTL_LAUNCH_CHECK(name)                          \
+    do {                                                \
+        if (ptl_cuda_launch_check(name) != 0)           \
+            goto fail;                                  \
+    } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

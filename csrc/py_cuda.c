@@ -1,0 +1,156 @@
+/* Bindings behind ptl.cuda: device queries, synchronisation, allocator statistics and private pools. */
+#include "py.h"
+#include "runtime_impl.h"
+
+#ifdef PTL_WITH_CUDA
+#include "cuda/device.h"
+#endif
+
+static PyObject *py_device_count(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromLong(ptl_cuda_device_count(ptl_state(module)->rt));
+}
+
+#ifdef PTL_WITH_CUDA
+/* The context of device `index` (created if needed), or NULL with an exception set. */
+static ptl_cuda_ctx *ctx_arg(PyObject *module, int index)
+{
+    ptl_cuda_ctx *ctx = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ptl_cuda_ctx_get(ptl_state(module)->rt, index, &ctx);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return (ptl_cuda_ctx *)ptl_raise(module);
+    return ctx;
+}
+#endif
+
+static PyObject *no_cuda(void)
+{
+    PyErr_SetString(PyExc_ValueError, "device: no CUDA device is available (ptl was built without CUDA)");
+    return NULL;
+}
+
+static PyObject *py_get_device_name(PyObject *module, PyObject *arg)
+{
+    int index = (int)PyLong_AsLong(arg);
+    if (index == -1 && PyErr_Occurred())
+        return NULL;
+#ifdef PTL_WITH_CUDA
+    if (!ctx_arg(module, index))
+        return NULL;
+    struct cudaDeviceProp prop;
+    cudaError_t st = cudaGetDeviceProperties(&prop, index);
+    if (st != cudaSuccess) {
+        ptl_cuda_fail("cudaGetDeviceProperties", st);
+        return ptl_raise(module);
+    }
+    return PyUnicode_FromString(prop.name);
+#else
+    (void)module;
+    return no_cuda();
+#endif
+}
+
+static PyObject *py_synchronize(PyObject *module, PyObject *arg)
+{
+    int index = (int)PyLong_AsLong(arg);
+    if (index == -1 && PyErr_Occurred())
+        return NULL;
+#ifdef PTL_WITH_CUDA
+    ptl_cuda_ctx *ctx = ctx_arg(module, index);
+    if (!ctx)
+        return NULL;
+    cudaError_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = cudaStreamSynchronize(ctx->stream);
+    if (st == cudaSuccess)
+        st = cudaDeviceSynchronize();
+    Py_END_ALLOW_THREADS
+    if (st != cudaSuccess) {
+        ptl_cuda_fail("cudaStreamSynchronize", st);
+        return ptl_raise(module);
+    }
+    Py_RETURN_NONE;
+#else
+    (void)module;
+    return no_cuda();
+#endif
+}
+
+static PyObject *py_memory_stats(PyObject *module, PyObject *arg)
+{
+    int index = (int)PyLong_AsLong(arg);
+    if (index == -1 && PyErr_Occurred())
+        return NULL;
+#ifdef PTL_WITH_CUDA
+    ptl_cuda_ctx *ctx = ctx_arg(module, index);
+    if (!ctx)
+        return NULL;
+    ptl_alloc_stats s;
+    ptl_alloc_get_stats(ctx->alloc, &s);
+    return Py_BuildValue("{sLsLsLsLsLsL}", "allocated", (long long)s.allocated, "max_allocated",
+                         (long long)s.max_allocated, "reserved", (long long)s.reserved, "max_reserved",
+                         (long long)s.max_reserved, "num_segments", (long long)s.num_segments, "num_alloc_retries",
+                         (long long)s.num_alloc_retries);
+#else
+    (void)module;
+    return no_cuda();
+#endif
+}
+
+/* Allocator control: op 0 reset peaks, 1 empty cache, 2 create pool, 3 release pool `arg`,
+ * 4 set current pool to `arg` (returns the previous one). */
+static PyObject *py_allocator_op(PyObject *module, PyObject *args)
+{
+    int index, op, arg = 0;
+    if (!PyArg_ParseTuple(args, "ii|i:_allocator_op", &index, &op, &arg))
+        return NULL;
+#ifdef PTL_WITH_CUDA
+    ptl_cuda_ctx *ctx = ctx_arg(module, index);
+    if (!ctx)
+        return NULL;
+    int rc = 0;
+    switch (op) {
+    case 0: ptl_alloc_reset_peak(ctx->alloc); break;
+    case 1:
+        Py_BEGIN_ALLOW_THREADS
+        rc = ptl_alloc_empty_cache(ctx->alloc);
+        Py_END_ALLOW_THREADS
+        break;
+    case 2:
+        rc = ptl_alloc_pool_create(ctx->alloc);
+        if (rc >= 0)
+            return PyLong_FromLong(rc);
+        break;
+    case 3: rc = ptl_alloc_pool_release(ctx->alloc, arg); break;
+    case 4:
+        rc = ptl_alloc_current_pool(ctx->alloc);
+        ptl_alloc_set_current_pool(ctx->alloc, arg);
+        return PyLong_FromLong(rc);
+    default: PyErr_Format(PyExc_ValueError, "op: unknown allocator operation %d", op); return NULL;
+    }
+    if (rc < 0)
+        return ptl_raise(module);
+    Py_RETURN_NONE;
+#else
+    (void)module;
+    (void)index;
+    (void)op;
+    (void)arg;
+    return no_cuda();
+#endif
+}
+
+static PyMethodDef methods[] = {
+    {"cuda_device_count", py_device_count, METH_NOARGS, "Number of usable CUDA devices (0 without driver/GPU)."},
+    {"cuda_get_device_name", py_get_device_name, METH_O, "Name of CUDA device `index`."},
+    {"cuda_synchronize", py_synchronize, METH_O, "Wait for all work queued on device `index`."},
+    {"cuda_memory_stats", py_memory_stats, METH_O, "Caching-allocator statistics of device `index` (bytes)."},
+    {"_allocator_op", py_allocator_op, METH_VARARGS, "Allocator control (internal; see ptl.cuda)."},
+    {NULL, NULL, 0, NULL},
+};
+
+int ptl_register_cuda(PyObject *module) { return PyModule_AddFunctions(module, methods); }
