@@ -1,0 +1,35 @@
+/* Max-pool, kernel 5, stride 1, padding 2 (SPPF, spec §1.1), NHWC; padded cells never win.
+ *   x, y (n, h, w, c)
+ * Ties: the backward routes each output's gradient to the FIRST maximum of its 5x5 window in scan
+ * order (rows top to bottom, then columns left to right), i.e. a later equal value does not replace
+ * the current maximum. A NaN wins (and propagates) like in PyTorch.
+ * Element type: float32 or float64 on the CPU; deterministic for any thread count. */
+#ifndef PTL_NN_MAXPOOL_H
+#define PTL_NN_MAXPOOL_H
+
+#include "../ptl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PTL_MAXPOOL_K 5
+
+int ptl_maxpool5_forward(ptl_dtype dt, int n, int h, int w, int c, const void *x, void *y);
+/* dx = (accumulate ? dx : 0) + routed dy. The argmax is recomputed from x. */
+int ptl_maxpool5_backward(ptl_dtype dt, int n, int h, int w, int c, const void *x, const void *dy, void *dx,
+                          int accumulate);
+
+#ifdef PTL_WITH_CUDA
+struct ptl_cuda_ctx;
+int ptl_maxpool5_forward_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x,
+                              void *y);
+int ptl_maxpool5_backward_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c,
+                               const void *x, const void *dy, void *dx, int accumulate);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

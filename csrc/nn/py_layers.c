@@ -1,0 +1,654 @@
+/* Python bindings of the layer kernels (CPU), for tests: ptl._C.layer_* functions.
+ * Forwards return new tensors; backwards write into the gradient tensors they are given (activation
+ * gradients overwritten, parameter gradients accumulated, as the C functions do). All tensors of one
+ * call share x's dtype and live on the CPU. */
+#include "../py.h"
+#include "activation.h"
+#include "attention.h"
+#include "batchnorm.h"
+#include "concat.h"
+#include "conv2d.h"
+#include "elementwise.h"
+#include "maxpool.h"
+#include "upsample.h"
+
+static const ptl_device CPU = {PTL_CPU, 0};
+
+/* A CPU float32/float64 tensor; dt < 0 accepts either (the first tensor of a call fixes the dtype). */
+static PtlTensor *arg(PyObject *m, PyObject *obj, const char *name, int dt, int ndim, const int64_t *shape)
+{
+    PtlTensor *t = ptl_tensor_arg(m, obj, name, dt, &CPU, ndim, shape);
+    if (t && t->dtype != PTL_FLOAT32 && t->dtype != PTL_FLOAT64) {
+        PyErr_Format(PyExc_TypeError, "%s: expected dtype float32 or float64, got %s", name,
+                     ptl_dtype_name(t->dtype));
+        return NULL;
+    }
+    return t;
+}
+
+static PtlTensor *opt_arg(PyObject *m, PyObject *obj, const char *name, int dt, int ndim, const int64_t *shape,
+                          int *err)
+{
+    if (obj == Py_None)
+        return NULL;
+    PtlTensor *t = arg(m, obj, name, dt, ndim, shape);
+    if (!t)
+        *err = 1;
+    return t;
+}
+
+static PtlTensor *new_like(PyObject *m, int ndim, const int64_t *shape, ptl_dtype dt)
+{
+    return ptl_tensor_empty(m, ndim, shape, dt, CPU);
+}
+
+static void *data_or_null(PtlTensor *t) { return t ? ptl_tensor_data(t) : NULL; }
+
+#define RUN(call)                                                                                            \
+    do {                                                                                                     \
+        int rc_;                                                                                             \
+        Py_BEGIN_ALLOW_THREADS rc_ = (call);                                                                 \
+        Py_END_ALLOW_THREADS if (rc_ != 0) goto fail;                                                        \
+    } while (0)
+
+/* ------------------------------------------------------------------ conv2d */
+
+static int conv_desc(PyObject *m, PtlTensor *x, PtlTensor *w, int stride, int groups, ptl_conv2d_desc *d)
+{
+    if (w->shape[1] != w->shape[2]) {
+        PyErr_Format(PyExc_ValueError, "w: expected a square kernel (cout, k, k, cin/groups), got %lldx%lld",
+                     (long long)w->shape[1], (long long)w->shape[2]);
+        return -1;
+    }
+    if (groups <= 0 || x->shape[3] % groups || w->shape[3] * groups != x->shape[3]) {
+        PyErr_Format(PyExc_ValueError, "w: expected %lld/groups input channels (groups=%d), got %lld",
+                     (long long)x->shape[3], groups, (long long)w->shape[3]);
+        return -1;
+    }
+    if (ptl_conv2d_init(d, (int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3],
+                        (int)w->shape[0], (int)w->shape[1], stride, groups)) {
+        ptl_raise(m);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_conv2d_forward(PyObject *m, PyObject *args)
+{
+    PyObject *xo, *wo, *bo;
+    int stride, groups, err = 0;
+    if (!PyArg_ParseTuple(args, "OOOii:layer_conv2d_forward", &xo, &wo, &bo, &stride, &groups))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", -1, 4, NULL), *w, *b, *y;
+    if (!x || !(w = arg(m, wo, "w", x->dtype, 4, NULL)))
+        return NULL;
+    ptl_conv2d_desc d;
+    if (conv_desc(m, x, w, stride, groups, &d))
+        return NULL;
+    const int64_t bs[1] = {d.cout};
+    b = opt_arg(m, bo, "bias", x->dtype, 1, bs, &err);
+    if (err)
+        return NULL;
+    const int64_t ys[4] = {d.n, d.ho, d.wo, d.cout};
+    if (!(y = new_like(m, 4, ys, x->dtype)))
+        return NULL;
+    RUN(ptl_conv2d_forward(&d, x->dtype, ptl_tensor_data(x), ptl_tensor_data(w), data_or_null(b),
+                           ptl_tensor_data(y)));
+    return (PyObject *)y;
+fail:
+    Py_DECREF(y);
+    return ptl_raise(m);
+}
+
+/* layer_conv2d_backward_input(dy, w, dx, stride, groups, workspace=False): dx (n, h, w, cin) is
+ * overwritten; workspace=True takes the ptl_conv2d_backward_input_ws path. */
+static PyObject *py_conv2d_backward_input(PyObject *m, PyObject *args)
+{
+    PyObject *dyo, *wo, *dxo;
+    int stride, groups, use_ws = 0;
+    PtlTensor *ws = NULL;
+    if (!PyArg_ParseTuple(args, "OOOii|p:layer_conv2d_backward_input", &dyo, &wo, &dxo, &stride, &groups, &use_ws))
+        return NULL;
+    PtlTensor *dx = arg(m, dxo, "dx", -1, 4, NULL), *w, *dy;
+    if (!dx || !(w = arg(m, wo, "w", dx->dtype, 4, NULL)))
+        return NULL;
+    ptl_conv2d_desc d;
+    if (conv_desc(m, dx, w, stride, groups, &d))
+        return NULL;
+    const int64_t ys[4] = {d.n, d.ho, d.wo, d.cout};
+    if (!(dy = arg(m, dyo, "dy", dx->dtype, 4, ys)))
+        return NULL;
+    const int64_t wsn[1] = {ptl_conv2d_backward_input_workspace(&d)};
+    if (use_ws && wsn[0] > 0 && !(ws = new_like(m, 1, wsn, dx->dtype)))
+        return NULL;
+    RUN(ptl_conv2d_backward_input_ws(&d, dx->dtype, ptl_tensor_data(dy), ptl_tensor_data(w), data_or_null(ws),
+                                     ptl_tensor_data(dx)));
+    Py_XDECREF(ws);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(ws);
+    return ptl_raise(m);
+}
+
+/* layer_conv2d_backward_weight(x, dy, dw, stride, groups): dw += dL/dw. */
+static PyObject *py_conv2d_backward_weight(PyObject *m, PyObject *args)
+{
+    PyObject *xo, *dyo, *dwo;
+    int stride, groups;
+    if (!PyArg_ParseTuple(args, "OOOii:layer_conv2d_backward_weight", &xo, &dyo, &dwo, &stride, &groups))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", -1, 4, NULL), *dw, *dy;
+    if (!x || !(dw = arg(m, dwo, "dw", x->dtype, 4, NULL)))
+        return NULL;
+    ptl_conv2d_desc d;
+    if (conv_desc(m, x, dw, stride, groups, &d))
+        return NULL;
+    const int64_t ys[4] = {d.n, d.ho, d.wo, d.cout};
+    if (!(dy = arg(m, dyo, "dy", x->dtype, 4, ys)))
+        return NULL;
+    RUN(ptl_conv2d_backward_weight(&d, x->dtype, ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(dw)));
+    Py_RETURN_NONE;
+fail:
+    return ptl_raise(m);
+}
+
+/* layer_conv2d_backward_bias(dy, db): db += sum of dy over (n, ho, wo). */
+static PyObject *py_conv2d_backward_bias(PyObject *m, PyObject *args)
+{
+    PyObject *dyo, *dbo;
+    if (!PyArg_ParseTuple(args, "OO:layer_conv2d_backward_bias", &dyo, &dbo))
+        return NULL;
+    PtlTensor *dy = arg(m, dyo, "dy", -1, 4, NULL), *db;
+    if (!dy)
+        return NULL;
+    const int64_t bs[1] = {dy->shape[3]};
+    if (!(db = arg(m, dbo, "db", dy->dtype, 1, bs)))
+        return NULL;
+    ptl_conv2d_desc d;
+    if (ptl_conv2d_init(&d, (int)dy->shape[0], (int)dy->shape[1], (int)dy->shape[2], 1, (int)dy->shape[3], 1, 1, 1))
+        return ptl_raise(m);
+    RUN(ptl_conv2d_backward_bias(&d, dy->dtype, ptl_tensor_data(dy), ptl_tensor_data(db)));
+    Py_RETURN_NONE;
+fail:
+    return ptl_raise(m);
+}
+
+/* layer_conv2d_weight_layout(w, to_ohwi): OIHW (cout, cin_g, k, k) <-> OHWI (cout, k, k, cin_g). */
+static PyObject *py_conv2d_weight_layout(PyObject *m, PyObject *args)
+{
+    PyObject *wo;
+    int to_ohwi;
+    if (!PyArg_ParseTuple(args, "Op:layer_conv2d_weight_layout", &wo, &to_ohwi))
+        return NULL;
+    PtlTensor *w = arg(m, wo, "w", -1, 4, NULL), *out;
+    if (!w)
+        return NULL;
+    const int cout = (int)w->shape[0];
+    const int cig = (int)(to_ohwi ? w->shape[1] : w->shape[3]), k = (int)(to_ohwi ? w->shape[2] : w->shape[1]);
+    const int64_t os[4] = {cout, to_ohwi ? k : cig, k, to_ohwi ? cig : k};
+    if (!(out = new_like(m, 4, os, w->dtype)))
+        return NULL;
+    RUN(to_ohwi ? ptl_conv2d_weight_from_oihw(w->dtype, cout, cig, k, ptl_tensor_data(w), ptl_tensor_data(out))
+                : ptl_conv2d_weight_to_oihw(w->dtype, cout, cig, k, ptl_tensor_data(w), ptl_tensor_data(out)));
+    return (PyObject *)out;
+fail:
+    Py_DECREF(out);
+    return ptl_raise(m);
+}
+
+/* ------------------------------------------------------------------ batchnorm / silu */
+
+static int parse_act(PyObject *obj, ptl_act *act)
+{
+    if (obj == Py_None) {
+        *act = PTL_ACT_NONE;
+        return 0;
+    }
+    if (PyUnicode_Check(obj) && PyUnicode_CompareWithASCIIString(obj, "silu") == 0) {
+        *act = PTL_ACT_SILU;
+        return 0;
+    }
+    PyErr_Format(PyExc_ValueError, "act: expected None or 'silu', got %R", obj);
+    return -1;
+}
+
+/* layer_batchnorm_forward(x, gamma, beta, running_mean, running_var, training, act) ->
+ * (y, save_mean, save_invstd); x is (..., c); the running statistics are updated in training. */
+static PyObject *py_batchnorm_forward(PyObject *m, PyObject *args)
+{
+    PyObject *xo, *go, *bo, *rmo, *rvo, *acto;
+    int training;
+    ptl_act act;
+    if (!PyArg_ParseTuple(args, "OOOOOpO:layer_batchnorm_forward", &xo, &go, &bo, &rmo, &rvo, &training, &acto) ||
+        parse_act(acto, &act))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", -1, -1, NULL), *g, *b, *rm, *rv, *y = NULL, *sm = NULL, *si = NULL;
+    if (!x)
+        return NULL;
+    if (x->ndim < 1) {
+        PyErr_SetString(PyExc_ValueError, "x: expected at least 1 dimension (channels last)");
+        return NULL;
+    }
+    const int64_t cs[1] = {x->shape[x->ndim - 1]};
+    if (!(g = arg(m, go, "gamma", x->dtype, 1, cs)) || !(b = arg(m, bo, "beta", x->dtype, 1, cs)) ||
+        !(rm = arg(m, rmo, "running_mean", x->dtype, 1, cs)) || !(rv = arg(m, rvo, "running_var", x->dtype, 1, cs)))
+        return NULL;
+    if (!(y = new_like(m, x->ndim, x->shape, x->dtype)) || !(sm = new_like(m, 1, cs, x->dtype)) ||
+        !(si = new_like(m, 1, cs, x->dtype)))
+        goto cleanup;
+    const int64_t c = cs[0], rows = c ? ptl_tensor_numel(x) / c : 0;
+    RUN(ptl_batchnorm_forward(x->dtype, rows, (int)c, ptl_tensor_data(x), ptl_tensor_data(g), ptl_tensor_data(b),
+                              ptl_tensor_data(rm), ptl_tensor_data(rv), training, act, ptl_tensor_data(sm),
+                              ptl_tensor_data(si), ptl_tensor_data(y)));
+    return Py_BuildValue("(NNN)", y, sm, si);
+fail:
+    ptl_raise(m);
+cleanup:
+    Py_XDECREF(y);
+    Py_XDECREF(sm);
+    Py_XDECREF(si);
+    return NULL;
+}
+
+/* layer_batchnorm_backward(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma, dbeta):
+ * dx overwritten; dgamma/dbeta (or None) accumulated. */
+static PyObject *py_batchnorm_backward(PyObject *m, PyObject *args)
+{
+    PyObject *xo, *dyo, *go, *bo, *smo, *sio, *acto, *dxo, *dgo, *dbo;
+    int training, err = 0;
+    ptl_act act;
+    if (!PyArg_ParseTuple(args, "OOOOOOpOOOO:layer_batchnorm_backward", &xo, &dyo, &go, &bo, &smo, &sio, &training,
+                          &acto, &dxo, &dgo, &dbo) ||
+        parse_act(acto, &act))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", -1, -1, NULL), *dy, *g, *b, *sm, *si, *dx, *dg, *db;
+    if (!x)
+        return NULL;
+    if (x->ndim < 1) {
+        PyErr_SetString(PyExc_ValueError, "x: expected at least 1 dimension (channels last)");
+        return NULL;
+    }
+    const int64_t cs[1] = {x->shape[x->ndim - 1]};
+    if (!(dy = arg(m, dyo, "dy", x->dtype, x->ndim, x->shape)) || !(dx = arg(m, dxo, "dx", x->dtype, x->ndim, x->shape)) ||
+        !(g = arg(m, go, "gamma", x->dtype, 1, cs)) || !(b = arg(m, bo, "beta", x->dtype, 1, cs)) ||
+        !(sm = arg(m, smo, "save_mean", x->dtype, 1, cs)) || !(si = arg(m, sio, "save_invstd", x->dtype, 1, cs)))
+        return NULL;
+    dg = opt_arg(m, dgo, "dgamma", x->dtype, 1, cs, &err);
+    db = err ? NULL : opt_arg(m, dbo, "dbeta", x->dtype, 1, cs, &err);
+    if (err)
+        return NULL;
+    const int64_t c = cs[0], rows = c ? ptl_tensor_numel(x) / c : 0;
+    RUN(ptl_batchnorm_backward(x->dtype, rows, (int)c, ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(g),
+                               ptl_tensor_data(b), ptl_tensor_data(sm), ptl_tensor_data(si), training, act,
+                               ptl_tensor_data(dx), data_or_null(dg), data_or_null(db)));
+    Py_RETURN_NONE;
+fail:
+    return ptl_raise(m);
+}
+
+static PyObject *py_silu_forward(PyObject *m, PyObject *xo)
+{
+    PtlTensor *x = arg(m, xo, "x", -1, -1, NULL), *y;
+    if (!x || !(y = new_like(m, x->ndim, x->shape, x->dtype)))
+        return NULL;
+    RUN(ptl_silu_forward(x->dtype, ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(y)));
+    return (PyObject *)y;
+fail:
+    Py_DECREF(y);
+    return ptl_raise(m);
+}
+
+static PyObject *py_silu_backward(PyObject *m, PyObject *args)
+{
+    PyObject *xo, *dyo;
+    if (!PyArg_ParseTuple(args, "OO:layer_silu_backward", &xo, &dyo))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", -1, -1, NULL), *dy, *dx;
+    if (!x || !(dy = arg(m, dyo, "dy", x->dtype, x->ndim, x->shape)) ||
+        !(dx = new_like(m, x->ndim, x->shape, x->dtype)))
+        return NULL;
+    RUN(ptl_silu_backward(x->dtype, ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(dy),
+                          ptl_tensor_data(dx)));
+    return (PyObject *)dx;
+fail:
+    Py_DECREF(dx);
+    return ptl_raise(m);
+}
+
+/* ------------------------------------------------------------------ maxpool / upsample */
+
+static PyObject *py_maxpool5_forward(PyObject *m, PyObject *xo)
+{
+    PtlTensor *x = arg(m, xo, "x", -1, 4, NULL), *y;
+    if (!x || !(y = new_like(m, 4, x->shape, x->dtype)))
+        return NULL;
+    RUN(ptl_maxpool5_forward(x->dtype, (int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3],
+                             ptl_tensor_data(x), ptl_tensor_data(y)));
+    return (PyObject *)y;
+fail:
+    Py_DECREF(y);
+    return ptl_raise(m);
+}
+
+/* layer_maxpool5_backward(x, dy, dx, accumulate) */
+static PyObject *py_maxpool5_backward(PyObject *m, PyObject *args)
+{
+    PyObject *xo, *dyo, *dxo;
+    int acc;
+    if (!PyArg_ParseTuple(args, "OOOp:layer_maxpool5_backward", &xo, &dyo, &dxo, &acc))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", -1, 4, NULL), *dy, *dx;
+    if (!x || !(dy = arg(m, dyo, "dy", x->dtype, 4, x->shape)) || !(dx = arg(m, dxo, "dx", x->dtype, 4, x->shape)))
+        return NULL;
+    RUN(ptl_maxpool5_backward(x->dtype, (int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3],
+                              ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(dx), acc));
+    Py_RETURN_NONE;
+fail:
+    return ptl_raise(m);
+}
+
+static PyObject *py_upsample2x_forward(PyObject *m, PyObject *xo)
+{
+    PtlTensor *x = arg(m, xo, "x", -1, 4, NULL), *y;
+    if (!x)
+        return NULL;
+    const int64_t ys[4] = {x->shape[0], 2 * x->shape[1], 2 * x->shape[2], x->shape[3]};
+    if (!(y = new_like(m, 4, ys, x->dtype)))
+        return NULL;
+    RUN(ptl_upsample2x_forward(x->dtype, (int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3],
+                               ptl_tensor_data(x), ptl_tensor_data(y)));
+    return (PyObject *)y;
+fail:
+    Py_DECREF(y);
+    return ptl_raise(m);
+}
+
+/* layer_upsample2x_backward(dy, dx, accumulate) */
+static PyObject *py_upsample2x_backward(PyObject *m, PyObject *args)
+{
+    PyObject *dyo, *dxo;
+    int acc;
+    if (!PyArg_ParseTuple(args, "OOp:layer_upsample2x_backward", &dyo, &dxo, &acc))
+        return NULL;
+    PtlTensor *dx = arg(m, dxo, "dx", -1, 4, NULL), *dy;
+    if (!dx)
+        return NULL;
+    const int64_t ys[4] = {dx->shape[0], 2 * dx->shape[1], 2 * dx->shape[2], dx->shape[3]};
+    if (!(dy = arg(m, dyo, "dy", dx->dtype, 4, ys)))
+        return NULL;
+    RUN(ptl_upsample2x_backward(dx->dtype, (int)dx->shape[0], (int)dx->shape[1], (int)dx->shape[2],
+                                (int)dx->shape[3], ptl_tensor_data(dy), ptl_tensor_data(dx), acc));
+    Py_RETURN_NONE;
+fail:
+    return ptl_raise(m);
+}
+
+/* ------------------------------------------------------------------ concat */
+
+#define MAX_CAT 16
+
+/* Checks a sequence of (..., c_i) tensors sharing the leading dims of `like` (or of the first). */
+static int cat_list(PyObject *m, PyObject *seq, const char *name, PtlTensor *like, int allow_none, int *k,
+                    PtlTensor **ts, int *cs)
+{
+    PyObject *fast = PySequence_Fast(seq, "expected a sequence of tensors");
+    if (!fast)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n < 1 || n > MAX_CAT) {
+        PyErr_Format(PyExc_ValueError, "%s: expected 1 to %d tensors, got %zd", name, MAX_CAT, n);
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(fast, i);
+        char nm[64];
+        snprintf(nm, sizeof nm, "%s[%zd]", name, i);
+        if (o == Py_None && allow_none) {
+            ts[i] = NULL;
+            cs[i] = -1;
+            continue;
+        }
+        PtlTensor *t = arg(m, o, nm, like ? (int)like->dtype : -1, like ? like->ndim : -1, NULL);
+        if (!t)
+            goto fail;
+        if (!like)
+            like = t;
+        for (int d = 0; d + 1 < like->ndim; d++)
+            if (t->shape[d] != like->shape[d]) {
+                PyErr_Format(PyExc_ValueError, "%s: leading dimensions differ from the others", nm);
+                goto fail;
+            }
+        ts[i] = t;
+        cs[i] = (int)t->shape[t->ndim - 1];
+    }
+    *k = (int)n;
+    Py_DECREF(fast);
+    return 0;
+fail:
+    Py_DECREF(fast);
+    return -1;
+}
+
+static PyObject *py_concat_forward(PyObject *m, PyObject *seq)
+{
+    PtlTensor *ts[MAX_CAT], *y;
+    int cs[MAX_CAT], k;
+    const void *xs[MAX_CAT];
+    if (cat_list(m, seq, "xs", NULL, 0, &k, ts, cs))
+        return NULL;
+    int64_t shape[PTL_MAX_DIMS];
+    const int nd = ts[0]->ndim;
+    for (int d = 0; d < nd; d++)
+        shape[d] = ts[0]->shape[d];
+    shape[nd - 1] = 0;
+    for (int i = 0; i < k; i++) {
+        shape[nd - 1] += cs[i];
+        xs[i] = ptl_tensor_data(ts[i]);
+    }
+    if (!(y = new_like(m, nd, shape, ts[0]->dtype)))
+        return NULL;
+    const int64_t rows = ptl_tensor_numel(ts[0]) / (cs[0] ? cs[0] : 1);
+    RUN(ptl_concat_forward(y->dtype, rows, k, xs, cs, ptl_tensor_data(y)));
+    return (PyObject *)y;
+fail:
+    Py_DECREF(y);
+    return ptl_raise(m);
+}
+
+/* layer_concat_backward(dy, dxs, accumulate): dxs a list of tensors or None, accumulate a list of bools
+ * or None. */
+static PyObject *py_concat_backward(PyObject *m, PyObject *args)
+{
+    PyObject *dyo, *dxso, *acco;
+    if (!PyArg_ParseTuple(args, "OOO:layer_concat_backward", &dyo, &dxso, &acco))
+        return NULL;
+    PtlTensor *dy = arg(m, dyo, "dy", -1, -1, NULL), *ts[MAX_CAT];
+    int cs[MAX_CAT], k, acc[MAX_CAT], total = 0;
+    void *dxs[MAX_CAT];
+    if (!dy || cat_list(m, dxso, "dxs", dy, 1, &k, ts, cs))
+        return NULL;
+    for (int i = 0; i < k; i++) {
+        if (cs[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "dxs[%d]: None needs its channel count; pass a tensor", i);
+            return NULL;
+        }
+        total += cs[i];
+        dxs[i] = ptl_tensor_data(ts[i]);
+        acc[i] = 0;
+    }
+    if (total != dy->shape[dy->ndim - 1]) {
+        PyErr_Format(PyExc_ValueError, "dxs: channel counts sum to %d, dy has %lld", total,
+                     (long long)dy->shape[dy->ndim - 1]);
+        return NULL;
+    }
+    if (acco != Py_None) {
+        if (!PySequence_Check(acco) || PySequence_Size(acco) != k) {
+            PyErr_Format(PyExc_ValueError, "accumulate: expected None or %d booleans", k);
+            return NULL;
+        }
+        for (int i = 0; i < k; i++) {
+            PyObject *it = PySequence_GetItem(acco, i);
+            acc[i] = it ? PyObject_IsTrue(it) : -1;
+            Py_XDECREF(it);
+            if (acc[i] < 0)
+                return NULL;
+        }
+    }
+    const int64_t rows = total ? ptl_tensor_numel(dy) / total : 0;
+    RUN(ptl_concat_backward(dy->dtype, rows, k, ptl_tensor_data(dy), cs, dxs, acc));
+    Py_RETURN_NONE;
+fail:
+    return ptl_raise(m);
+}
+
+/* layer_channel_copy(src, src_off, dst, dst_off, c, accumulate) */
+static PyObject *py_channel_copy(PyObject *m, PyObject *args)
+{
+    PyObject *so, *dso;
+    int soff, doff, c, acc;
+    if (!PyArg_ParseTuple(args, "OiOiip:layer_channel_copy", &so, &soff, &dso, &doff, &c, &acc))
+        return NULL;
+    PtlTensor *s = arg(m, so, "src", -1, -1, NULL), *d;
+    if (!s || !(d = arg(m, dso, "dst", s->dtype, s->ndim, NULL)))
+        return NULL;
+    for (int i = 0; i + 1 < s->ndim; i++)
+        if (s->shape[i] != d->shape[i]) {
+            PyErr_SetString(PyExc_ValueError, "dst: leading dimensions differ from src's");
+            return NULL;
+        }
+    const int sc = (int)s->shape[s->ndim - 1], dc = (int)d->shape[d->ndim - 1];
+    const int64_t rows = sc ? ptl_tensor_numel(s) / sc : 0;
+    RUN(ptl_channel_copy(s->dtype, rows, c, ptl_tensor_data(s), sc, soff, ptl_tensor_data(d), dc, doff, acc));
+    Py_RETURN_NONE;
+fail:
+    return ptl_raise(m);
+}
+
+/* ------------------------------------------------------------------ attention */
+
+static int attn_sizes(PtlTensor *qkv, int heads, int kd, int hd)
+{
+    if (heads <= 0 || kd <= 0 || hd <= 0) {
+        PyErr_Format(PyExc_ValueError, "heads, kd, hd: must be positive (got %d, %d, %d)", heads, kd, hd);
+        return -1;
+    }
+    if (qkv->shape[3] != (int64_t)heads * (2 * kd + hd)) {
+        PyErr_Format(PyExc_ValueError, "qkv: expected heads*(2*kd+hd) = %d channels, got %lld", heads * (2 * kd + hd),
+                     (long long)qkv->shape[3]);
+        return -1;
+    }
+    return 0;
+}
+
+/* layer_attention_forward(qkv, heads, kd, hd) -> (o, attn, v); qkv (b, h, w, heads*(2kd+hd)). */
+static PyObject *py_attention_forward(PyObject *m, PyObject *args)
+{
+    PyObject *qo;
+    int heads, kd, hd;
+    if (!PyArg_ParseTuple(args, "Oiii:layer_attention_forward", &qo, &heads, &kd, &hd))
+        return NULL;
+    PtlTensor *q = arg(m, qo, "qkv", -1, 4, NULL), *o = NULL, *at = NULL, *v = NULL;
+    if (!q || attn_sizes(q, heads, kd, hd))
+        return NULL;
+    const int b = (int)q->shape[0], n = (int)(q->shape[1] * q->shape[2]);
+    const int64_t os[4] = {b, q->shape[1], q->shape[2], (int64_t)heads * hd}, as[4] = {b, heads, n, n};
+    if (!(o = new_like(m, 4, os, q->dtype)) || !(at = new_like(m, 4, as, q->dtype)) ||
+        !(v = new_like(m, 4, os, q->dtype)))
+        goto cleanup;
+    RUN(ptl_attention_forward(q->dtype, b, n, heads, kd, hd, ptl_tensor_data(q), ptl_tensor_data(at),
+                              ptl_tensor_data(o), ptl_tensor_data(v)));
+    return Py_BuildValue("(NNN)", o, at, v);
+fail:
+    ptl_raise(m);
+cleanup:
+    Py_XDECREF(o);
+    Py_XDECREF(at);
+    Py_XDECREF(v);
+    return NULL;
+}
+
+/* layer_attention_backward(qkv, attn, d_o, dv_or_None, heads, kd, hd, dqkv): dqkv overwritten. */
+static PyObject *py_attention_backward(PyObject *m, PyObject *args)
+{
+    PyObject *qo, *ao, *doo, *dvo, *dqo;
+    int heads, kd, hd, err = 0;
+    if (!PyArg_ParseTuple(args, "OOOOiiiO:layer_attention_backward", &qo, &ao, &doo, &dvo, &heads, &kd, &hd, &dqo))
+        return NULL;
+    PtlTensor *q = arg(m, qo, "qkv", -1, 4, NULL), *at, *d_o, *dv, *dq;
+    if (!q || attn_sizes(q, heads, kd, hd))
+        return NULL;
+    const int b = (int)q->shape[0], n = (int)(q->shape[1] * q->shape[2]);
+    const int64_t os[4] = {b, q->shape[1], q->shape[2], (int64_t)heads * hd}, as[4] = {b, heads, n, n};
+    if (!(at = arg(m, ao, "attn", q->dtype, 4, as)) || !(d_o = arg(m, doo, "d_o", q->dtype, 4, os)) ||
+        !(dq = arg(m, dqo, "dqkv", q->dtype, 4, q->shape)))
+        return NULL;
+    dv = opt_arg(m, dvo, "dv", q->dtype, 4, os, &err);
+    if (err)
+        return NULL;
+    RUN(ptl_attention_backward(q->dtype, b, n, heads, kd, hd, ptl_tensor_data(q), ptl_tensor_data(at),
+                               ptl_tensor_data(d_o), data_or_null(dv), ptl_tensor_data(dq)));
+    Py_RETURN_NONE;
+fail:
+    return ptl_raise(m);
+}
+
+/* ------------------------------------------------------------------ elementwise */
+
+static PyObject *py_add(PyObject *m, PyObject *args)
+{
+    PyObject *ao, *bo;
+    if (!PyArg_ParseTuple(args, "OO:layer_add", &ao, &bo))
+        return NULL;
+    PtlTensor *a = arg(m, ao, "a", -1, -1, NULL), *b, *y;
+    if (!a || !(b = arg(m, bo, "b", a->dtype, a->ndim, a->shape)) || !(y = new_like(m, a->ndim, a->shape, a->dtype)))
+        return NULL;
+    RUN(ptl_add(a->dtype, ptl_tensor_numel(a), ptl_tensor_data(a), ptl_tensor_data(b), ptl_tensor_data(y)));
+    return (PyObject *)y;
+fail:
+    Py_DECREF(y);
+    return ptl_raise(m);
+}
+
+/* layer_accumulate(x, y): y += x. */
+static PyObject *py_accumulate(PyObject *m, PyObject *args)
+{
+    PyObject *xo, *yo;
+    if (!PyArg_ParseTuple(args, "OO:layer_accumulate", &xo, &yo))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", -1, -1, NULL), *y;
+    if (!x || !(y = arg(m, yo, "y", x->dtype, x->ndim, x->shape)))
+        return NULL;
+    RUN(ptl_accumulate(x->dtype, ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(y)));
+    Py_RETURN_NONE;
+fail:
+    return ptl_raise(m);
+}
+
+static PyMethodDef methods[] = {
+    {"layer_conv2d_forward", py_conv2d_forward, METH_VARARGS, "(x, w_ohwi, bias|None, stride, groups) -> y"},
+    {"layer_conv2d_backward_input", py_conv2d_backward_input, METH_VARARGS, "(dy, w, dx, stride, groups, workspace=False); dx ="},
+    {"layer_conv2d_backward_weight", py_conv2d_backward_weight, METH_VARARGS, "(x, dy, dw, stride, groups); dw +="},
+    {"layer_conv2d_backward_bias", py_conv2d_backward_bias, METH_VARARGS, "(dy, db); db +="},
+    {"layer_conv2d_weight_layout", py_conv2d_weight_layout, METH_VARARGS, "(w, to_ohwi) -> w in the other layout"},
+    {"layer_batchnorm_forward", py_batchnorm_forward, METH_VARARGS,
+     "(x, gamma, beta, running_mean, running_var, training, act) -> (y, save_mean, save_invstd)"},
+    {"layer_batchnorm_backward", py_batchnorm_backward, METH_VARARGS,
+     "(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma|None, dbeta|None)"},
+    {"layer_silu_forward", py_silu_forward, METH_O, "(x) -> silu(x)"},
+    {"layer_silu_backward", py_silu_backward, METH_VARARGS, "(x, dy) -> dx"},
+    {"layer_maxpool5_forward", py_maxpool5_forward, METH_O, "(x) -> y"},
+    {"layer_maxpool5_backward", py_maxpool5_backward, METH_VARARGS, "(x, dy, dx, accumulate)"},
+    {"layer_upsample2x_forward", py_upsample2x_forward, METH_O, "(x) -> y"},
+    {"layer_upsample2x_backward", py_upsample2x_backward, METH_VARARGS, "(dy, dx, accumulate)"},
+    {"layer_concat_forward", py_concat_forward, METH_O, "([x0, x1, ...]) -> y"},
+    {"layer_concat_backward", py_concat_backward, METH_VARARGS, "(dy, [dx0, ...], accumulate|None)"},
+    {"layer_channel_copy", py_channel_copy, METH_VARARGS, "(src, src_off, dst, dst_off, c, accumulate)"},
+    {"layer_attention_forward", py_attention_forward, METH_VARARGS, "(qkv, heads, kd, hd) -> (o, attn, v)"},
+    {"layer_attention_backward", py_attention_backward, METH_VARARGS,
+     "(qkv, attn, d_o, dv|None, heads, kd, hd, dqkv)"},
+    {"layer_add", py_add, METH_VARARGS, "(a, b) -> a + b"},
+    {"layer_accumulate", py_accumulate, METH_VARARGS, "(x, y); y += x"},
+    {NULL, NULL, 0, NULL},
+};
+
+int ptl_register_layers(PyObject *module) { return PyModule_AddFunctions(module, methods); }
