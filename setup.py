@@ -9,6 +9,7 @@ Environment:
   PTL_JOBS            parallel compile jobs (default: CPU count)
 """
 import glob
+import hashlib
 import os
 import shutil
 import subprocess
@@ -120,7 +121,9 @@ class BuildExt(build_ext):
     """Compiles .c and .cu files in parallel, each only when it or a header changed."""
 
     def build_extension(self, ext):
-        tmp = os.path.abspath(self.build_temp)
+        # objects of different configurations (CPU-only vs CUDA, flags, targets) never mix
+        config = repr((macros, C_FLAGS, NVCC_FLAGS, _gencode() if CUDA_HOME else None, include_dirs))
+        tmp = os.path.join(os.path.abspath(self.build_temp), hashlib.sha1(config.encode()).hexdigest()[:10])
         jobs = int(os.environ.get("PTL_JOBS", os.cpu_count() or 2))
         defs = ["-D%s=%s" % m for m in macros]
         incs = ["-I" + d for d in include_dirs]

@@ -23,6 +23,7 @@ typedef struct {
     int ndim;
     int64_t shape[PTL_MAX_DIMS];
     ptl_dtype dtype;
+    PyObject *owner; /* keeps borrowed memory alive (ptl_tensor_wrap), else NULL */
 } PtlTensor;
 
 extern struct PyModuleDef ptl_moduledef;
@@ -52,6 +53,9 @@ PtlTensor *ptl_tensor_empty(PyObject *module, int ndim, const int64_t *shape, pt
 /* A tensor sharing `base`'s storage, starting `byte_offset` bytes into base's data. */
 PtlTensor *ptl_tensor_view(PyObject *module, PtlTensor *base, size_t byte_offset, int ndim,
                            const int64_t *shape, ptl_dtype dt);
+/* A tensor over memory that `owner` keeps alive (a new reference to owner is held). */
+PtlTensor *ptl_tensor_wrap(PyObject *module, void *data, ptl_device dev, int ndim, const int64_t *shape,
+                           ptl_dtype dt, PyObject *owner);
 /* Checks that obj is a Tensor of dtype `dt` (or any if dt < 0) on `dev` (or any if NULL), with `ndim`
  * dims (any if < 0) and, where shape != NULL, the given sizes (entries < 0 match anything). */
 PtlTensor *ptl_tensor_arg(PyObject *module, PyObject *obj, const char *arg, int dt, const ptl_device *dev,

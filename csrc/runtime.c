@@ -76,6 +76,17 @@ fail:
     return -1;
 }
 
+int ptl_storage_borrow(ptl_runtime *rt, ptl_device dev, void *data, size_t nbytes, ptl_storage **out)
+{
+    ptl_storage *s = calloc(1, sizeof *s);
+    if (!s)
+        return ptl_set_error(PTL_ERR_MEMORY, "out of host memory");
+    *s = (ptl_storage){.refcount = 1, .data = data, .nbytes = nbytes, .device = dev, .rt = rt, .borrowed = 1};
+    __atomic_add_fetch(&rt->refs, 1, __ATOMIC_ACQ_REL);
+    *out = s;
+    return 0;
+}
+
 void ptl_storage_incref(ptl_storage *s) { __atomic_add_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL); }
 
 void ptl_storage_decref(ptl_storage *s)
@@ -83,10 +94,10 @@ void ptl_storage_decref(ptl_storage *s)
     if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) != 0)
         return;
     ptl_runtime *rt = s->rt;
-    if (s->device.type == PTL_CPU)
+    if (!s->borrowed && s->device.type == PTL_CPU)
         free(s->data);
 #ifdef PTL_WITH_CUDA
-    else
+    else if (!s->borrowed)
         ptl_cuda_storage_free(s);
 #endif
     free(s);

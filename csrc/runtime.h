@@ -19,6 +19,7 @@ typedef struct ptl_storage {
     ptl_device device;
     void *block; /* allocator block (CUDA) */
     ptl_runtime *rt;
+    int borrowed; /* data belongs to someone else (ptl_storage_borrow): never freed here */
 } ptl_storage;
 
 ptl_runtime *ptl_runtime_create(void);
@@ -26,6 +27,8 @@ ptl_runtime *ptl_runtime_create(void);
 void ptl_runtime_release(ptl_runtime *rt);
 
 int ptl_storage_new(ptl_runtime *rt, ptl_device dev, size_t nbytes, ptl_storage **out);
+/* Storage over memory owned elsewhere (e.g. a NumPy array); the caller keeps the owner alive. */
+int ptl_storage_borrow(ptl_runtime *rt, ptl_device dev, void *data, size_t nbytes, ptl_storage **out);
 void ptl_storage_incref(ptl_storage *s);
 void ptl_storage_decref(ptl_storage *s);
 

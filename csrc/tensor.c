@@ -267,6 +267,29 @@ PtlTensor *ptl_tensor_view(PyObject *module, PtlTensor *base, size_t byte_offset
     t->offset = base->offset + byte_offset;
     t->storage = base->storage;
     ptl_storage_incref(t->storage);
+    t->owner = base->owner;
+    Py_XINCREF(t->owner);
+    return t;
+}
+
+PtlTensor *ptl_tensor_wrap(PyObject *module, void *data, ptl_device dev, int ndim, const int64_t *shape,
+                           ptl_dtype dt, PyObject *owner)
+{
+    size_t nbytes;
+    if (checked_nbytes(ndim, shape, dt, &nbytes) < 0)
+        return NULL;
+    PtlTensor *t = tensor_alloc(module);
+    if (!t)
+        return NULL;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    t->dtype = dt;
+    if (ptl_storage_borrow(ptl_state(module)->rt, dev, data, nbytes, &t->storage) != 0) {
+        Py_DECREF(t);
+        return (PtlTensor *)ptl_raise(module);
+    }
+    t->owner = owner;
+    Py_XINCREF(owner);
     return t;
 }
 
@@ -442,6 +465,36 @@ static PyObject *make_filled(PyObject *module, PyObject *args, PyObject *kwargs,
     return (PyObject *)t;
 }
 
+/* ptl.from_numpy(array): a CPU tensor sharing the array's memory (no copy). */
+static PyObject *py_from_numpy(PyObject *module, PyObject *obj)
+{
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "array: expected a NumPy array, got %.100s", Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    PyArrayObject *arr = (PyArrayObject *)obj;
+    if (!PyArray_IS_C_CONTIGUOUS(arr) || !PyArray_ISALIGNED(arr) || !PyArray_ISWRITEABLE(arr)) {
+        PyErr_SetString(PyExc_ValueError, "array: expected a C-contiguous, aligned, writeable array "
+                                          "(use ptl.tensor to copy other arrays)");
+        return NULL;
+    }
+    int dt = ptl_dtype_from_npy(PyArray_TYPE(arr));
+    if (dt < 0) {
+        PyErr_Format(PyExc_TypeError, "array: dtype %R is not supported (expected %s)", (PyObject *)PyArray_DESCR(arr),
+                     DTYPES_EXPECTED);
+        return NULL;
+    }
+    if (PyArray_NDIM(arr) > PTL_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "array: at most %d dimensions, got %d", PTL_MAX_DIMS, PyArray_NDIM(arr));
+        return NULL;
+    }
+    int64_t shape[PTL_MAX_DIMS];
+    for (int i = 0; i < PyArray_NDIM(arr); i++)
+        shape[i] = PyArray_DIM(arr, i);
+    return (PyObject *)ptl_tensor_wrap(module, PyArray_DATA(arr), (ptl_device){PTL_CPU, 0}, PyArray_NDIM(arr),
+                                       shape, (ptl_dtype)dt, obj);
+}
+
 static PyObject *py_empty(PyObject *m, PyObject *a, PyObject *k) { return make_filled(m, a, k, "empty", 0); }
 static PyObject *py_zeros(PyObject *m, PyObject *a, PyObject *k) { return make_filled(m, a, k, "zeros", 1); }
 
@@ -457,6 +510,7 @@ static void tensor_dealloc(PtlTensor *self)
         ptl_storage_decref(s);
         Py_END_ALLOW_THREADS
     }
+    Py_CLEAR(self->owner);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -679,6 +733,9 @@ static PyMethodDef module_methods[] = {
     {"tensor", (PyCFunction)(void (*)(void))py_tensor, METH_VARARGS | METH_KEYWORDS,
      "tensor(data, dtype=None, device='cpu')\n--\n\nA new tensor holding a copy of `data` (a NumPy array, nested "
      "sequence or ptl.Tensor). Non-contiguous arrays are copied; bool becomes uint8."},
+    {"from_numpy", py_from_numpy, METH_O,
+     "from_numpy(array)\n--\n\nA CPU tensor sharing the memory of a C-contiguous, aligned, writeable NumPy array "
+     "(the array is kept alive by the tensor)."},
     {"empty", (PyCFunction)(void (*)(void))py_empty, METH_VARARGS | METH_KEYWORDS,
      "empty(shape, dtype='float32', device='cpu')\n--\n\nA new uninitialised tensor."},
     {"zeros", (PyCFunction)(void (*)(void))py_zeros, METH_VARARGS | METH_KEYWORDS,

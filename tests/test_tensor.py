@@ -138,3 +138,18 @@ def test_cuda_conversions_and_zeros():
         assert np.array_equal(ptl.tensor(a, dtype=dt, device="cuda").numpy(), ptl.tensor(a, dtype=dt).numpy())
     assert not ptl.zeros((3, 1000), device="cuda").numpy().any()
     assert np.array_equal(ptl.full(7, -1.5, dtype="float16", device="cuda").numpy(), np.full(7, -1.5, np.float16))
+
+
+def test_from_numpy_shares_memory_and_keeps_the_array_alive():
+    a = np.arange(6, dtype=np.float32)
+    t = ptl.from_numpy(a)
+    a[2] = 42.0
+    assert t.numpy()[2] == 42.0 and t.data_ptr == a.ctypes.data
+    del a
+    assert t.numpy().tolist() == [0, 1, 42, 3, 4, 5]
+    with pytest.raises(ValueError, match="contiguous"):
+        ptl.from_numpy(np.zeros((4, 4), np.float32)[:, 1])
+    with pytest.raises(TypeError, match="array"):
+        ptl.from_numpy([1.0])
+    with pytest.raises(TypeError, match="dtype"):
+        ptl.from_numpy(np.zeros(3, np.int8))

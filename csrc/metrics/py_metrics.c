@@ -1,3 +1,241 @@
+/* Python bindings of the metrics area. postprocess works on ptl Tensors (CPU or CUDA); the per-
+ * validation functions take contiguous host buffers (NumPy arrays) that ptl/metrics.py prepares,
+ * including the output arrays, so this file needs no NumPy C API. */
+#include <string.h>
+
 #include "../py.h"
-static PyMethodDef methods[] = {{NULL, NULL, 0, NULL}};
+#include "metrics.h"
+#include "postprocess.h"
+
+/* A C-contiguous buffer of `numel` items (any if < 0) of kind 'f' (float), 'i' (signed) or 'u'
+ * (unsigned) and the given item size. */
+static int buffer_arg(PyObject *obj, const char *arg, char kind, Py_ssize_t itemsize, int writable,
+                      Py_ssize_t numel, Py_buffer *view)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous%s array, got %.100s", arg,
+                     writable ? " writable" : "", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    const char *fmt = view->format ? view->format : "B";
+    if (*fmt == '@' || *fmt == '=' || *fmt == '<')
+        fmt++;
+    char k = 0;
+    if (strlen(fmt) == 1) {
+        if (strchr("fde", *fmt))
+            k = 'f';
+        else if (strchr("bhilq", *fmt))
+            k = 'i';
+        else if (strchr("BHILQ?", *fmt))
+            k = 'u';
+    }
+    if (k != kind || view->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: expected %s%d items, got format '%s' of %zd bytes", arg,
+                     kind == 'f' ? "float" : kind == 'i' ? "int" : "uint", (int)(8 * itemsize), view->format,
+                     view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if (numel >= 0 && view->len != numel * itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd items, got %zd", arg, numel, view->len / itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_postprocess(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"boxes", "scores", "img_h", "img_w", "max_det", "conf", NULL};
+    PyObject *bo, *so;
+    int img_h, img_w, max_det = 300;
+    float conf = 0.001f;
+    PtlTensor *boxes, *scores, *out = NULL, *count = NULL, *keys = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOii|if:postprocess", kwlist, &bo, &so, &img_h, &img_w,
+                                     &max_det, &conf))
+        return NULL;
+    int64_t bshape[3] = {-1, -1, 4};
+    boxes = ptl_tensor_arg(self, bo, "boxes", PTL_FLOAT32, NULL, 3, bshape);
+    if (!boxes)
+        return NULL;
+    int64_t B = boxes->shape[0], A = boxes->shape[1];
+    ptl_device dev = boxes->storage->device;
+    int64_t sshape[3] = {B, A, -1};
+    scores = ptl_tensor_arg(self, so, "scores", PTL_FLOAT32, &dev, 3, sshape);
+    if (!scores)
+        return NULL;
+    int64_t nc = scores->shape[2];
+    int64_t k = ptl_postprocess_check(B, A, nc, img_h, img_w, max_det);
+    if (k < 0)
+        return ptl_raise(self);
+    int64_t oshape[3] = {B, k, 6}, cshape[1] = {B}, kshape[1] = {B * A};
+    out = ptl_tensor_empty(self, 3, oshape, PTL_FLOAT32, dev);
+    count = out ? ptl_tensor_empty(self, 1, cshape, PTL_INT32, dev) : NULL;
+    if (!count)
+        goto fail;
+    int rc;
+    if (dev.type == PTL_CPU) {
+        Py_BEGIN_ALLOW_THREADS;
+        rc = ptl_postprocess_cpu(ptl_tensor_data(boxes), ptl_tensor_data(scores), B, A, nc, img_h, img_w, max_det,
+                                 conf, ptl_tensor_data(out), ptl_tensor_data(count));
+        Py_END_ALLOW_THREADS;
+    } else {
+#ifdef PTL_WITH_CUDA
+        keys = ptl_tensor_empty(self, 1, kshape, PTL_INT64, dev);
+        if (!keys)
+            goto fail;
+        ptl_runtime *rt = ptl_state(self)->rt;
+        Py_BEGIN_ALLOW_THREADS;
+        rc = ptl_postprocess_cuda(rt, dev.index, ptl_tensor_data(boxes), ptl_tensor_data(scores), B, A, nc, img_h,
+                                  img_w, max_det, conf, ptl_tensor_data(keys), ptl_tensor_data(out),
+                                  ptl_tensor_data(count));
+        Py_END_ALLOW_THREADS;
+#else
+        (void)kshape;
+        rc = ptl_set_error(PTL_ERR_VALUE, "postprocess: ptl was built without CUDA");
+#endif
+    }
+    Py_XDECREF(keys);
+    keys = NULL;
+    if (rc != 0) {
+        ptl_raise(self);
+        goto fail;
+    }
+    return Py_BuildValue("(NN)", (PyObject *)out, (PyObject *)count);
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(count);
+    Py_XDECREF(keys);
+    return NULL;
+}
+
+static PyObject *py_scale_boxes(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *bo;
+    double gx, gy, px, py, w, h;
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "Odddddd:scale_boxes", &bo, &gx, &gy, &px, &py, &w, &h))
+        return NULL;
+    if (!(gx > 0.0) || !(gy > 0.0))
+        return PyErr_Format(PyExc_ValueError, "scale_boxes: gain must be positive, got (%g, %g)", gx, gy);
+    if (buffer_arg(bo, "boxes", 'f', 8, 1, -1, &b) < 0)
+        return NULL;
+    if (b.len % 32) {
+        PyBuffer_Release(&b);
+        return PyErr_Format(PyExc_ValueError, "boxes: expected (n, 4), got %zd values", b.len / 8);
+    }
+    ptl_scale_boxes((double *)b.buf, b.len / 32, gx, gy, px, py, w, h);
+    PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_match_predictions(PyObject *self, PyObject *args)
+{
+    PyObject *pbo, *pco, *gbo, *gco, *tpo;
+    Py_buffer pb = {0}, pc = {0}, gb = {0}, gc = {0}, tp = {0};
+    PyObject *ret = NULL;
+    int rc;
+    if (!PyArg_ParseTuple(args, "OOOOO:match_predictions", &pbo, &pco, &gbo, &gco, &tpo))
+        return NULL;
+    if (buffer_arg(pco, "pred_cls", 'i', 8, 0, -1, &pc) < 0)
+        goto fail;
+    if (buffer_arg(pbo, "pred_boxes", 'f', 8, 0, 4 * (pc.len / 8), &pb) < 0)
+        goto fail;
+    if (buffer_arg(gco, "gt_cls", 'i', 8, 0, -1, &gc) < 0)
+        goto fail;
+    if (buffer_arg(gbo, "gt_boxes", 'f', 8, 0, 4 * (gc.len / 8), &gb) < 0)
+        goto fail;
+    if (buffer_arg(tpo, "tp", 'u', 1, 1, PTL_NUM_IOU * (pc.len / 8), &tp) < 0)
+        goto fail;
+    Py_BEGIN_ALLOW_THREADS;
+    rc = ptl_match_predictions(pc.len / 8, pb.buf, pc.buf, gc.len / 8, gb.buf, gc.buf, tp.buf);
+    Py_END_ALLOW_THREADS;
+    if (rc != 0) {
+        ptl_raise(self);
+        goto fail;
+    }
+    ret = Py_NewRef(Py_None);
+fail:
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&pc);
+    PyBuffer_Release(&gb);
+    PyBuffer_Release(&gc);
+    PyBuffer_Release(&tp);
+    return ret;
+}
+
+static PyObject *py_ap_per_class(PyObject *self, PyObject *args)
+{
+    enum { TP, CONF, PCLS, GCLS, CLASSES, NGT, NPRED, AP, P, R, F1, NBUF };
+    static const char *names[NBUF] = {"tp", "conf", "pred_cls", "gt_cls", "classes", "n_gt",
+                                      "n_pred", "ap", "precision", "recall", "f1"};
+    static const char kinds[NBUF] = {'u', 'f', 'i', 'i', 'i', 'i', 'i', 'f', 'f', 'f', 'f'};
+    PyObject *o[NBUF];
+    Py_buffer b[NBUF];
+    int got = 0, rc;
+    PyObject *ret = NULL;
+    ptl_ap_result res;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOO:ap_per_class", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
+                          &o[7], &o[8], &o[9], &o[10]))
+        return NULL;
+    for (; got < NBUF; got++)
+        if (buffer_arg(o[got], names[got], kinds[got], got == TP ? 1 : 8, got >= CLASSES, -1, &b[got]) < 0)
+            goto fail;
+    Py_ssize_t n = b[CONF].len / 8, m = b[GCLS].len / 8, cap = b[CLASSES].len / 8;
+    for (int i = 0; i < NBUF; i++) {
+        Py_ssize_t want = i == TP ? PTL_NUM_IOU * n : i == PCLS ? 8 * n : i == AP ? 8 * PTL_NUM_IOU * cap
+                          : i > CLASSES ? 8 * cap : b[i].len;
+        if (b[i].len != want) {
+            PyErr_Format(PyExc_ValueError, "%s: expected %zd bytes, got %zd", names[i], want, b[i].len);
+            goto fail;
+        }
+    }
+    if (cap < m) {
+        PyErr_Format(PyExc_ValueError, "classes: room for %zd classes, need up to %zd (one per ground truth)",
+                     cap, m);
+        goto fail;
+    }
+    res.capacity = cap;
+    res.classes = b[CLASSES].buf;
+    res.n_gt = b[NGT].buf;
+    res.n_pred = b[NPRED].buf;
+    res.ap = b[AP].buf;
+    res.precision = b[P].buf;
+    res.recall = b[R].buf;
+    res.f1 = b[F1].buf;
+    Py_BEGIN_ALLOW_THREADS;
+    rc = ptl_ap_per_class(n, b[TP].buf, b[CONF].buf, b[PCLS].buf, m, b[GCLS].buf, &res);
+    Py_END_ALLOW_THREADS;
+    if (rc != 0) {
+        ptl_raise(self);
+        goto fail;
+    }
+    ret = Py_BuildValue("{s:L,s:d,s:d,s:d,s:d,s:d,s:L,s:d,s:O}", "nclasses", (long long)res.nclasses, "mp",
+                        res.mp, "mr", res.mr, "map50", res.map50, "map", res.map, "fitness", res.fitness,
+                        "best_index", (long long)res.best_index, "best_conf", res.best_conf, "any_tp",
+                        res.any_tp ? Py_True : Py_False);
+fail:
+    for (int i = 0; i < got; i++)
+        PyBuffer_Release(&b[i]);
+    return ret;
+}
+
+static PyMethodDef methods[] = {
+    {"postprocess", (PyCFunction)(void (*)(void))py_postprocess, METH_VARARGS | METH_KEYWORDS,
+     "postprocess(boxes, scores, img_h, img_w, max_det=300, conf=0.001) -> (out (B, k, 6), count (B,))\n"
+     "End-to-end top-k of the o2o head (spec 8.2) on the tensors' device."},
+    {"scale_boxes", py_scale_boxes, METH_VARARGS,
+     "scale_boxes(boxes f64 (n, 4), gain_x, gain_y, pad_x, pad_y, width, height): in place."},
+    {"match_predictions", py_match_predictions, METH_VARARGS,
+     "match_predictions(pred_boxes f64 (n, 4), pred_cls i64 (n), gt_boxes f64 (m, 4), gt_cls i64 (m), "
+     "tp u8 (n, 10) out)"},
+    {"ap_per_class", py_ap_per_class, METH_VARARGS,
+     "ap_per_class(tp u8 (n, 10), conf f64, pred_cls i64, gt_cls i64, classes, n_gt, n_pred (i64 out), "
+     "ap (cap, 10), precision, recall, f1 (f64 out)) -> dict of scalars"},
+    {NULL, NULL, 0, NULL},
+};
+
 int ptl_register_metrics(PyObject *module) { return PyModule_AddFunctions(module, methods); }

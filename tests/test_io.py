@@ -1,0 +1,251 @@
+"""ptl.io: the C safetensors writer/reader against the `safetensors` package, corrupt files, atomicity."""
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import ptl
+from ptl.io import bf16_to_float32, float32_to_bf16, load_safetensors, save_safetensors
+
+DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+    "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+SHAPES = [(), (0,), (3,), (2, 0, 4), (2, 3, 5), (1, 1, 1, 1, 1, 1, 1, 2)]
+
+
+def sample(dtype, shape, rng):
+    x = rng.standard_normal(shape) * 1000
+    if dtype == np.bool_:
+        return x > 0
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+    return x.astype(dtype)
+
+
+def reference_load(path):
+    """Every tensor of `path` as (dtype name, shape, raw bytes), read by the safetensors package."""
+    safetensors = pytest.importorskip("safetensors")
+    with open(path, "rb") as f:
+        return {name: (v["dtype"], list(v["shape"]), bytes(v["data"]))
+                for name, v in safetensors.deserialize(f.read())}
+
+
+def reference_metadata(path):
+    safetensors = pytest.importorskip("safetensors")
+    with safetensors.safe_open(str(path), framework="numpy") as f:
+        return f.metadata()
+
+
+@pytest.mark.parametrize("st", sorted(DTYPES))
+def test_round_trip_every_dtype(tmp_path, st):
+    rng = np.random.default_rng(len(st))
+    tensors = {"t%d" % i: sample(DTYPES[st], shape, rng) for i, shape in enumerate(SHAPES)}
+    path = tmp_path / "x.safetensors"
+    save_safetensors(path, tensors)
+    back, meta = load_safetensors(path)
+    assert meta == {}
+    assert set(back) == set(tensors)
+    for name, x in tensors.items():
+        assert back[name].dtype == x.dtype and back[name].shape == x.shape
+        np.testing.assert_array_equal(back[name], x)
+    ref = reference_load(path)
+    for name, x in tensors.items():
+        assert ref[name] == (st, list(x.shape), x.tobytes()), name
+    load_file = pytest.importorskip("safetensors.numpy").load_file
+    for name, y in load_file(str(path)).items():
+        np.testing.assert_array_equal(y, tensors[name])
+
+
+def test_bf16_pairs_and_tensors(tmp_path):
+    rng = np.random.default_rng(0)
+    bits = float32_to_bf16(rng.standard_normal((4, 5)).astype(np.float32))
+    t = ptl.tensor(bf16_to_float32(bits)).to(dtype="bfloat16")
+    path = tmp_path / "bf16.safetensors"
+    save_safetensors(path, {"pair": (bits, "BF16"), "tensor": t, "f32": ptl.tensor(np.ones(3, np.float32))})
+    back, _ = load_safetensors(path)
+    arr, st = back["pair"]
+    assert st == "BF16" and arr.dtype == np.uint16
+    np.testing.assert_array_equal(arr, bits)
+    np.testing.assert_array_equal(back["tensor"][0], bits)
+    np.testing.assert_array_equal(back["f32"], np.ones(3, np.float32))
+    ref = reference_load(path)
+    assert ref["pair"] == ("BF16", [4, 5], bits.tobytes())
+    assert ref["tensor"] == ("BF16", [4, 5], bits.tobytes())
+
+
+def test_bf16_conversions():
+    x = np.array([1.0, -2.5, 3.14159, 1e-40, np.inf, -np.inf, 65504.0, 1.00390625, 1.01171875], np.float32)
+    bits = float32_to_bf16(x)
+    y = bf16_to_float32(bits)
+    # round to nearest even: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 and goes to 1
+    np.testing.assert_array_equal(y[[0, 1, 4, 5, 7]], [1.0, -2.5, np.inf, -np.inf, 1.0])
+    np.testing.assert_array_equal(y[8], np.float32(1.015625))
+    normal = np.isfinite(x) & (np.abs(x) >= np.finfo(np.float32).tiny)
+    assert np.all(np.abs(y[normal] - x[normal]) <= np.abs(x[normal]) * 2.0 ** -8)
+    assert np.isnan(bf16_to_float32(float32_to_bf16(np.array([np.nan], np.float32))))[0]
+
+
+def test_reads_reference_files(tmp_path):
+    save_file = pytest.importorskip("safetensors.numpy").save_file
+    rng = np.random.default_rng(1)
+    tensors = {"b.w": rng.standard_normal((3, 4)).astype(np.float32), "a": np.arange(7, dtype=np.int64),
+               "c": np.array(True), "z": np.zeros((0, 2), np.float16)}
+    path = tmp_path / "ref.safetensors"
+    save_file(tensors, str(path), metadata={"epoch": "3", "json": '{"a": [1, 2]}'})
+    back, meta = load_safetensors(path)
+    assert meta == {"epoch": "3", "json": '{"a": [1, 2]}'}
+    for k, v in tensors.items():
+        assert back[k].dtype == v.dtype
+        np.testing.assert_array_equal(back[k], v)
+
+
+def test_reads_reference_bf16(tmp_path):
+    safetensors = pytest.importorskip("safetensors")
+    if not hasattr(safetensors, "TensorSpec"):
+        pytest.skip("this safetensors has no TensorSpec to write raw BF16")
+    bits = np.arange(12, dtype=np.uint16) * 1000
+    path = tmp_path / "refbf16.safetensors"
+    spec = safetensors.TensorSpec(dtype="bfloat16", shape=[3, 4], data_ptr=bits.ctypes.data, data_len=bits.nbytes)
+    safetensors.serialize_file({"w": spec}, str(path), None)
+    back, _ = load_safetensors(path)
+    np.testing.assert_array_equal(back["w"][0], bits.reshape(3, 4))
+    assert back["w"][1] == "BF16"
+
+
+def test_metadata_and_names(tmp_path):
+    meta = {"trainer": json.dumps({"epoch": 2, "note": "quote \" backslash \\ tab \t"}), "unicode": "αβγ ✓ 🚀",
+            "empty": "", "nl": "a\nb\x01"}
+    names = {"model.0.conv.weight": np.ones(2, np.float32), "ünï \"q\" \\b\n": np.zeros(1, np.int32),
+             "🚀": np.arange(3, dtype=np.uint8)}
+    path = tmp_path / "m.safetensors"
+    save_safetensors(path, names, metadata=meta)
+    back, m = load_safetensors(path)
+    assert m == meta
+    assert reference_metadata(path) == meta
+    assert set(back) == set(names)
+    assert set(reference_load(path)) == set(names)
+
+
+def test_header_layout(tmp_path):
+    path = tmp_path / "h.safetensors"
+    save_safetensors(path, {"a": np.ones(1, np.uint8), "b": np.ones(3, np.float64), "c": np.ones(1, np.int16)},
+                     metadata={"k": "v"})
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    assert n % 8 == 0 and raw[8:9] == b"{"
+    hdr = json.loads(raw[8:8 + n])
+    assert hdr["__metadata__"] == {"k": "v"}
+    # largest item size first, so every tensor is aligned to its item size
+    assert hdr["b"]["data_offsets"] == [0, 24] and hdr["c"]["data_offsets"] == [24, 26]
+    assert hdr["a"]["data_offsets"] == [26, 27] and len(raw) == 8 + n + 27
+
+
+def test_bad_arguments(tmp_path):
+    path = tmp_path / "bad.safetensors"
+    with pytest.raises(TypeError, match="'obj'.*unsupported dtype"):
+        save_safetensors(path, {"obj": np.array(["x"], dtype=object)})
+    with pytest.raises(TypeError, match="metadata"):
+        save_safetensors(path, {"a": np.ones(1)}, metadata={"k": 1})
+    with pytest.raises(TypeError, match="'w'.*BF16"):
+        save_safetensors(path, {"w": (np.ones(2, np.float32), "BF16")})
+    with pytest.raises(ValueError, match="__metadata__"):
+        save_safetensors(path, {"__metadata__": np.ones(1)})
+    assert not path.exists()
+    assert os.listdir(tmp_path) == []
+
+
+def good_file(tmp_path):
+    path = tmp_path / "good.safetensors"
+    save_safetensors(path, {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(2, np.int64)},
+                     metadata={"k": "v"})
+    return path, path.read_bytes()
+
+
+def rewrite_header(raw, edit):
+    (n,) = struct.unpack("<Q", raw[:8])
+    hdr = json.loads(raw[8:8 + n])
+    edit(hdr)
+    text = json.dumps(hdr).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + raw[8 + n:]
+
+
+CORRUPTIONS = {
+    "empty": (lambda raw: b"", "shorter than the 8-byte header length"),
+    "short": (lambda raw: raw[:5], "shorter than the 8-byte header length"),
+    "header past end": (lambda raw: struct.pack("<Q", 10 ** 6) + raw[8:], "runs past the end"),
+    "header too long": (lambda raw: struct.pack("<Q", 2 ** 62) + raw[8:], "runs past the end"),
+    "not json": (lambda raw: raw[:8] + b"[" + raw[9:], "does not start with"),
+    "cut header": (lambda raw: raw[:8 + 20], "runs past the end"),
+    "truncated data": (lambda raw: raw[:-3], "truncated"),
+    "extra data": (lambda raw: raw + b"\0" * 4, "file holds"),
+    "bad dtype": (lambda raw: rewrite_header(raw, lambda h: h["w"].update(dtype="F99")), "unsupported dtype"),
+    "shape mismatch": (lambda raw: rewrite_header(raw, lambda h: h["w"].update(shape=[2, 4])), "need 32 bytes"),
+    "overlap": (lambda raw: rewrite_header(raw, lambda h: h["w"].update(data_offsets=[0, 24])), "tile the data"),
+    "no dtype": (lambda raw: rewrite_header(raw, lambda h: h["w"].pop("dtype")), "lacks a dtype"),
+    "bad metadata": (lambda raw: rewrite_header(raw, lambda h: h.update(__metadata__={"k": 3})), "metadata"),
+    "negative": (lambda raw: rewrite_header(raw, lambda h: h["w"].update(shape=[-2, 3])), "non-negative"),
+    "float shape": (lambda raw: rewrite_header(raw, lambda h: h["w"].update(shape=[2.0, 3])), "integer"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_corrupt_files_raise_clear_errors(tmp_path, kind):
+    path, raw = good_file(tmp_path)
+    make, message = CORRUPTIONS[kind]
+    path.write_bytes(make(raw))
+    with pytest.raises(ValueError, match=message) as err:
+        load_safetensors(path)
+    assert str(path) in str(err.value)
+
+
+def test_missing_file_is_oserror(tmp_path):
+    path = tmp_path / "nope.safetensors"
+    with pytest.raises(OSError, match="nope.safetensors"):
+        load_safetensors(path)
+    with pytest.raises(OSError, match="is not a regular file"):
+        load_safetensors(tmp_path)
+    with pytest.raises(OSError, match="no_dir"):
+        save_safetensors(tmp_path / "no_dir" / "x.safetensors", {"a": np.ones(1)})
+
+
+def test_failure_mid_write_keeps_previous_file(tmp_path):
+    path, raw = good_file(tmp_path)
+    big = {"w": np.full((1000, 100), 7.0, np.float32)}
+    for after in (0, 7, 40, 200_000):
+        with pytest.raises(OSError, match="injected failure"):
+            save_safetensors(path, big, _fault_after=after)
+        assert path.read_bytes() == raw
+        assert sorted(os.listdir(tmp_path)) == ["good.safetensors"]  # the temporary file is removed
+    back, meta = load_safetensors(path)
+    assert meta == {"k": "v"} and back["w"].shape == (2, 3)
+    save_safetensors(path, big)
+    np.testing.assert_array_equal(load_safetensors(path)[0]["w"], big["w"])
+
+
+def test_process_killed_mid_write_keeps_previous_file(tmp_path):
+    path, raw = good_file(tmp_path)
+    code = textwrap.dedent("""
+        import sys, numpy as np
+        from ptl.io import save_safetensors
+        save_safetensors(sys.argv[1], {"w": np.full((1000, 100), 7.0, np.float32)}, _fault_after=100_000,
+                         _fault_kill=True)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(ptl.__file__))]
+                                                       + sys.path))
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr.decode()
+    assert path.read_bytes() == raw
+    leftovers = [f for f in os.listdir(tmp_path) if f != "good.safetensors"]
+    assert len(leftovers) == 1 and ".tmp." in leftovers[0]
+    assert (tmp_path / leftovers[0]).stat().st_size == 100_000  # the crash really was mid-write
+    assert load_safetensors(path)[1] == {"k": "v"}
+    assert set(reference_load(path)) == {"w", "b"}
