@@ -2,6 +2,7 @@
 from . import _C, cuda, io, metrics
 from ._C import CudaError, Tensor, empty, from_numpy, tensor, zeros
 from .io import load_safetensors, save_safetensors
+from .model import Detector
 from .random import Generator, full, rand, randn, seed_everything
 
 __version__ = "0.1.0"
@@ -10,6 +11,6 @@ float32, float64, float16, bfloat16 = "float32", "float64", "float16", "bfloat16
 int32, int64, uint8 = "int32", "int64", "uint8"
 
 __all__ = [
-    "CudaError", "Generator", "load_safetensors", "save_safetensors", "Tensor", "cuda", "empty", "from_numpy", "full", "rand", "randn", "seed_everything",
+    "CudaError", "Detector", "Generator", "load_safetensors", "save_safetensors", "Tensor", "cuda", "empty", "from_numpy", "full", "rand", "randn", "seed_everything",
     "tensor", "zeros", "float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8",
 ]
