@@ -1,0 +1,73 @@
+"""Data loader throughput: augmented training images per second (mosaic + affine + HSV + flip, from the
+RAM cache) for several worker counts, and decode throughput (JPEG/PNG decode + load-time resize, measured
+while filling the RAM cache).
+
+    python benchmarks/loader.py [--data PATH/data.yaml] [--imgsz 640] [--batch 16] [--workers 1,2,4,8,16]
+                                [--images 2048]
+
+Targets (issue 6): >= 250 augmented images/s per worker thread, >= 1500 with 8 threads.
+Prints one table row per worker count and a final JSON line for benchmarks/RESULTS.md.
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from ptl.data import DetectionData  # noqa: E402
+
+
+def default_data():
+    here = os.path.dirname(os.path.abspath(__file__))
+    for root in (os.environ.get("PTL_SHARED"), os.path.join(here, "..", "..", "shared"),
+                 os.path.join(here, "..", ".device")):
+        if root and os.path.isfile(os.path.join(root, "data", "coco256", "data.yaml")):
+            return os.path.join(root, "data", "coco256", "data.yaml")
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=default_data())
+    ap.add_argument("--imgsz", type=int, default=640)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--workers", default="1,2,4,8,16")
+    ap.add_argument("--images", type=int, default=2048, help="augmented images to time per worker count")
+    args = ap.parse_args()
+    if not args.data:
+        sys.exit("no dataset: pass --data or set PTL_SHARED")
+    results = []
+    print("%8s %14s %12s %16s" % ("workers", "aug img/s", "per worker", "decode img/s"))
+    for w in [int(x) for x in args.workers.split(",")]:
+        d = DetectionData(args.data, imgsz=args.imgsz, batch_size=args.batch, workers=w, cache="ram",
+                          verbose=False)
+        t0 = time.perf_counter()
+        loader = d.train_loader()  # scans the files and fills the cache with w threads
+        fill = time.perf_counter() - t0
+        n_files = loader.num_images
+        epoch, n = 0, 0
+        d.set_epoch(epoch)
+        for b in loader:  # warm-up epoch (first-touch of the ring, thread start)
+            pass
+        t0 = time.perf_counter()
+        while n < args.images:
+            epoch += 1
+            d.set_epoch(epoch)
+            for b in loader:
+                n += len(b)
+        dt = time.perf_counter() - t0
+        row = {"workers": w, "aug_images_per_s": n / dt, "per_worker": n / dt / w,
+               "decode_images_per_s": n_files / fill}
+        results.append(row)
+        print("%8d %14.1f %12.1f %16.1f" % (w, row["aug_images_per_s"], row["per_worker"],
+                                            row["decode_images_per_s"]))
+        del loader, d
+    print(json.dumps({"bench": "loader", "imgsz": args.imgsz, "batch": args.batch, "cpus": os.cpu_count(),
+                      "machine": platform.processor() or platform.machine(), "results": results}))
+
+
+if __name__ == "__main__":
+    main()
