@@ -25,6 +25,15 @@ static ptl_cuda_ctx *ctx_arg(PyObject *module, int index)
         return (ptl_cuda_ctx *)ptl_raise(module);
     return ctx;
 }
+
+/* The same for a Python int argument. */
+static ptl_cuda_ctx *ctx_of(PyObject *module, PyObject *arg)
+{
+    int index = (int)PyLong_AsLong(arg);
+    if (index == -1 && PyErr_Occurred())
+        return NULL;
+    return ctx_arg(module, index);
+}
 #endif
 
 static PyObject *no_cuda(void)
@@ -35,14 +44,12 @@ static PyObject *no_cuda(void)
 
 static PyObject *py_get_device_name(PyObject *module, PyObject *arg)
 {
-    int index = (int)PyLong_AsLong(arg);
-    if (index == -1 && PyErr_Occurred())
-        return NULL;
 #ifdef PTL_WITH_CUDA
-    if (!ctx_arg(module, index))
+    ptl_cuda_ctx *ctx = ctx_of(module, arg);
+    if (!ctx)
         return NULL;
     struct cudaDeviceProp prop;
-    cudaError_t st = cudaGetDeviceProperties(&prop, index);
+    cudaError_t st = cudaGetDeviceProperties(&prop, ctx->device);
     if (st != cudaSuccess) {
         ptl_cuda_fail("cudaGetDeviceProperties", st);
         return ptl_raise(module);
@@ -50,17 +57,15 @@ static PyObject *py_get_device_name(PyObject *module, PyObject *arg)
     return PyUnicode_FromString(prop.name);
 #else
     (void)module;
+    (void)arg;
     return no_cuda();
 #endif
 }
 
 static PyObject *py_synchronize(PyObject *module, PyObject *arg)
 {
-    int index = (int)PyLong_AsLong(arg);
-    if (index == -1 && PyErr_Occurred())
-        return NULL;
 #ifdef PTL_WITH_CUDA
-    ptl_cuda_ctx *ctx = ctx_arg(module, index);
+    ptl_cuda_ctx *ctx = ctx_of(module, arg);
     if (!ctx)
         return NULL;
     cudaError_t st;
@@ -76,17 +81,15 @@ static PyObject *py_synchronize(PyObject *module, PyObject *arg)
     Py_RETURN_NONE;
 #else
     (void)module;
+    (void)arg;
     return no_cuda();
 #endif
 }
 
 static PyObject *py_memory_stats(PyObject *module, PyObject *arg)
 {
-    int index = (int)PyLong_AsLong(arg);
-    if (index == -1 && PyErr_Occurred())
-        return NULL;
 #ifdef PTL_WITH_CUDA
-    ptl_cuda_ctx *ctx = ctx_arg(module, index);
+    ptl_cuda_ctx *ctx = ctx_of(module, arg);
     if (!ctx)
         return NULL;
     ptl_alloc_stats s;
@@ -97,6 +100,7 @@ static PyObject *py_memory_stats(PyObject *module, PyObject *arg)
                          (long long)s.num_alloc_retries);
 #else
     (void)module;
+    (void)arg;
     return no_cuda();
 #endif
 }

@@ -288,3 +288,43 @@ class DetectionData:
     def shapes(self, split):
         """Original (h, w) of the usable images of a split, in dataset order."""
         return np.asarray(self._loader(split).info["shapes"])
+
+
+def image_batches(paths, imgsz=640, batch_size=16, workers=2):
+    """Letterboxed ``imgsz`` x ``imgsz`` batches of image files, for prediction: yields :class:`Batch`
+    objects (``targets`` empty, ``meta`` maps boxes back to each file, ``indices`` index ``paths``).
+    Unreadable or corrupt files are reported as :class:`DataWarning` and skipped."""
+    paths = [os.fspath(p) for p in paths]
+    if not paths:
+        raise ValueError("paths: no image given")
+    if not isinstance(imgsz, int) or imgsz < 32 or imgsz % 32:
+        raise ValueError("imgsz: expected a positive multiple of 32, got %r" % (imgsz,))
+    for p in paths:
+        if not os.path.isfile(p):
+            raise FileNotFoundError("image %s does not exist" % p)
+    # a label path that cannot exist: prediction ignores any labels next to the images
+    nolabel = os.path.join(os.sep, "nonexistent-ptl-labels", "none.txt")
+    c, info = _C.data_loader(
+        paths, [nolabel] * len(paths), nc=1, imgsz=imgsz, batch=batch_size, workers=workers, train=False,
+        rect=False, cache=False, persistent=False, prefetch=0, seed=0, mosaic=0.0, degrees=0.0, translate=0.0,
+        scale=0.0, shear=0.0, perspective=0.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, flipud=0.0, fliplr=0.0,
+        pinned=False)
+    for msg in info["log"]:
+        warnings.warn(msg, DataWarning, stacklevel=2)
+    if c is None:
+        raise ValueError("paths: none of the %d images is readable (see the warnings)" % len(paths))
+    # dataset indices count the usable files, which keep the order of `paths`: map them back
+    position, j = [], 0
+    for f in info["files"]:
+        while paths[j] != f:
+            j += 1
+        position.append(j)
+        j += 1
+    c.start(0, False)
+    while True:
+        out = c.next()
+        if out is None:
+            return
+        batch = Batch(*out)
+        batch.indices = np.asarray([position[i] for i in batch.indices], np.int64)
+        yield batch

@@ -313,9 +313,23 @@ static PyObject *data_loader(PyObject *module, PyObject *args, PyObject *kw)
         p[0] = ds->items[i].h0;
         p[1] = ds->items[i].w0;
     }
-    info = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:N,s:N}", "n", ds->n, "skipped", ds->n_skipped, "duplicates",
+    PyObject *files = PyList_New(ds->n);
+    if (!files) {
+        Py_DECREF(shapes);
+        goto done;
+    }
+    for (int i = 0; i < ds->n; i++) {
+        PyObject *s = PyUnicode_DecodeFSDefault(ds->items[i].image);
+        if (!s) {
+            Py_DECREF(shapes);
+            Py_DECREF(files);
+            goto done;
+        }
+        PyList_SET_ITEM(files, i, s);
+    }
+    info = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:N,s:N,s:N}", "n", ds->n, "skipped", ds->n_skipped, "duplicates",
                          ds->n_duplicates, "missing_labels", ds->n_missing_labels, "max_labels", ds->max_labels,
-                         "log", log, "shapes", shapes);
+                         "log", log, "shapes", shapes, "files", files);
     log = NULL;
     if (!info)
         goto done;
