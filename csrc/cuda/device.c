@@ -65,6 +65,9 @@ void ptl_cuda_ctx_destroy(ptl_cuda_ctx *ctx)
     cudaSetDevice(ctx->device);
     if (ctx->stream)
         cudaStreamSynchronize(ctx->stream);
+    for (int i = 0; i < PTL_CTX_NUM_EXT; i++)
+        if (ctx->ext[i].ptr && ctx->ext[i].destroy)
+            ctx->ext[i].destroy(ctx->ext[i].ptr);
     if (ctx->cudnn)
         cudnnDestroy(ctx->cudnn);
     if (ctx->cublaslt)
@@ -78,6 +81,7 @@ void ptl_cuda_ctx_destroy(ptl_cuda_ctx *ctx)
     if (ctx->stream)
         cudaStreamDestroy(ctx->stream);
     pthread_mutex_destroy(&ctx->staging_lock);
+    pthread_mutex_destroy(&ctx->ext_lock);
     free(ctx);
 }
 
@@ -88,6 +92,7 @@ static int ctx_create(int device, ptl_cuda_ctx **out)
         return ptl_set_error(PTL_ERR_MEMORY, "out of host memory");
     ctx->device = device;
     pthread_mutex_init(&ctx->staging_lock, NULL);
+    pthread_mutex_init(&ctx->ext_lock, NULL);
     PTL_CUDA_TRY(cudaSetDevice(device));
     PTL_CUDA_TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
     PTL_CUBLAS_TRY(cublasCreate(&ctx->cublas));

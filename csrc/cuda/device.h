@@ -16,6 +16,13 @@
 extern "C" {
 #endif
 
+/* Per-device state that other areas create on first use (freed with the context). */
+enum { PTL_CTX_OBJECTIVE = 0, PTL_CTX_NUM_EXT = 4 };
+typedef struct {
+    void *ptr;
+    void (*destroy)(void *ptr);
+} ptl_ctx_ext;
+
 typedef struct ptl_cuda_ctx {
     int device;
     cudaStream_t stream;
@@ -26,6 +33,8 @@ typedef struct ptl_cuda_ctx {
     void *pinned; /* staging buffer for host<->device copies, grown on demand */
     size_t pinned_bytes;
     pthread_mutex_t staging_lock; /* one host<->device copy through `pinned` at a time */
+    ptl_ctx_ext ext[PTL_CTX_NUM_EXT];
+    pthread_mutex_t ext_lock; /* held by the user of an ext slot while it creates or runs it */
 } ptl_cuda_ctx;
 
 /* The context of `device`, created on first call. */

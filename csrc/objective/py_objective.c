@@ -1,3 +1,242 @@
+/* Python bindings of the objective area. */
 #include "../py.h"
-static PyMethodDef methods[] = {{NULL, NULL, 0, NULL}};
+
+#include <string.h>
+
+#include "objective.h"
+#ifdef PTL_WITH_CUDA
+#include "../cuda/device.h"
+#endif
+
+#ifdef PTL_WITH_CUDA
+static void workspace_destroy(void *ws) { ptl_obj_workspace_destroy((ptl_obj_workspace *)ws); }
+
+/* Runs the CUDA objective with the device's workspace (created on first use, kept in the device
+ * context and freed with it); the context's ext lock serialises callers that released the GIL. */
+static int objective_cuda(ptl_runtime *rt, int device, const ptl_obj_args *a, const ptl_obj_targets *tg)
+{
+    ptl_cuda_ctx *ctx;
+    if (ptl_cuda_ctx_get(rt, device, &ctx) != 0)
+        return -1;
+    pthread_mutex_lock(&ctx->ext_lock);
+    ptl_ctx_ext *ext = &ctx->ext[PTL_CTX_OBJECTIVE];
+    int rc = 0;
+    if (!ext->ptr) {
+        ptl_obj_workspace *ws = NULL;
+        rc = ptl_obj_workspace_create(rt, device, &ws);
+        if (rc == 0)
+            *ext = (ptl_ctx_ext){ws, workspace_destroy};
+    }
+    if (rc == 0)
+        rc = ptl_objective_cuda((ptl_obj_workspace *)ext->ptr, a, tg);
+    pthread_mutex_unlock(&ctx->ext_lock);
+    return rc;
+}
+#endif
+
+static int tensor_seq(PyObject *module, PyObject *obj, const char *arg, int n, PtlTensor **out)
+{
+    if (!PySequence_Check(obj) || PySequence_Size(obj) != n) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a sequence of %d tensors", arg, n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        PyObject *it = PySequence_GetItem(obj, i);
+        if (!it)
+            return -1;
+        char name[96];
+        snprintf(name, sizeof name, "%s[%d]", arg, i);
+        out[i] = ptl_tensor_arg(module, it, name, -1, NULL, -1, NULL);
+        Py_DECREF(it); /* the sequence keeps it alive */
+        if (!out[i])
+            return -1;
+    }
+    return 0;
+}
+
+static int same_place(PtlTensor *t, const char *arg, int dt, ptl_device dev, int ndim, const int64_t *shape)
+{
+    if (dt >= 0 && t->dtype != (ptl_dtype)dt) {
+        PyErr_Format(PyExc_TypeError, "%s: expected dtype %s, got %s", arg, ptl_dtype_name((ptl_dtype)dt),
+                     ptl_dtype_name(t->dtype));
+        return -1;
+    }
+    if (t->storage->device.type != dev.type || t->storage->device.index != dev.index) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a tensor on the outputs' device", arg);
+        return -1;
+    }
+    if (t->ndim != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %d dimensions, got %d", arg, ndim, t->ndim);
+        return -1;
+    }
+    for (int i = 0; i < ndim; i++)
+        if (t->shape[i] != shape[i]) {
+            PyErr_Format(PyExc_ValueError, "%s: expected size %lld in dimension %d, got %lld", arg,
+                         (long long)shape[i], i, (long long)t->shape[i]);
+            return -1;
+        }
+    return 0;
+}
+
+PyDoc_STRVAR(objective_doc,
+             "objective(outputs, targets, img_h, img_w, o2m_weight, losses, grads=None, assign_gt=None,\n"
+             "          assign_score=None, assign_in=False)\n--\n\n"
+             "The end-to-end detection objective (csrc/objective/objective.h). outputs = (boxes_o2m,\n"
+             "scores_o2m, boxes_o2o, scores_o2o) with boxes (B, A, 4) and scores (B, A, nc); targets a CPU\n"
+             "float32 tensor (n, 6); losses a float32 (10,) tensor on the outputs' device (written);\n"
+             "grads four tensors shaped and typed like outputs (overwritten); assign_gt / assign_score\n"
+             "two (B, A) int32 / compute-precision tensors per branch, written, or read when assign_in.");
+
+static PyObject *py_objective(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kw[] = {"outputs", "targets", "img_h", "img_w", "o2m_weight", "losses", "grads",
+                         "assign_gt", "assign_score", "assign_in", NULL};
+    PyObject *outputs, *targets_obj, *losses_obj, *grads_obj = Py_None, *agt_obj = Py_None, *asc_obj = Py_None;
+    int H, W, assign_in = 0;
+    double o2m_weight;
+    PtlTensor *out[4], *grads[4], *agt[2], *asc[2];
+    ptl_obj_targets tg;
+    ptl_obj_args a;
+    int rc;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOiidO|OOOp:objective", kw, &outputs, &targets_obj, &H, &W,
+                                      &o2m_weight, &losses_obj, &grads_obj, &agt_obj, &asc_obj, &assign_in))
+        return NULL;
+    if (tensor_seq(module, outputs, "outputs", 4, out) < 0)
+        return NULL;
+    ptl_device dev = out[0]->storage->device;
+    ptl_dtype dt = out[0]->dtype;
+    if (out[1]->ndim != 3) {
+        PyErr_Format(PyExc_ValueError, "outputs[1]: expected scores (B, A, nc), got %d dimensions", out[1]->ndim);
+        return NULL;
+    }
+    int64_t B = out[1]->shape[0], A = out[1]->shape[1], nc = out[1]->shape[2];
+    int64_t want_a = ptl_obj_num_anchors(H, W);
+    if (want_a < 0)
+        return ptl_raise(module);
+    if (A != want_a) {
+        PyErr_Format(PyExc_ValueError, "outputs: %lld anchors do not match img_size %dx%d (%lld anchors)",
+                     (long long)A, H, W, (long long)want_a);
+        return NULL;
+    }
+    if (B <= 0 || nc <= 0 || B > INT32_MAX || nc > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "outputs: batch size and number of classes must be positive");
+        return NULL;
+    }
+    if (dev.type == PTL_CPU && dt != PTL_FLOAT32 && dt != PTL_FLOAT64) {
+        PyErr_Format(PyExc_TypeError, "outputs: CPU outputs must be float32 or float64, got %s", ptl_dtype_name(dt));
+        return NULL;
+    }
+    if (dev.type == PTL_CUDA && dt != PTL_FLOAT32 && dt != PTL_BFLOAT16 && dt != PTL_FLOAT16) {
+        PyErr_Format(PyExc_TypeError, "outputs: CUDA outputs must be float32, bfloat16 or float16, got %s",
+                     ptl_dtype_name(dt));
+        return NULL;
+    }
+    const int64_t bshape[3] = {B, A, 4}, sshape[3] = {B, A, nc}, lshape[1] = {PTL_OBJ_NUM_LOSSES},
+                  ashape[2] = {B, A};
+    const char *onames[4] = {"outputs[0]", "outputs[1]", "outputs[2]", "outputs[3]"};
+    for (int i = 0; i < 4; i++)
+        if (same_place(out[i], onames[i], dt, dev, 3, i % 2 ? sshape : bshape) < 0)
+            return NULL;
+    PtlTensor *tt = ptl_tensor_arg(module, targets_obj, "targets", PTL_FLOAT32, NULL, 2, NULL);
+    if (!tt)
+        return NULL;
+    if (tt->storage->device.type != PTL_CPU || tt->shape[1] != 6) {
+        PyErr_SetString(PyExc_ValueError, "targets: expected a CPU float32 tensor of shape (n, 6)");
+        return NULL;
+    }
+    PtlTensor *lt = ptl_tensor_arg(module, losses_obj, "losses", PTL_FLOAT32, NULL, 1, NULL);
+    if (!lt || same_place(lt, "losses", PTL_FLOAT32, dev, 1, lshape) < 0)
+        return NULL;
+    memset(&a, 0, sizeof a);
+    if (grads_obj != Py_None) {
+        if (tensor_seq(module, grads_obj, "grads", 4, grads) < 0)
+            return NULL;
+        const char *gnames[4] = {"grads[0]", "grads[1]", "grads[2]", "grads[3]"};
+        for (int i = 0; i < 4; i++) {
+            if (same_place(grads[i], gnames[i], dt, dev, 3, i % 2 ? sshape : bshape) < 0)
+                return NULL;
+            (i % 2 ? a.grad_scores : a.grad_boxes)[i / 2] = ptl_tensor_data(grads[i]);
+        }
+    }
+    int score_dt = dev.type == PTL_CPU && dt == PTL_FLOAT64 ? PTL_FLOAT64 : PTL_FLOAT32;
+    if ((agt_obj == Py_None) != (asc_obj == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "assign_gt and assign_score: give both or neither");
+        return NULL;
+    }
+    if (assign_in && agt_obj == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "assign_in: needs assign_gt and assign_score");
+        return NULL;
+    }
+    if (agt_obj != Py_None) {
+        if (tensor_seq(module, agt_obj, "assign_gt", 2, agt) < 0 ||
+            tensor_seq(module, asc_obj, "assign_score", 2, asc) < 0)
+            return NULL;
+        for (int i = 0; i < 2; i++) {
+            if (same_place(agt[i], "assign_gt", PTL_INT32, dev, 2, ashape) < 0 ||
+                same_place(asc[i], "assign_score", score_dt, dev, 2, ashape) < 0)
+                return NULL;
+            a.assign_gt[i] = (int32_t *)ptl_tensor_data(agt[i]);
+            a.assign_score[i] = ptl_tensor_data(asc[i]);
+        }
+        a.assign_in = assign_in;
+    }
+    if (!(o2m_weight >= 0 && o2m_weight <= 1)) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "o2m_weight: expected a value in [0, 1], got %g", o2m_weight);
+        PyErr_SetString(PyExc_ValueError, msg);
+        return NULL;
+    }
+    a.B = (int)B;
+    a.H = H;
+    a.W = W;
+    a.nc = (int)nc;
+    a.A = A;
+    a.dtype = dt;
+    for (int i = 0; i < 2; i++) {
+        a.boxes[i] = ptl_tensor_data(out[2 * i]);
+        a.scores[i] = ptl_tensor_data(out[2 * i + 1]);
+    }
+    a.o2m_weight = o2m_weight;
+    a.losses = (float *)ptl_tensor_data(lt);
+
+    Py_BEGIN_ALLOW_THREADS
+    rc = ptl_obj_targets_build((const float *)ptl_tensor_data(tt), tt->shape[0], a.B, H, W, a.nc, &tg);
+    if (rc == 0) {
+        if (dev.type == PTL_CPU) {
+            rc = ptl_objective_cpu(&a, &tg);
+        } else {
+#ifdef PTL_WITH_CUDA
+            rc = objective_cuda(ptl_state(module)->rt, dev.index, &a, &tg);
+#else
+            rc = ptl_set_error(PTL_ERR_RUNTIME, "objective: ptl was built without CUDA");
+#endif
+        }
+        ptl_obj_targets_free(&tg);
+    }
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return ptl_raise(module);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_o2m_weight(PyObject *module, PyObject *args)
+{
+    int e, n;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "ii:objective_o2m_weight", &e, &n))
+        return NULL;
+    if (n < 1 || e < 0) {
+        PyErr_Format(PyExc_ValueError, "epochs: expected epoch >= 0 and epochs >= 1, got %d of %d", e, n);
+        return NULL;
+    }
+    return PyFloat_FromDouble(ptl_obj_o2m_weight(e, n));
+}
+
+static PyMethodDef methods[] = {
+    {"objective", (PyCFunction)(void (*)(void))py_objective, METH_VARARGS | METH_KEYWORDS, objective_doc},
+    {"objective_o2m_weight", py_o2m_weight, METH_VARARGS, "o2m weight of a 0-based epoch (spec §3.4)."},
+    {NULL, NULL, 0, NULL},
+};
+
 int ptl_register_objective(PyObject *module) { return PyModule_AddFunctions(module, methods); }

@@ -1,0 +1,640 @@
+/* CUDA detection objective: the same assignment and losses as csrc/objective/objective.c (float32
+ * instance of objective_math.h), without host-device synchronisation.
+ *
+ * Per branch, on the device's stream:
+ *   select    one block per (image, GT): candidates (STAL box), metric, top-k (block merge of
+ *             per-thread top-k lists; keys = value bits, then anchor descending so ties go to the
+ *             lower anchor), the zero-metric fill of the documented tie rule, claims per anchor
+ *   conflict  one thread per selection: the claimant that flips the anchor's claim count to -1
+ *             resolves it (largest CIoU over all GTs, first GT on ties); the result is the same
+ *             whichever thread does it
+ *   top1      (o2o, topk2 = 1) atomicMax of (metric, anchor) keys per GT, then keep the winner
+ *   stats     atomicMax of metric/overlap bits per GT (non-negative floats order like their bits)
+ *   nval      normalised target per anchor + per-block partial sums of T
+ *   cls, box  BCE over all anchors x classes, CIoU + L1 over the foreground, gradients, per-block
+ *             partial sums
+ * Every sum is per block then reduced by one block in a fixed order: results are deterministic.
+ * Atomics are only integer max/add/CAS whose outcome does not depend on their order. */
+#include <stdint.h>
+
+#include "../objective/objective.h"
+#include "../objective/objective_math.h"
+#include "../ops/half.h"
+#include "device.h"
+
+#define OBJ_THREADS 256
+#define OBJ_SEL_THREADS 128
+#define OBJ_NB 1024 /* blocks of the grid-stride kernels = length of the partial-sum arrays */
+#define OBJ_KMAX PTL_OBJ_TOPK_O2M
+
+struct ptl_obj_workspace {
+    ptl_runtime *rt;
+    int device;
+    void *dbuf, *dblock;
+    size_t dcap;
+    void *pinned[2];
+    size_t pcap[2];
+    cudaEvent_t ev[2];
+    int ev_used[2], turn;
+};
+
+struct ObjGeom {
+    int lw[PTL_OBJ_NUM_LEVELS], lh[PTL_OBJ_NUM_LEVELS];
+    int64_t loff[PTL_OBJ_NUM_LEVELS + 1];
+    int64_t A;
+    int B, M, nc, H, W;
+};
+
+struct ObjBufs {
+    const int32_t *count, *cls;
+    const float *gbox;
+    int32_t *owner, *claim, *sel;
+    float *palign, *povl, *nval;
+    unsigned long long *gtkey;
+    unsigned int *amax, *omax;
+    double *part, *res; /* part: 4 x OBJ_NB (box, cls, l1, T); res: 2 branches x (box, cls, l1, T) */
+};
+
+__device__ __forceinline__ float obj_ld(const void *p, ptl_dtype dt, int64_t i)
+{
+    if (dt == PTL_FLOAT32)
+        return ((const float *)p)[i];
+    if (dt == PTL_BFLOAT16)
+        return ptl_bits_to_f32(ptl_bf16_to_f32_bits(((const uint16_t *)p)[i]));
+    return ptl_bits_to_f32(ptl_f16_to_f32_bits(((const uint16_t *)p)[i]));
+}
+
+__device__ __forceinline__ void obj_st(void *p, ptl_dtype dt, int64_t i, float v)
+{
+    if (dt == PTL_FLOAT32)
+        ((float *)p)[i] = v;
+    else if (dt == PTL_BFLOAT16)
+        ((uint16_t *)p)[i] = ptl_f32_to_bf16_bits(ptl_f32_to_bits(v));
+    else
+        ((uint16_t *)p)[i] = ptl_f32_to_f16_bits(ptl_f32_to_bits(v));
+}
+
+__device__ __forceinline__ void obj_anchor(const ObjGeom &g, int64_t a, float *ax, float *ay, float *s)
+{
+    int l = 0;
+    while (l + 1 < PTL_OBJ_NUM_LEVELS && a >= g.loff[l + 1])
+        l++;
+    int64_t r = a - g.loff[l];
+    *ax = (float)(r % g.lw[l]) + 0.5f;
+    *ay = (float)(r / g.lw[l]) + 0.5f;
+    *s = (float)(8 << l);
+}
+
+/* overlap and metric of GT j (entry bj) of image b with anchor a */
+__device__ float obj_pair(const ObjGeom &g, const ObjBufs &w, const void *boxes, const void *scores, ptl_dtype dt,
+                          int b, int64_t bj, int64_t a, float *al)
+{
+    const float *gb = w.gbox + bj * 4;
+    float e[4], ax, ay, s, d[4];
+    obj_f_stal_box(gb, e);
+    obj_anchor(g, a, &ax, &ay, &s);
+    int64_t ba = (int64_t)b * g.A + a;
+    for (int k = 0; k < 4; k++)
+        d[k] = obj_ld(boxes, dt, ba * 4 + k);
+    return obj_f_pair(gb, e, ax, ay, s, d, obj_ld(scores, dt, ba * g.nc + w.cls[bj]), al);
+}
+
+__device__ __forceinline__ unsigned long long obj_key(float v, int64_t a)
+{
+    return ((unsigned long long)__float_as_uint(v) << 32) | (unsigned long long)(0xFFFFFFFFu - (uint32_t)a);
+}
+
+__device__ __forceinline__ int64_t obj_key_anchor(unsigned long long k)
+{
+    return (int64_t)(0xFFFFFFFFu - (uint32_t)(k & 0xFFFFFFFFull));
+}
+
+__device__ void obj_claim(const ObjBufs &w, int64_t ba, int j, float al, float u)
+{
+    atomicAdd(&w.claim[ba], 1);
+    w.owner[ba] = j;
+    w.palign[ba] = al;
+    w.povl[ba] = u;
+}
+
+__global__ void __launch_bounds__(OBJ_SEL_THREADS)
+    obj_select_kernel(ObjGeom g, ObjBufs w, const void *boxes, const void *scores, ptl_dtype dt, int topk)
+{
+    __shared__ unsigned long long top[OBJ_KMAX];
+    __shared__ unsigned long long wmax[OBJ_SEL_THREADS / 32];
+    __shared__ int ntop;
+    int64_t bj = blockIdx.x;
+    int b = (int)(bj / g.M), j = (int)(bj % g.M);
+    int32_t *sel = w.sel + bj * topk;
+    if (j >= w.count[b]) {
+        if ((int)threadIdx.x < topk)
+            sel[threadIdx.x] = -1;
+        return;
+    }
+    const float *gb = w.gbox + bj * 4;
+    float e[4];
+    obj_f_stal_box(gb, e);
+    int x0[PTL_OBJ_NUM_LEVELS], x1[PTL_OBJ_NUM_LEVELS], y0[PTL_OBJ_NUM_LEVELS], y1[PTL_OBJ_NUM_LEVELS];
+    int64_t cnt[PTL_OBJ_NUM_LEVELS + 1];
+    cnt[0] = 0;
+    for (int l = 0; l < PTL_OBJ_NUM_LEVELS; l++) {
+        float s = (float)(8 << l);
+        obj_f_cell_range(e[0], e[2], s, g.lw[l], &x0[l], &x1[l]);
+        obj_f_cell_range(e[1], e[3], s, g.lh[l], &y0[l], &y1[l]);
+        cnt[l + 1] = cnt[l] + (int64_t)(x1[l] - x0[l]) * (y1[l] - y0[l]);
+    }
+    const int c = w.cls[bj];
+    unsigned long long loc[OBJ_KMAX];
+    int nloc = 0;
+    for (int64_t i = threadIdx.x; i < cnt[PTL_OBJ_NUM_LEVELS]; i += blockDim.x) {
+        int l = 0;
+        while (i >= cnt[l + 1])
+            l++;
+        int64_t r = i - cnt[l];
+        int nx = x1[l] - x0[l];
+        int y = y0[l] + (int)(r / nx), x = x0[l] + (int)(r % nx);
+        int64_t a = g.loff[l] + (int64_t)y * g.lw[l] + x;
+        int64_t ba = (int64_t)b * g.A + a;
+        float d[4], al;
+        for (int k = 0; k < 4; k++)
+            d[k] = obj_ld(boxes, dt, ba * 4 + k);
+        obj_f_pair(gb, e, (float)x + 0.5f, (float)y + 0.5f, (float)(8 << l), d, obj_ld(scores, dt, ba * g.nc + c), &al);
+        if (!(al > 0))
+            continue;
+        unsigned long long key = obj_key(al, a);
+        if (nloc == topk && key <= loc[topk - 1])
+            continue;
+        int p = nloc < topk ? nloc++ : topk - 1;
+        while (p > 0 && loc[p - 1] < key) {
+            loc[p] = loc[p - 1];
+            p--;
+        }
+        loc[p] = key;
+    }
+    /* merge: topk rounds of a block-wide max over the threads' list heads */
+    int head = 0;
+    if (threadIdx.x == 0)
+        ntop = 0;
+    for (int round = 0; round < topk; round++) {
+        unsigned long long v = head < nloc ? loc[head] : 0ull;
+        for (int off = 16; off > 0; off >>= 1) {
+            unsigned long long o = __shfl_down_sync(0xffffffffu, v, off);
+            v = o > v ? o : v;
+        }
+        __syncthreads();
+        if ((threadIdx.x & 31) == 0)
+            wmax[threadIdx.x >> 5] = v;
+        __syncthreads();
+        unsigned long long m = 0;
+        for (int q = 0; q < OBJ_SEL_THREADS / 32; q++)
+            m = wmax[q] > m ? wmax[q] : m;
+        if (m == 0)
+            break;
+        if (head < nloc && loc[head] == m)
+            head++;
+        if (threadIdx.x == 0)
+            top[ntop++] = m;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0)
+        return;
+    int ns = 0;
+    for (int i = 0; i < ntop; i++) {
+        int64_t a = obj_key_anchor(top[i]);
+        float al, u = obj_pair(g, w, boxes, scores, dt, b, bj, a, &al);
+        obj_claim(w, (int64_t)b * g.A + a, j, al, u);
+        sel[ns++] = (int32_t)a;
+    }
+    /* fewer than topk non-zero metrics: lowest-index zero-metric anchors, kept where candidates */
+    int r = topk - ntop;
+    for (int64_t a = 0; a < g.A && r > 0; a++) {
+        int held = 0;
+        for (int i = 0; i < ntop; i++)
+            held |= obj_key_anchor(top[i]) == a;
+        if (held)
+            continue;
+        r--;
+        float ax, ay, s;
+        obj_anchor(g, a, &ax, &ay, &s);
+        if (!obj_f_inside(e, PTL_FMUL(ax, s), PTL_FMUL(ay, s)))
+            continue;
+        float al, u = obj_pair(g, w, boxes, scores, dt, b, bj, a, &al);
+        obj_claim(w, (int64_t)b * g.A + a, j, al, u);
+        sel[ns++] = (int32_t)a;
+    }
+    for (; ns < topk; ns++)
+        sel[ns] = -1;
+}
+
+__global__ void obj_conflict_kernel(ObjGeom g, ObjBufs w, const void *boxes, const void *scores, ptl_dtype dt,
+                                    int topk)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)g.B * g.M * topk)
+        return;
+    int32_t a = w.sel[i];
+    if (a < 0)
+        return;
+    int b = (int)(i / ((int64_t)g.M * topk));
+    int64_t ba = (int64_t)b * g.A + a;
+    int c = w.claim[ba];
+    if (c <= 1 || atomicCAS(&w.claim[ba], c, -1) != c)
+        return;
+    int n = w.count[b], best = 0;
+    float bal, bov = obj_pair(g, w, boxes, scores, dt, b, (int64_t)b * g.M, a, &bal);
+    for (int j = 1; j < n; j++) {
+        float al, ov = obj_pair(g, w, boxes, scores, dt, b, (int64_t)b * g.M + j, a, &al);
+        if (ov > bov) {
+            bov = ov;
+            bal = al;
+            best = j;
+        }
+    }
+    w.owner[ba] = best;
+    w.palign[ba] = bal;
+    w.povl[ba] = bov;
+}
+
+__global__ void obj_top1_kernel(ObjGeom g, ObjBufs w)
+{
+    int64_t n = (int64_t)g.B * g.A;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int j = w.owner[i];
+        if (j < 0)
+            continue;
+        int64_t b = i / g.A;
+        atomicMax(&w.gtkey[b * g.M + j], obj_key(w.palign[i], i - b * g.A));
+    }
+}
+
+__global__ void obj_stats_kernel(ObjGeom g, ObjBufs w, int top1)
+{
+    int64_t n = (int64_t)g.B * g.A;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int j = w.owner[i];
+        if (j < 0)
+            continue;
+        int64_t b = i / g.A, a = i - b * g.A, bj = b * g.M + j;
+        if (top1) {
+            /* the GT's top-1 over all anchors by (metric, lower index): its best positive when that
+             * metric is > 0, else anchor 0 */
+            unsigned long long best = w.gtkey[bj];
+            if (best != obj_key(w.palign[i], a) || ((best >> 32) == 0 && a != 0)) {
+                w.owner[i] = -1;
+                continue;
+            }
+        }
+        atomicMax(&w.amax[bj], __float_as_uint(w.palign[i]));
+        atomicMax(&w.omax[bj], __float_as_uint(w.povl[i]));
+    }
+}
+
+/* Block sum of v (double) into out[blockIdx.x]; every thread of the block must call it. */
+__device__ void obj_block_sum(double v, double *out)
+{
+    __shared__ double red[OBJ_THREADS / 32];
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_down_sync(0xffffffffu, v, off);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0;
+        for (int q = 0; q < (int)(blockDim.x >> 5); q++)
+            s += red[q];
+        *out = s;
+    }
+}
+
+__global__ void __launch_bounds__(OBJ_THREADS) obj_nval_kernel(ObjGeom g, ObjBufs w)
+{
+    int64_t n = (int64_t)g.B * g.A;
+    double acc = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int j = w.owner[i];
+        float v = 0;
+        if (j >= 0) {
+            int64_t bj = (i / g.A) * g.M + j;
+            v = PTL_FDIV(PTL_FMUL(w.palign[i], __uint_as_float(w.omax[bj])),
+                         PTL_FADD(__uint_as_float(w.amax[bj]), 1e-9f));
+            acc += (double)v;
+        }
+        w.nval[i] = v;
+    }
+    obj_block_sum(acc, &w.part[3 * OBJ_NB + blockIdx.x]);
+}
+
+/* T's partial sums from given targets (assignment passed in). */
+__global__ void __launch_bounds__(OBJ_THREADS) obj_tsum_kernel(ObjGeom g, ObjBufs w)
+{
+    int64_t n = (int64_t)g.B * g.A;
+    double acc = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        if (w.owner[i] >= 0)
+            acc += (double)w.nval[i];
+    obj_block_sum(acc, &w.part[3 * OBJ_NB + blockIdx.x]);
+}
+
+/* One block: sums partial array k (fixed order) for k in [k0, k1) into res[k]; k == 3 is T. */
+__global__ void __launch_bounds__(OBJ_THREADS) obj_reduce_kernel(ObjBufs w, int k0, int k1, double *res)
+{
+    for (int k = k0; k < k1; k++) {
+        double s = 0;
+        for (int i = threadIdx.x; i < OBJ_NB; i += blockDim.x)
+            s += w.part[k * OBJ_NB + i];
+        __shared__ double tot;
+        obj_block_sum(s, &tot);
+        __syncthreads();
+        if (threadIdx.x == 0)
+            res[k] = k == 3 ? (tot > 1 ? tot : 1.0) : tot;
+        __syncthreads();
+    }
+}
+
+__global__ void __launch_bounds__(OBJ_THREADS)
+    obj_cls_kernel(ObjGeom g, ObjBufs w, const void *scores, void *gscores, ptl_dtype dt, double scale,
+                   const double *res)
+{
+    int64_t n = (int64_t)g.B * g.A * g.nc;
+    float k = (float)(scale / res[3]);
+    double acc = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t ba = i / g.nc;
+        int c = (int)(i - ba * g.nc);
+        int j = w.owner[ba];
+        float t = 0;
+        if (j >= 0 && w.cls[(ba / g.A) * g.M + j] == c)
+            t = w.nval[ba];
+        float x = obj_ld(scores, dt, i);
+        acc += (double)obj_f_bce(x, t);
+        if (gscores)
+            obj_st(gscores, dt, i, (obj_f_sigmoid(x) - t) * k);
+    }
+    obj_block_sum(acc, &w.part[1 * OBJ_NB + blockIdx.x]);
+}
+
+__global__ void __launch_bounds__(OBJ_THREADS)
+    obj_box_kernel(ObjGeom g, ObjBufs w, const void *boxes, void *gboxes, ptl_dtype dt, double sbox, double sl1,
+                   const double *res)
+{
+    int64_t n = (int64_t)g.B * g.A;
+    float kb = (float)(sbox / res[3]), kl = (float)(sl1 / res[3]);
+    double accb = 0, accl = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int j = w.owner[i];
+        float t = j >= 0 ? w.nval[i] : 0.0f;
+        float gd[4] = {0, 0, 0, 0};
+        if (j >= 0 && t != 0) {
+            int64_t b = i / g.A;
+            float ax, ay, s;
+            obj_anchor(g, i - b * g.A, &ax, &ay, &s);
+            const float *gb = w.gbox + (b * g.M + j) * 4;
+            float tx1 = gb[0] / s, ty1 = gb[1] / s, tx2 = gb[2] / s, ty2 = gb[3] / s;
+            float d[4];
+            for (int q = 0; q < 4; q++)
+                d[q] = obj_ld(boxes, dt, i * 4 + q);
+            float cg[4];
+            float ci = obj_f_ciou_grad(ax - d[0], ay - d[1], ax + d[2], ay + d[3], tx1, ty1, tx2, ty2, cg);
+            accb += (double)((1 - ci) * t);
+            float W = (float)g.W, H = (float)g.H;
+            float tn[4] = {((ax - tx1) * s) / W, ((ay - ty1) * s) / H, ((tx2 - ax) * s) / W, ((ty2 - ay) * s) / H};
+            float norm[4] = {W, H, W, H};
+            float l1 = 0;
+            for (int q = 0; q < 4; q++) {
+                float diff = (d[q] * s) / norm[q] - tn[q];
+                l1 += diff < 0 ? -diff : diff;
+                float sg = diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f);
+                gd[q] = kl * t * sg / 4 * s / norm[q];
+            }
+            accl += (double)(l1 / 4 * t);
+            float kt = PTL_FMUL(kb, t);
+            gd[0] = PTL_FADD(gd[0], PTL_FMUL(kt, cg[0]));
+            gd[1] = PTL_FADD(gd[1], PTL_FMUL(kt, cg[1]));
+            gd[2] = PTL_FSUB(gd[2], PTL_FMUL(kt, cg[2]));
+            gd[3] = PTL_FSUB(gd[3], PTL_FMUL(kt, cg[3]));
+        }
+        if (gboxes)
+            for (int q = 0; q < 4; q++)
+                obj_st(gboxes, dt, i * 4 + q, gd[q]);
+    }
+    obj_block_sum(accb, &w.part[0 * OBJ_NB + blockIdx.x]);
+    obj_block_sum(accl, &w.part[2 * OBJ_NB + blockIdx.x]);
+}
+
+__global__ void obj_final_kernel(const double *res, double w0, double w1, int B, float *losses)
+{
+    const double gain[3] = {7.5, 0.5, 1.5};
+    double wt[2] = {w0, w1}, total = 0;
+    for (int br = 0; br < 2; br++)
+        for (int k = 0; k < 3; k++) {
+            double comp = gain[k] * res[4 * br + k] / res[4 * br + 3];
+            losses[1 + 3 * br + k] = (float)(B * comp);
+            total += wt[br] * B * comp;
+            if (br == 1)
+                losses[7 + k] = (float)comp;
+        }
+    losses[0] = (float)total;
+}
+
+extern "C" int ptl_obj_workspace_create(ptl_runtime *rt, int device, ptl_obj_workspace **out)
+{
+    ptl_cuda_ctx *ctx;
+    ptl_obj_workspace *ws = (ptl_obj_workspace *)calloc(1, sizeof(*ws));
+    if (!ws)
+        return ptl_set_error(PTL_ERR_MEMORY, "objective: out of host memory");
+    ws->rt = rt;
+    ws->device = device;
+    if (ptl_cuda_ctx_get(rt, device, &ctx) != 0)
+        goto fail;
+    for (int i = 0; i < 2; i++)
+        PTL_CUDA_TRY(cudaEventCreateWithFlags(&ws->ev[i], cudaEventDisableTiming));
+    *out = ws;
+    return 0;
+fail:
+    ptl_obj_workspace_destroy(ws);
+    return -1;
+}
+
+extern "C" void ptl_obj_workspace_destroy(ptl_obj_workspace *ws)
+{
+    ptl_cuda_ctx *ctx;
+    if (!ws)
+        return;
+    if (ptl_cuda_ctx_get(ws->rt, ws->device, &ctx) == 0) {
+        for (int i = 0; i < 2; i++) {
+            if (ws->ev[i]) {
+                cudaEventSynchronize(ws->ev[i]);
+                cudaEventDestroy(ws->ev[i]);
+            }
+            if (ws->pinned[i])
+                cudaFreeHost(ws->pinned[i]);
+        }
+        if (ws->dblock)
+            ptl_alloc_free(ctx->alloc, ws->dblock);
+    }
+    free(ws);
+}
+
+static size_t obj_align(size_t n) { return (n + 255) & ~(size_t)255; }
+
+extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar, const ptl_obj_targets *tg)
+{
+    ptl_cuda_ctx *ctx;
+    ObjGeom g;
+    ObjBufs w;
+    cudaStream_t st;
+    const int64_t B = ar->B, A = ar->A, M = tg->M, BA = B * A, BM = B * M;
+    const int topks[2] = {PTL_OBJ_TOPK_O2M, PTL_OBJ_TOPK_O2O}, topk2s[2] = {PTL_OBJ_TOPK2_O2M, PTL_OBJ_TOPK2_O2O};
+    const double wt[2] = {ar->o2m_weight, ar->o2m_weight < 1 ? 1 - ar->o2m_weight : 0};
+    static_assert(PTL_OBJ_TOPK2_O2M == PTL_OBJ_TOPK_O2M && PTL_OBJ_TOPK2_O2O == 1,
+                  "the CUDA top-k2 step handles topk2 == 1 only");
+
+    if (ar->dtype != PTL_FLOAT32 && ar->dtype != PTL_BFLOAT16 && ar->dtype != PTL_FLOAT16)
+        return ptl_set_error(PTL_ERR_TYPE, "objective: CUDA outputs must be float32, bfloat16 or float16, got %s",
+                             ptl_dtype_name(ar->dtype));
+    if (ptl_cuda_ctx_get(ws->rt, ws->device, &ctx) != 0)
+        return -1;
+    st = ctx->stream;
+
+    /* device workspace: targets, per-anchor and per-GT buffers, partial sums */
+    size_t tgt_bytes = obj_align(sizeof(int32_t) * (size_t)(B + BM) + sizeof(float) * 4 * (size_t)BM);
+    size_t off_owner = tgt_bytes, off_claim = off_owner + obj_align(4 * (size_t)BA);
+    size_t off_palign = off_claim + obj_align(4 * (size_t)BA), off_povl = off_palign + obj_align(4 * (size_t)BA);
+    size_t off_nval = off_povl + obj_align(4 * (size_t)BA), off_sel = off_nval + obj_align(4 * (size_t)BA);
+    size_t off_key = off_sel + obj_align(4 * (size_t)BM * OBJ_KMAX), off_amax = off_key + obj_align(8 * (size_t)BM);
+    size_t off_omax = off_amax + obj_align(4 * (size_t)BM), off_part = off_omax + obj_align(4 * (size_t)BM);
+    size_t off_res = off_part + obj_align(sizeof(double) * 4 * OBJ_NB);
+    size_t need = off_res + obj_align(sizeof(double) * 8);
+    if (need > ws->dcap) {
+        if (ws->dblock)
+            ptl_alloc_free(ctx->alloc, ws->dblock);
+        ws->dblock = ws->dbuf = NULL;
+        ws->dcap = 0;
+        if (ptl_alloc_malloc(ctx->alloc, 0, need, &ws->dbuf, &ws->dblock) != 0)
+            return -1;
+        ws->dcap = need;
+    }
+    char *base = (char *)ws->dbuf;
+    w.count = (const int32_t *)base;
+    w.cls = w.count + B;
+    w.gbox = (const float *)(w.cls + BM);
+    w.owner = (int32_t *)(base + off_owner);
+    w.claim = (int32_t *)(base + off_claim);
+    w.palign = (float *)(base + off_palign);
+    w.povl = (float *)(base + off_povl);
+    w.nval = (float *)(base + off_nval);
+    w.sel = (int32_t *)(base + off_sel);
+    w.gtkey = (unsigned long long *)(base + off_key);
+    w.amax = (unsigned int *)(base + off_amax);
+    w.omax = (unsigned int *)(base + off_omax);
+    w.part = (double *)(base + off_part);
+    w.res = (double *)(base + off_res);
+
+    /* targets: host -> pinned staging (waiting only for the upload of two calls back) -> device */
+    {
+        size_t tb = sizeof(int32_t) * (size_t)(B + BM) + sizeof(float) * 4 * (size_t)BM;
+        int t = ws->turn;
+        if (ws->ev_used[t])
+            PTL_CUDA_TRY(cudaEventSynchronize(ws->ev[t]));
+        if (ws->pcap[t] < tb) {
+            if (ws->pinned[t])
+                PTL_CUDA_TRY(cudaFreeHost(ws->pinned[t]));
+            ws->pinned[t] = NULL;
+            ws->pcap[t] = 0;
+            PTL_CUDA_TRY(cudaHostAlloc(&ws->pinned[t], tb * 2, cudaHostAllocDefault));
+            ws->pcap[t] = tb * 2;
+        }
+        char *p = (char *)ws->pinned[t];
+        memcpy(p, tg->count, sizeof(int32_t) * (size_t)B);
+        memcpy(p + 4 * B, tg->cls, sizeof(int32_t) * (size_t)BM);
+        memcpy(p + 4 * (B + BM), tg->box_f, sizeof(float) * 4 * (size_t)BM);
+        PTL_CUDA_TRY(cudaMemcpyAsync(base, p, tb, cudaMemcpyHostToDevice, st));
+        PTL_CUDA_TRY(cudaEventRecord(ws->ev[t], st));
+        ws->ev_used[t] = 1;
+        ws->turn ^= 1;
+    }
+
+    g.A = A;
+    g.B = (int)B;
+    g.M = (int)M;
+    g.nc = ar->nc;
+    g.H = ar->H;
+    g.W = ar->W;
+    g.loff[0] = 0;
+    for (int l = 0; l < PTL_OBJ_NUM_LEVELS; l++) {
+        g.lw[l] = ar->W / (8 << l);
+        g.lh[l] = ar->H / (8 << l);
+        g.loff[l + 1] = g.loff[l] + (int64_t)g.lw[l] * g.lh[l];
+    }
+    {
+        unsigned nb_anchor = (unsigned)((BA + OBJ_THREADS - 1) / OBJ_THREADS);
+        if (nb_anchor > OBJ_NB)
+            nb_anchor = OBJ_NB;
+        for (int br = 0; br < 2; br++) {
+            int topk = topks[br];
+            const void *boxes = ar->boxes[br], *scores = ar->scores[br];
+            PTL_CUDA_TRY(cudaMemsetAsync(w.part, 0, sizeof(double) * 4 * OBJ_NB, st));
+            if (ar->assign_in) {
+                PTL_CUDA_TRY(cudaMemcpyAsync(w.owner, ar->assign_gt[br], 4 * (size_t)BA, cudaMemcpyDeviceToDevice, st));
+                PTL_CUDA_TRY(
+                    cudaMemcpyAsync(w.nval, ar->assign_score[br], 4 * (size_t)BA, cudaMemcpyDeviceToDevice, st));
+            } else {
+                PTL_CUDA_TRY(cudaMemsetAsync(w.owner, 0xff, 4 * (size_t)BA, st));
+                PTL_CUDA_TRY(cudaMemsetAsync(w.claim, 0, 4 * (size_t)BA, st));
+                if (BM > 0) {
+                    PTL_CUDA_TRY(cudaMemsetAsync(w.gtkey, 0, 8 * (size_t)BM, st));
+                    PTL_CUDA_TRY(cudaMemsetAsync(w.amax, 0, 4 * (size_t)BM, st));
+                    PTL_CUDA_TRY(cudaMemsetAsync(w.omax, 0, 4 * (size_t)BM, st));
+                    obj_select_kernel<<<(unsigned)BM, OBJ_SEL_THREADS, 0, st>>>(g, w, boxes, scores, ar->dtype, topk);
+                    PTL_LAUNCH_CHECK("obj_select_kernel");
+                    int64_t nsel = BM * topk;
+                    obj_conflict_kernel<<<(unsigned)((nsel + OBJ_THREADS - 1) / OBJ_THREADS), OBJ_THREADS, 0, st>>>(
+                        g, w, boxes, scores, ar->dtype, topk);
+                    PTL_LAUNCH_CHECK("obj_conflict_kernel");
+                    int top1 = topk2s[br] != topk;
+                    if (top1) {
+                        obj_top1_kernel<<<nb_anchor, OBJ_THREADS, 0, st>>>(g, w);
+                        PTL_LAUNCH_CHECK("obj_top1_kernel");
+                    }
+                    obj_stats_kernel<<<nb_anchor, OBJ_THREADS, 0, st>>>(g, w, top1);
+                    PTL_LAUNCH_CHECK("obj_stats_kernel");
+                }
+            }
+            if (!ar->assign_in) {
+                obj_nval_kernel<<<nb_anchor, OBJ_THREADS, 0, st>>>(g, w);
+                PTL_LAUNCH_CHECK("obj_nval_kernel");
+                if (ar->assign_gt[br])
+                    PTL_CUDA_TRY(
+                        cudaMemcpyAsync(ar->assign_gt[br], w.owner, 4 * (size_t)BA, cudaMemcpyDeviceToDevice, st));
+                if (ar->assign_score[br])
+                    PTL_CUDA_TRY(
+                        cudaMemcpyAsync(ar->assign_score[br], w.nval, 4 * (size_t)BA, cudaMemcpyDeviceToDevice, st));
+            } else {
+                obj_tsum_kernel<<<nb_anchor, OBJ_THREADS, 0, st>>>(g, w);
+                PTL_LAUNCH_CHECK("obj_tsum_kernel");
+            }
+            double *res = w.res + 4 * br;
+            obj_reduce_kernel<<<1, OBJ_THREADS, 0, st>>>(w, 3, 4, res);
+            PTL_LAUNCH_CHECK("obj_reduce_kernel");
+            int64_t ncls = BA * ar->nc;
+            unsigned nb_cls = (unsigned)((ncls + OBJ_THREADS - 1) / OBJ_THREADS);
+            if (nb_cls > OBJ_NB)
+                nb_cls = OBJ_NB;
+            double bsc = wt[br] * (double)B;
+            obj_cls_kernel<<<nb_cls, OBJ_THREADS, 0, st>>>(g, w, scores, ar->grad_scores[br], ar->dtype, bsc * 0.5,
+                                                           res);
+            PTL_LAUNCH_CHECK("obj_cls_kernel");
+            obj_box_kernel<<<nb_anchor, OBJ_THREADS, 0, st>>>(g, w, boxes, ar->grad_boxes[br], ar->dtype, bsc * 7.5,
+                                                              bsc * 1.5, res);
+            PTL_LAUNCH_CHECK("obj_box_kernel");
+            obj_reduce_kernel<<<1, OBJ_THREADS, 0, st>>>(w, 0, 3, res);
+            PTL_LAUNCH_CHECK("obj_reduce_kernel");
+        }
+        obj_final_kernel<<<1, 1, 0, st>>>(w.res, wt[0], wt[1], (int)B, ar->losses);
+        PTL_LAUNCH_CHECK("obj_final_kernel");
+    }
+    return 0;
+fail:
+    return -1;
+}

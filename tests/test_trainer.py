@@ -1,0 +1,239 @@
+"""Trainer: hook order, artifacts, digests, exact resume, crash safety, CLI (CPU fits on coco256)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ptl
+from ptl import callbacks as cb
+from ptl.data import DetectionData
+from ptl.trainer import Trainer
+
+IMGSZ = 64
+
+
+def small_data(coco256, **kw):
+    kw.setdefault("imgsz", IMGSZ)
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("workers", 2)
+    return DetectionData(str(coco256 / "data.yaml"), verbose=False, **kw)
+
+
+def small_trainer(tmp_path, **kw):
+    kw.setdefault("max_epochs", 2)
+    kw.setdefault("limit_train_batches", 2)
+    kw.setdefault("limit_val_batches", 1)
+    kw.setdefault("accelerator", "cpu")
+    kw.setdefault("enable_progress_bar", False)
+    kw.setdefault("seed", 0)
+    return Trainer(default_root_dir=str(tmp_path), **kw)
+
+
+class Recorder(cb.Callback):
+    def __init__(self):
+        self.calls = []
+
+    def __getattribute__(self, name):
+        if name in cb.HOOKS:
+            calls = object.__getattribute__(self, "calls")
+            return lambda *a, **k: calls.append(name)
+        return object.__getattribute__(self, name)
+
+
+def expected_order(epochs, batches):
+    seq = ["setup", "on_fit_start", "on_train_start"]
+    for _ in range(epochs):
+        seq.append("on_train_epoch_start")
+        seq += ["on_train_batch_start", "on_train_batch_end"] * batches
+        seq += ["on_validation_start", "on_validation_epoch_start"]
+        seq += ["on_validation_batch_start", "on_validation_batch_end"]
+        seq += ["on_validation_epoch_end", "on_validation_end", "on_train_epoch_end"]
+    return seq + ["on_train_end", "on_fit_end", "teardown"]
+
+
+def test_hook_order_matches_lightning(coco256, tmp_path):
+    rec = Recorder()
+    tr = small_trainer(tmp_path, callbacks=[rec], enable_checkpointing=False)
+    tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
+    assert rec.calls == expected_order(2, 2)
+    assert tr.current_epoch == 2 and tr.global_step >= 1
+    for key in ("train/box_loss", "val/cls_loss", "metrics/mAP50-95", "fitness"):
+        assert key in tr.callback_metrics and np.isfinite(tr.callback_metrics[key])
+
+
+def test_fit_writes_artifacts_and_digests_repeat(coco256, tmp_path):
+    runs = []
+    for k in range(2):
+        tr = small_trainer(tmp_path / str(k))
+        tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
+        runs.append(tr)
+    d0, d1 = runs[0].digest(), runs[1].digest()
+    assert set(d0) == {"losses", "model", "optimizer", "schedule", "ema", "metrics"}
+    assert d0 == d1
+    log = runs[0].log_dir
+    assert log.endswith(os.path.join("runs", "train", "version_0"))
+    rows = open(os.path.join(log, "metrics.csv")).read().splitlines()
+    assert len(rows) == 3 and "metrics/mAP50-95" in rows[0] and "lr/pg0_weight" in rows[0]
+    assert os.path.exists(os.path.join(log, "hparams.yaml"))
+    ckpts = sorted(os.listdir(os.path.join(log, "checkpoints")))
+    assert ckpts == ["best.ckpt", "last.ckpt"]
+    try:
+        import matplotlib  # noqa: F401
+        assert os.path.exists(os.path.join(log, "results.png"))
+    except ImportError:
+        pass
+    t, meta = ptl.load_safetensors(os.path.join(log, "checkpoints", "last.ckpt"))
+    header = json.loads(meta["ptl.trainer"])
+    assert header["epoch"] == 2 and header["global_step"] == runs[0].global_step
+    assert any(k.startswith("model.") for k in t) and any(k.startswith("ema.") for k in t)
+
+
+class StopAfter(cb.Callback):
+    def __init__(self, epochs):
+        self.epochs = epochs
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch >= self.epochs:
+            trainer.should_stop = True
+
+
+def test_resume_is_exact(coco256, tmp_path):
+    full = small_trainer(tmp_path / "full", max_epochs=3)
+    full.fit(ptl.Detector("yolo26n"), small_data(coco256))
+
+    first = small_trainer(tmp_path / "part", max_epochs=3, callbacks=[StopAfter(1)])
+    first.fit(ptl.Detector("yolo26n"), small_data(coco256))
+    assert first.current_epoch == 1
+    last = os.path.join(first.log_dir, "checkpoints", "last.ckpt")
+    resumed = small_trainer(tmp_path / "part", max_epochs=3)
+    resumed.fit(ptl.Detector("yolo26n", seed=123), small_data(coco256), ckpt_path=last)
+    assert resumed.current_epoch == 3
+    assert resumed.digest() == full.digest()
+
+
+def test_crash_while_checkpointing_keeps_the_previous_file(coco256, tmp_path):
+    tr = small_trainer(tmp_path, max_epochs=1)
+    tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
+    path = os.path.join(tr.log_dir, "checkpoints", "last.ckpt")
+    before = open(path, "rb").read()
+
+    orig = ptl.io.save_safetensors
+
+    def crashing(p, tensors, metadata=None):
+        orig(p, tensors, metadata=metadata, _fault_after=1000)
+
+    ptl.io.save_safetensors = crashing
+    try:
+        with pytest.raises(Exception):
+            tr.save_checkpoint(path)
+    finally:
+        ptl.io.save_safetensors = orig
+    assert open(path, "rb").read() == before
+    resumed = small_trainer(tmp_path / "r", max_epochs=2)
+    resumed.fit(ptl.Detector("yolo26n"), small_data(coco256), ckpt_path=path)
+    assert resumed.current_epoch == 2
+
+
+class Raiser(cb.Callback):
+    def __init__(self):
+        self.seen = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        raise RuntimeError("boom in callback")
+
+    def on_exception(self, trainer, pl_module, exception):
+        self.seen = exception
+
+
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_callback_exception_reaches_caller_and_cleans_up(coco256, tmp_path):
+    data = small_data(coco256)
+    fds, threads = _open_fds(), _threads()
+    r = Raiser()
+    tr = small_trainer(tmp_path, callbacks=[r])
+    with pytest.raises(RuntimeError, match="boom in callback"):
+        tr.fit(ptl.Detector("yolo26n"), data)
+    assert isinstance(r.seen, RuntimeError)
+    del tr, data
+    import gc
+    gc.collect()
+    assert _open_fds() <= fds
+    assert _threads() <= threads
+
+
+def test_overfitting_four_images_halves_the_loss(coco256, tmp_path):
+    imgs = sorted((coco256 / "images" / "train2017").glob("*.jpg"))[:4]
+    (tmp_path / "four.txt").write_text("\n".join(str(p) for p in imgs) + "\n")
+    (tmp_path / "four.yaml").write_text("path: %s\ntrain: four.txt\nval: four.txt\nnames: %s\n"
+                                        % (tmp_path, json.dumps([str(i) for i in range(80)])))
+    data = DetectionData(str(tmp_path / "four.yaml"), imgsz=128, batch_size=4, workers=2, mosaic=0.0,
+                         translate=0.0, scale=0.0, fliplr=0.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, verbose=False)
+    model = ptl.Detector("yolo26n")
+    model.hparams = {"optimizer": "AdamW", "lr0": 0.002, "warmup_epochs": 0.0}
+    tr = Trainer(max_epochs=50, accelerator="cpu", accumulate_grad_batches=1, check_val_every_n_epoch=50,
+                 enable_progress_bar=False, enable_checkpointing=False, logger=False,
+                 default_root_dir=str(tmp_path), seed=0)
+    tr.fit(model, data)
+    first, last = tr.loss_history[0][0], tr.loss_history[-1][0]
+    assert tr.global_step == 50
+    assert last < 0.5 * first, (first, last)
+
+
+def test_bad_trainer_arguments():
+    for kw, words in [({"precision": "8-true"}, "precision"), ({"max_epochs": 0}, "max_epochs"),
+                      ({"accelerator": "tpu"}, "accelerator"), ({"limit_train_batches": 1.5}, "limit_train_batches"),
+                      ({"accumulate_grad_batches": 0}, "accumulate_grad_batches"), ({"devices": 4}, "devices"),
+                      ({"callbacks": [object()]}, "callbacks")]:
+        with pytest.raises((ValueError, TypeError), match=words):
+            Trainer(**kw)
+
+
+def test_cli_help_and_bad_arguments(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-m", "ptl.train", "--help"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "--resume" in r.stdout and "--digest" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "ptl.train", "--data", "x.yaml", "--epochs", "two"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--epochs" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "ptl.train", "--data", str(tmp_path / "missing.yaml")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "missing.yaml" in r.stderr
+
+
+def test_cli_fit_prints_digests(coco256, tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-m", "ptl.train", "--data", str(coco256 / "data.yaml"), "--imgsz", "64",
+                        "--batch", "4", "--workers", "2", "--epochs", "1", "--limit-train-batches", "2",
+                        "--limit-val-batches", "1", "--device", "cpu", "--project", str(tmp_path), "--digest",
+                        "--progress-bar", "false"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert set(d) == {"losses", "model", "optimizer", "schedule", "ema", "metrics"}
+
+
+def test_predict_on_files_maps_boxes_to_each_file(coco256, tmp_path):
+    files = sorted((coco256 / "images" / "val2017").glob("*.jpg"))[:3]
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    model = ptl.Detector("yolo26n")
+    tr = Trainer(accelerator="cpu", enable_progress_bar=False, enable_checkpointing=False, logger=False)
+    with pytest.warns(ptl.DataWarning, match="broken.jpg"):
+        res = tr.predict(model, [str(files[0]), str(bad), str(files[1]), str(files[2])], conf=0.0, imgsz=64)
+    assert res[1] is None and all(r is not None for r in (res[0], res[2], res[3]))
+    shapes = ptl.DetectionData(str(coco256 / "data.yaml"), verbose=False).shapes("val")
+    for r in (res[0], res[2], res[3]):
+        assert r["boxes"].shape[1] == 4 and len(r["scores"]) == len(r["classes"]) <= 300
+        assert np.all(np.diff(r["scores"]) <= 0)
+        assert r["boxes"].min() >= 0
+    h0, w0 = shapes[0]
+    assert res[0]["boxes"][:, [0, 2]].max() <= w0 and res[0]["boxes"][:, [1, 3]].max() <= h0
