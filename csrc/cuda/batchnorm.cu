@@ -1,0 +1,297 @@
+/* BatchNorm (+ fused SiLU) over (m, c) rows (CUDA), the semantics of ../nn/batchnorm.h.
+ *
+ * Activations x, y, dy, dx in float32, bfloat16 or float16; gamma, beta, running statistics, saved
+ * mean/invstd and dgamma/dbeta always float32. Statistics are summed in double by the deterministic
+ * column reduction of layers_common.cuh (fixed geometry, fixed-order trees, no atomics), so every
+ * result is bitwise reproducible run to run. Launches per call: training forward 3 (partial sums,
+ * per-channel finish, apply), backward 3 (the same), eval forward 2 and eval backward 1 (3 when
+ * dgamma/dbeta are wanted). The partial sums live in the per-device layer scratch (conv2d.h). */
+#include "../nn/batchnorm.h"
+#include "layers_common.cuh"
+
+/* Forward statistics: sums of (x - shift) and (x - shift)^2, shift = the channel's first value, which
+ * keeps the one-pass variance free of cancellation. */
+template <typename T>
+struct bn_stat_op {
+    static constexpr int K = 2;
+    const T *x;
+    int c;
+    __device__ void operator()(int64_t r, int ch, double *acc) const
+    {
+        const double v = (double)ptl_ld(x + r * c + ch) - (double)ptl_ld(x + ch);
+        acc[0] += v;
+        acc[1] += v * v;
+    }
+};
+
+/* Backward sums: g = dy * act'(z) and g * xhat, as the CPU reference computes them (float32). */
+template <typename T>
+struct bn_grad_op {
+    static constexpr int K = 2;
+    const T *x, *dy;
+    const float *gamma, *beta, *mean, *invstd;
+    int c, silu;
+    __device__ void operator()(int64_t r, int ch, double *acc) const
+    {
+        const int64_t i = r * c + ch;
+        const float xhat = (ptl_ld(x + i) - mean[ch]) * invstd[ch];
+        float g = ptl_ld(dy + i);
+        if (silu) {
+            const float z = xhat * gamma[ch] + beta[ch];
+            const float s = ptl_sigmoidf(z);
+            g = g * (s * (1.0f + z * (1.0f - s)));
+        }
+        acc[0] += (double)g;
+        acc[1] += (double)(g * xhat);
+    }
+};
+
+template <typename T>
+__global__ void bn_fwd_finish(int64_t m, int c, int nchunks, const double *part, const T *x, float *rm,
+                              float *rv, float *smean, float *sinv)
+{
+    const int ch = ptl_colsum_finish_channel();
+    if (ch >= c)
+        return;
+    const double s = ptl_colsum_finish(part, nchunks, c, 0, ch), q = ptl_colsum_finish(part, nchunks, c, 1, ch);
+    if (threadIdx.x & 31)
+        return;
+    const double ms = s / (double)m;
+    double var = q / (double)m - ms * ms;
+    if (var < 0.0)
+        var = 0.0;
+    const double mean = (double)ptl_ld(x + ch) + ms;
+    const double unbiased = m > 1 ? var * (double)m / (double)(m - 1) : var;
+    smean[ch] = (float)mean;
+    sinv[ch] = (float)(1.0 / sqrt(var + PTL_BN_EPS));
+    rm[ch] = (float)((1.0 - PTL_BN_MOMENTUM) * (double)rm[ch] + PTL_BN_MOMENTUM * mean);
+    rv[ch] = (float)((1.0 - PTL_BN_MOMENTUM) * (double)rv[ch] + PTL_BN_MOMENTUM * unbiased);
+}
+
+__global__ void bn_eval_stats(int c, const float *rm, const float *rv, float *smean, float *sinv)
+{
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c)
+        return;
+    smean[ch] = rm[ch];
+    sinv[ch] = (float)(1.0 / sqrt((double)rv[ch] + PTL_BN_EPS));
+}
+
+/* The element-wise passes move V elements per thread (one 16-byte access when the channel count is a
+ * multiple of V and the pointers allow it, else V = 1), indexing with I = int when m*c fits. */
+template <typename T, int V>
+struct alignas(sizeof(T) * V) pack {
+    T v[V];
+};
+
+static int vec_ok(int c, int v, const void *a, const void *b, const void *d)
+{
+    return c % v == 0 && (((uintptr_t)a | (uintptr_t)b | (uintptr_t)d) & 15) == 0;
+}
+
+template <typename T, typename I, int V>
+__global__ void bn_apply(I groups, int c, const T *x, const float *gamma, const float *beta, const float *smean,
+                         const float *sinv, int silu, T *y)
+{
+    const I stride = (I)gridDim.x * blockDim.x;
+    for (I gi = (I)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += stride) {
+        const int ch0 = (int)((gi * V) % c);
+        const pack<T, V> xv = reinterpret_cast<const pack<T, V> *>(x)[gi];
+        pack<T, V> yv;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const int ch = ch0 + k;
+            const float z = (ptl_ld(&xv.v[k]) - smean[ch]) * sinv[ch] * gamma[ch] + beta[ch];
+            ptl_st(&yv.v[k], silu ? z * ptl_sigmoidf(z) : z);
+        }
+        reinterpret_cast<pack<T, V> *>(y)[gi] = yv;
+    }
+}
+
+template <typename T, int V>
+static void bn_apply_launch(cudaStream_t st, int64_t total, int c, const T *x, const float *gamma, const float *beta,
+                            const float *smean, const float *sinv, int silu, T *y)
+{
+    const int64_t groups = total / V;
+    if (total < INT32_MAX)
+        bn_apply<T, int, V><<<ptl_grid_for(groups, 256), 256, 0, st>>>((int)groups, c, x, gamma, beta, smean, sinv,
+                                                                        silu, y);
+    else
+        bn_apply<T, int64_t, V><<<ptl_grid_for(groups, 256), 256, 0, st>>>(groups, c, x, gamma, beta, smean, sinv,
+                                                                            silu, y);
+}
+
+/* mean_g / mean_gx (float, as the CPU rounds them) for the dx pass, and dgamma/dbeta accumulation. */
+__global__ void bn_bwd_finish(int64_t m, int c, int nchunks, const double *part, float *mean_g, float *mean_gx,
+                              float *dgamma, float *dbeta)
+{
+    const int ch = ptl_colsum_finish_channel();
+    if (ch >= c)
+        return;
+    const double sg = ptl_colsum_finish(part, nchunks, c, 0, ch), sgx = ptl_colsum_finish(part, nchunks, c, 1, ch);
+    if (threadIdx.x & 31)
+        return;
+    mean_g[ch] = (float)(sg / (double)m);
+    mean_gx[ch] = (float)(sgx / (double)m);
+    if (dbeta)
+        dbeta[ch] = (float)((double)dbeta[ch] + sg);
+    if (dgamma)
+        dgamma[ch] = (float)((double)dgamma[ch] + sgx);
+}
+
+/* dx may alias dy: each element is read and then written by the same thread. */
+template <typename T, typename I, int V>
+__global__ void bn_bwd_apply(I groups, int c, const T *x, const T *dy, const float *gamma, const float *beta,
+                             const float *smean, const float *sinv, const float *mean_g, const float *mean_gx,
+                             int training, int silu, T *dx)
+{
+    const I stride = (I)gridDim.x * blockDim.x;
+    for (I gi = (I)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += stride) {
+        const int ch0 = (int)((gi * V) % c);
+        const pack<T, V> xv = reinterpret_cast<const pack<T, V> *>(x)[gi];
+        const pack<T, V> dyv = reinterpret_cast<const pack<T, V> *>(dy)[gi];
+        pack<T, V> dxv;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const int ch = ch0 + k;
+            const float xhat = (ptl_ld(&xv.v[k]) - smean[ch]) * sinv[ch];
+            float g = ptl_ld(&dyv.v[k]);
+            if (silu) {
+                const float z = xhat * gamma[ch] + beta[ch];
+                const float s = ptl_sigmoidf(z);
+                g = g * (s * (1.0f + z * (1.0f - s)));
+            }
+            const float scale = gamma[ch] * sinv[ch];
+            ptl_st(&dxv.v[k], training ? scale * (g - mean_g[ch] - xhat * mean_gx[ch]) : scale * g);
+        }
+        reinterpret_cast<pack<T, V> *>(dx)[gi] = dxv;
+    }
+}
+
+template <typename T, int V>
+static void bn_bwd_apply_launch(cudaStream_t st, int64_t total, int c, const T *x, const T *dy, const float *gamma,
+                                const float *beta, const float *smean, const float *sinv, const float *mean_g,
+                                const float *mean_gx, int training, int silu, T *dx)
+{
+    const int64_t groups = total / V;
+    if (total < INT32_MAX)
+        bn_bwd_apply<T, int, V><<<ptl_grid_for(groups, 256), 256, 0, st>>>(
+            (int)groups, c, x, dy, gamma, beta, smean, sinv, mean_g, mean_gx, training, silu, dx);
+    else
+        bn_bwd_apply<T, int64_t, V><<<ptl_grid_for(groups, 256), 256, 0, st>>>(
+            groups, c, x, dy, gamma, beta, smean, sinv, mean_g, mean_gx, training, silu, dx);
+}
+
+static int check(const char *fn, int64_t m, int c, ptl_act act)
+{
+    if (m <= 0 || c <= 0)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: empty input (m=%lld rows, c=%d channels)", fn, (long long)m, c);
+    if (act != PTL_ACT_NONE && act != PTL_ACT_SILU)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: unknown activation %d", fn, (int)act);
+    return 0;
+}
+
+extern "C" size_t ptl_batchnorm_cuda_scratch_bytes(int64_t m, int c)
+{
+    if (m <= 0 || c <= 0)
+        return 0;
+    /* partial sums, then mean_g and mean_gx for the backward */
+    return ptl_colsum_part_bytes(m, c, 2) + 2 * (size_t)c * sizeof(float);
+}
+
+template <typename T>
+static int bn_forward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const float *gamma, const float *beta,
+                      float *rm, float *rv, int training, int silu, float *smean, float *sinv, T *y)
+{
+    cudaStream_t st = ctx->stream;
+    const unsigned cblocks = (unsigned)((c + 127) / 128);
+    const int64_t total = m * c;
+    if (training) {
+        const ptl_colsum_geom g = ptl_colsum_geometry(m, c, 2);
+        void *scratch;
+        if (ptl_layers_cuda_scratch(ctx, ptl_batchnorm_cuda_scratch_bytes(m, c), &scratch))
+            return -1;
+        double *part = (double *)scratch;
+        ptl_colsum_launch(g, m, c, bn_stat_op<T>{x, c}, part, st);
+        PTL_LAUNCH_CHECK("bn_stat_partials");
+        bn_fwd_finish<T><<<ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, st>>>(m, c, g.nchunks, part, x,
+                                                                                             rm, rv, smean, sinv);
+        PTL_LAUNCH_CHECK("bn_fwd_finish");
+    } else {
+        bn_eval_stats<<<cblocks, 128, 0, st>>>(c, rm, rv, smean, sinv);
+        PTL_LAUNCH_CHECK("bn_eval_stats");
+    }
+    if (vec_ok(c, 16 / sizeof(T), x, y, y))
+        bn_apply_launch<T, 16 / sizeof(T)>(st, total, c, x, gamma, beta, smean, sinv, silu, y);
+    else
+        bn_apply_launch<T, 1>(st, total, c, x, gamma, beta, smean, sinv, silu, y);
+    PTL_LAUNCH_CHECK("bn_apply");
+    return 0;
+fail:
+    return -1;
+}
+
+template <typename T>
+static int bn_backward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const T *dy, const float *gamma,
+                       const float *beta, const float *smean, const float *sinv, int training, int silu, T *dx,
+                       float *dgamma, float *dbeta)
+{
+    cudaStream_t st = ctx->stream;
+    const int64_t total = m * c;
+    const float *mean_g = NULL, *mean_gx = NULL;
+    if (training || dgamma || dbeta) {
+        const ptl_colsum_geom g = ptl_colsum_geometry(m, c, 2);
+        void *scratch;
+        if (ptl_layers_cuda_scratch(ctx, ptl_batchnorm_cuda_scratch_bytes(m, c), &scratch))
+            return -1;
+        double *part = (double *)scratch;
+        float *mg = (float *)((char *)scratch + ptl_colsum_part_bytes(m, c, 2));
+        ptl_colsum_launch(g, m, c, bn_grad_op<T>{x, dy, gamma, beta, smean, sinv, c, silu}, part, st);
+        PTL_LAUNCH_CHECK("bn_grad_partials");
+        bn_bwd_finish<<<ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, st>>>(m, c, g.nchunks, part, mg,
+                                                                                         mg + c, dgamma, dbeta);
+        PTL_LAUNCH_CHECK("bn_bwd_finish");
+        mean_g = mg;
+        mean_gx = mg + c;
+    }
+    if (vec_ok(c, 16 / sizeof(T), x, dy, dx))
+        bn_bwd_apply_launch<T, 16 / sizeof(T)>(st, total, c, x, dy, gamma, beta, smean, sinv, mean_g, mean_gx,
+                                               training, silu, dx);
+    else
+        bn_bwd_apply_launch<T, 1>(st, total, c, x, dy, gamma, beta, smean, sinv, mean_g, mean_gx, training, silu, dx);
+    PTL_LAUNCH_CHECK("bn_bwd_apply");
+    return 0;
+fail:
+    return -1;
+}
+
+extern "C" int ptl_batchnorm_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x,
+                                          const void *gamma, const void *beta, void *running_mean,
+                                          void *running_var, int training, ptl_act act, void *save_mean,
+                                          void *save_invstd, void *y)
+{
+    if (check("batchnorm_forward_cuda", m, c, act))
+        return -1;
+    PTL_LAYER_DISPATCH("batchnorm_forward_cuda", dt,
+                       return bn_forward<T>(ctx, m, c, (const T *)x, (const float *)gamma, (const float *)beta,
+                                            (float *)running_mean, (float *)running_var, training,
+                                            act == PTL_ACT_SILU, (float *)save_mean, (float *)save_invstd, (T *)y));
+fail:
+    return -1;
+}
+
+extern "C" int ptl_batchnorm_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x,
+                                           const void *dy, const void *gamma, const void *beta,
+                                           const void *save_mean, const void *save_invstd, int training,
+                                           ptl_act act, void *dx, void *dgamma, void *dbeta)
+{
+    if (check("batchnorm_backward_cuda", m, c, act))
+        return -1;
+    PTL_LAYER_DISPATCH("batchnorm_backward_cuda", dt,
+                       return bn_backward<T>(ctx, m, c, (const T *)x, (const T *)dy, (const float *)gamma,
+                                             (const float *)beta, (const float *)save_mean,
+                                             (const float *)save_invstd, training, act == PTL_ACT_SILU, (T *)dx,
+                                             (float *)dgamma, (float *)dbeta));
+fail:
+    return -1;
+}

@@ -1,0 +1,535 @@
+/* 2-D convolution through cuDNN (legacy convolution API): per-shape plans with algorithms chosen once,
+ * caller-owned workspace, no allocation or synchronisation when executing. See conv2d.h. */
+#include <stdlib.h>
+
+#include "conv2d.h"
+#include "layers_common.cuh"
+
+struct ptl_conv2d_plan {
+    ptl_conv2d_desc d;
+    ptl_dtype dt;
+    int device;
+    cudnnTensorDescriptor_t xd, yd;
+    cudnnFilterDescriptor_t wd;
+    cudnnConvolutionDescriptor_t cf, cbd, cbf; /* one per direction: each carries its own math type */
+    cudnnConvolutionFwdAlgo_t af;
+    cudnnConvolutionBwdDataAlgo_t abd;
+    cudnnConvolutionBwdFilterAlgo_t abf;
+    int tensor_op[3];
+    int gemm;                    /* 1x1, stride 1, ungrouped: plain cuBLAS GEMMs instead of cuDNN */
+    cublasComputeType_t gemm_ct; /* its compute type */
+    size_t ws_f, ws_bd, ws_bf, ws_bias, ws;
+    ptl_colsum_geom bias_geom;
+};
+
+extern "C" ptl_conv2d_plan_opts ptl_conv2d_plan_opts_default(void)
+{
+    ptl_conv2d_plan_opts o;
+    o.deterministic = 1;
+    o.allow_tf32 = 0;
+    o.find = 0;
+    o.workspace_limit = 0;
+    return o;
+}
+
+static int is_tensor_op(cudnnMathType_t mt)
+{
+    return mt == CUDNN_TENSOR_OP_MATH || mt == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
+static int no_algo(const ptl_conv2d_plan *p, const char *dir, const ptl_conv2d_plan_opts *o)
+{
+    const ptl_conv2d_desc *d = &p->d;
+    return ptl_set_error(PTL_ERR_RUNTIME,
+                         "conv2d plan: cuDNN offers no %s algorithm for n=%d h=%d w=%d cin=%d cout=%d k=%d stride=%d "
+                         "groups=%d dtype=%s with deterministic=%d allow_tf32=%d workspace_limit=%zu",
+                         dir, d->n, d->h, d->w, d->cin, d->cout, d->k, d->stride, d->groups, ptl_dtype_name(p->dt),
+                         o->deterministic, o->allow_tf32, o->workspace_limit);
+}
+
+/* ---------------------------------------------------------------- algorithm choice
+ * Candidates are (algorithm, math type) pairs from cuDNN's heuristics that succeeded and meet the options,
+ * best first. The heuristics mode takes the first; the find mode times every candidate (also those the
+ * heuristics offer under the other permitted math type) with the exact descriptors and calls a step
+ * makes, on scratch buffers, and takes the fastest. Both happen only here, at plan time. */
+
+enum { DIR_FWD = 0, DIR_BWD_DATA = 1, DIR_BWD_FILTER = 2 };
+#define MAX_CAND 24
+
+typedef struct {
+    int algo;
+    cudnnMathType_t mt;
+} cand_t;
+
+template <typename Perf>
+static void add_cands(const Perf *perf, int count, const ptl_conv2d_plan_opts *o, int strict, cand_t *c, int *nc)
+{
+    for (int i = 0; i < count && *nc < MAX_CAND; i++) {
+        if (perf[i].status != CUDNN_STATUS_SUCCESS)
+            continue;
+        if (o->deterministic && perf[i].determinism != CUDNN_DETERMINISTIC)
+            continue;
+        if (o->workspace_limit && perf[i].memory > o->workspace_limit)
+            continue;
+        if (strict && is_tensor_op(perf[i].mathType))
+            continue;
+        int dup = 0;
+        for (int j = 0; j < *nc; j++)
+            dup |= c[j].algo == (int)perf[i].algo && c[j].mt == perf[i].mathType;
+        if (!dup) {
+            c[*nc].algo = (int)perf[i].algo;
+            c[*nc].mt = perf[i].mathType;
+            (*nc)++;
+        }
+    }
+}
+
+static cudnnConvolutionDescriptor_t dir_desc(const ptl_conv2d_plan *p, int dir)
+{
+    return dir == DIR_FWD ? p->cf : dir == DIR_BWD_DATA ? p->cbd : p->cbf;
+}
+
+/* Appends the heuristics' candidates for `dir` with the descriptor's math type set to mt. */
+static int heuristics(ptl_conv2d_plan *p, cudnnHandle_t h, int dir, cudnnMathType_t mt, const ptl_conv2d_plan_opts *o,
+                      int strict, cand_t *c, int *nc)
+{
+    int ret = 0;
+    cudnnConvolutionDescriptor_t cd = dir_desc(p, dir);
+    PTL_CUDNN_TRY(cudnnSetConvolutionMathType(cd, mt));
+    if (dir == DIR_FWD) {
+        cudnnConvolutionFwdAlgoPerf_t pf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+        PTL_CUDNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(h, p->xd, p->wd, cd, p->yd,
+                                                             CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &ret, pf));
+        add_cands(pf, ret, o, strict, c, nc);
+    } else if (dir == DIR_BWD_DATA) {
+        cudnnConvolutionBwdDataAlgoPerf_t pd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        PTL_CUDNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->wd, p->yd, cd, p->xd,
+                                                                  CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &ret, pd));
+        add_cands(pd, ret, o, strict, c, nc);
+    } else {
+        cudnnConvolutionBwdFilterAlgoPerf_t pw[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+        PTL_CUDNN_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->xd, p->yd, cd, p->wd,
+                                                                    CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &ret, pw));
+        add_cands(pw, ret, o, strict, c, nc);
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* Sets the descriptor's math type for candidate cd and returns its workspace size (or a cuDNN status). */
+static cudnnStatus_t cand_workspace(ptl_conv2d_plan *p, cudnnHandle_t h, int dir, const cand_t *c, int strict,
+                                    size_t *bytes)
+{
+    cudnnConvolutionDescriptor_t cd = dir_desc(p, dir);
+    cudnnStatus_t st = cudnnSetConvolutionMathType(cd, strict ? CUDNN_FMA_MATH : c->mt);
+    if (st != CUDNN_STATUS_SUCCESS)
+        return st;
+    if (dir == DIR_FWD)
+        return cudnnGetConvolutionForwardWorkspaceSize(h, p->xd, p->wd, cd, p->yd, (cudnnConvolutionFwdAlgo_t)c->algo,
+                                                       bytes);
+    if (dir == DIR_BWD_DATA)
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->wd, p->yd, cd, p->xd,
+                                                            (cudnnConvolutionBwdDataAlgo_t)c->algo, bytes);
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->xd, p->yd, cd, p->wd,
+                                                          (cudnnConvolutionBwdFilterAlgo_t)c->algo, bytes);
+}
+
+static cudnnStatus_t cand_run(ptl_conv2d_plan *p, cudnnHandle_t h, int dir, int algo, void *x, void *w, void *y,
+                              void *ws, size_t wsb)
+{
+    const float one = 1.0f, zero = 0.0f;
+    if (dir == DIR_FWD)
+        return cudnnConvolutionForward(h, &one, p->xd, x, p->wd, w, p->cf, (cudnnConvolutionFwdAlgo_t)algo, ws, wsb,
+                                       &zero, p->yd, y);
+    if (dir == DIR_BWD_DATA)
+        return cudnnConvolutionBackwardData(h, &one, p->wd, w, p->yd, y, p->cbd, (cudnnConvolutionBwdDataAlgo_t)algo,
+                                            ws, wsb, &zero, p->xd, x);
+    return cudnnConvolutionBackwardFilter(h, &one, p->xd, x, p->yd, y, p->cbf, (cudnnConvolutionBwdFilterAlgo_t)algo,
+                                          ws, wsb, &one, p->wd, w);
+}
+
+/* Milliseconds per call of candidate c (after one warm-up call, mean of 5), or a negative value if it
+ * fails. */
+static float cand_time(ptl_conv2d_plan *p, ptl_cuda_ctx *ctx, int dir, const cand_t *c, int strict, void *x, void *w,
+                       void *y, void *ws, size_t wsb)
+{
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float ms = -1.0f;
+    size_t need = 0;
+    if (cand_workspace(p, ctx->cudnn, dir, c, strict, &need) != CUDNN_STATUS_SUCCESS || need > wsb)
+        return -1.0f;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
+        goto done;
+    if (cand_run(p, ctx->cudnn, dir, c->algo, x, w, y, ws, wsb) != CUDNN_STATUS_SUCCESS)
+        goto done;
+    cudaEventRecord(e0, ctx->stream);
+    for (int r = 0; r < 5; r++)
+        if (cand_run(p, ctx->cudnn, dir, c->algo, x, w, y, ws, wsb) != CUDNN_STATUS_SUCCESS)
+            goto done;
+    cudaEventRecord(e1, ctx->stream);
+    if (cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess)
+        ms /= 5.0f;
+    else
+        ms = -1.0f;
+done:
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    cudaGetLastError();
+    return ms;
+}
+
+static int choose(ptl_conv2d_plan *p, ptl_cuda_ctx *ctx, const ptl_conv2d_plan_opts *o, int strict, cudnnMathType_t mt0)
+{
+    static const char *names[3] = {"forward", "backward-data", "backward-filter"};
+    cudnnHandle_t h = ctx->cudnn;
+    cand_t cands[3][MAX_CAND];
+    int nc[3] = {0, 0, 0}, best[3] = {0, 0, 0};
+    size_t wsmax = 0, sz;
+    void *buf[4] = {NULL, NULL, NULL, NULL}, *blk[4] = {NULL, NULL, NULL, NULL};
+    int rc = -1;
+    for (int dir = 0; dir < 3; dir++) {
+        PTL_CHECK(heuristics(p, h, dir, mt0, o, strict, cands[dir], &nc[dir]));
+        if (o->find && !strict)  /* the other permitted math: FMA kernels (bf16/fp16), or FMA next to TF32 */
+            PTL_CHECK(heuristics(p, h, dir, mt0 == CUDNN_TENSOR_OP_MATH ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH, o,
+                                 strict, cands[dir], &nc[dir]));
+        if (nc[dir] == 0) {
+            no_algo(p, names[dir], o);
+            goto fail;
+        }
+        for (int i = 0; o->find && i < nc[dir]; i++)
+            if (cand_workspace(p, h, dir, &cands[dir][i], strict, &sz) == CUDNN_STATUS_SUCCESS && sz > wsmax &&
+                (!o->workspace_limit || sz <= o->workspace_limit))
+                wsmax = sz;
+    }
+    if (o->find) {
+        const ptl_conv2d_desc *d = &p->d;
+        const size_t es = ptl_dtype_size(p->dt);
+        const size_t bytes[4] = {(size_t)d->n * d->h * d->w * d->cin * es,
+                                 (size_t)d->cout * d->k * d->k * (d->cin / d->groups) * es,
+                                 (size_t)d->n * d->ho * d->wo * d->cout * es, wsmax};
+        for (int b = 0; b < 4; b++) {
+            PTL_CHECK(ptl_alloc_malloc(ctx->alloc, 0, bytes[b], &buf[b], &blk[b]));
+            if (bytes[b])
+                PTL_CUDA_TRY(cudaMemsetAsync(buf[b], 0x3c, bytes[b], ctx->stream)); /* ~0.01 (bf16/f32), ~1 (f16) */
+        }
+        /* Two rounds over the candidates, keeping each one's better time, so that none is judged while
+         * the GPU's clocks are still ramping up (seen: the first candidates of a lone pass timed slow). */
+        for (int dir = 0; dir < 3; dir++) {
+            float tbest = -1.0f, t[MAX_CAND];
+            for (int round = 0; round < 2; round++)
+                for (int i = 0; i < nc[dir]; i++) {
+                    const float ti = cand_time(p, ctx, dir, &cands[dir][i], strict, buf[0], buf[1], buf[2], buf[3],
+                                               wsmax);
+                    if (round == 0 || t[i] < 0.0f || (ti >= 0.0f && ti < t[i]))
+                        t[i] = ti;
+                }
+            for (int i = 0; i < nc[dir]; i++)
+                if (t[i] >= 0.0f && (tbest < 0.0f || t[i] < tbest)) {
+                    tbest = t[i];
+                    best[dir] = i;
+                }
+            if (tbest < 0.0f) {
+                no_algo(p, names[dir], o);
+                goto fail;
+            }
+        }
+    }
+    for (int dir = 0; dir < 3; dir++) {
+        const cand_t *c = &cands[dir][best[dir]];
+        size_t *ws = dir == DIR_FWD ? &p->ws_f : dir == DIR_BWD_DATA ? &p->ws_bd : &p->ws_bf;
+        PTL_CUDNN_TRY(cand_workspace(p, h, dir, c, strict, ws));
+        p->tensor_op[dir] = !strict && (is_tensor_op(c->mt) || (p->dt != PTL_FLOAT32 && c->mt == CUDNN_TENSOR_OP_MATH));
+        if (dir == DIR_FWD)
+            p->af = (cudnnConvolutionFwdAlgo_t)c->algo;
+        else if (dir == DIR_BWD_DATA)
+            p->abd = (cudnnConvolutionBwdDataAlgo_t)c->algo;
+        else
+            p->abf = (cudnnConvolutionBwdFilterAlgo_t)c->algo;
+    }
+    rc = 0;
+fail:
+    for (int b = 0; b < 4; b++)
+        if (blk[b])
+            ptl_alloc_free(ctx->alloc, blk[b]);
+    return rc;
+}
+
+static cudnnDataType_t cudnn_type(ptl_dtype dt)
+{
+    return dt == PTL_FLOAT32 ? CUDNN_DATA_FLOAT : dt == PTL_BFLOAT16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+}
+
+extern "C" void ptl_conv2d_plan_destroy(ptl_conv2d_plan *p)
+{
+    if (!p)
+        return;
+    if (p->xd)
+        cudnnDestroyTensorDescriptor(p->xd);
+    if (p->yd)
+        cudnnDestroyTensorDescriptor(p->yd);
+    if (p->wd)
+        cudnnDestroyFilterDescriptor(p->wd);
+    if (p->cf)
+        cudnnDestroyConvolutionDescriptor(p->cf);
+    if (p->cbd)
+        cudnnDestroyConvolutionDescriptor(p->cbd);
+    if (p->cbf)
+        cudnnDestroyConvolutionDescriptor(p->cbf);
+    free(p);
+}
+
+static int conv_desc_init(cudnnConvolutionDescriptor_t cd, const ptl_conv2d_desc *d, cudnnMathType_t mt)
+{
+    PTL_CUDNN_TRY(cudnnSetConvolution2dDescriptor(cd, d->pad, d->pad, d->stride, d->stride, 1, 1,
+                                                  CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    PTL_CUDNN_TRY(cudnnSetConvolutionGroupCount(cd, d->groups));
+    PTL_CUDNN_TRY(cudnnSetConvolutionMathType(cd, mt));
+    return 0;
+fail:
+    return -1;
+}
+
+extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt,
+                                      const ptl_conv2d_plan_opts *opts, ptl_conv2d_plan **out)
+{
+    const ptl_conv2d_plan_opts defaults = ptl_conv2d_plan_opts_default();
+    const ptl_conv2d_plan_opts *o = opts ? opts : &defaults;
+    ptl_conv2d_plan *p = NULL;
+    cudnnDataType_t ct;
+    int strict, on, oc, oh, ow;
+    cudnnMathType_t mt0;
+
+    *out = NULL;
+    if (dt != PTL_FLOAT32 && dt != PTL_BFLOAT16 && dt != PTL_FLOAT16)
+        return ptl_set_error(PTL_ERR_TYPE, "conv2d plan: dtype %s is not supported on CUDA (float32, bfloat16 or "
+                             "float16)", ptl_dtype_name(dt));
+    if (d->n <= 0 || d->cin <= 0 || d->cout <= 0 || d->groups <= 0 || d->cin % d->groups || d->cout % d->groups ||
+        d->ho <= 0 || d->wo <= 0)
+        return ptl_set_error(PTL_ERR_VALUE, "conv2d plan: invalid descriptor (use ptl_conv2d_init)");
+    p = (ptl_conv2d_plan *)calloc(1, sizeof *p);
+    if (!p)
+        return ptl_set_error(PTL_ERR_MEMORY, "out of host memory");
+    p->d = *d;
+    p->dt = dt;
+    p->device = ctx->device;
+    ct = cudnn_type(dt);
+    strict = dt == PTL_FLOAT32 && !o->allow_tf32;
+    /* FMA math restricts float32 to true float32 kernels. Reduced precision asks for tensor cores
+     * explicitly (the heuristics otherwise rank FMA kernels first); TF32 float32 uses the default math,
+     * which permits TF32. */
+    mt0 = strict ? CUDNN_FMA_MATH : dt == PTL_FLOAT32 ? CUDNN_DEFAULT_MATH : CUDNN_TENSOR_OP_MATH;
+
+    PTL_CUDNN_TRY(cudnnCreateTensorDescriptor(&p->xd));
+    PTL_CUDNN_TRY(cudnnCreateTensorDescriptor(&p->yd));
+    PTL_CUDNN_TRY(cudnnCreateFilterDescriptor(&p->wd));
+    PTL_CUDNN_TRY(cudnnCreateConvolutionDescriptor(&p->cf));
+    PTL_CUDNN_TRY(cudnnCreateConvolutionDescriptor(&p->cbd));
+    PTL_CUDNN_TRY(cudnnCreateConvolutionDescriptor(&p->cbf));
+    PTL_CUDNN_TRY(cudnnSetTensor4dDescriptor(p->xd, CUDNN_TENSOR_NHWC, ct, d->n, d->cin, d->h, d->w));
+    PTL_CUDNN_TRY(cudnnSetTensor4dDescriptor(p->yd, CUDNN_TENSOR_NHWC, ct, d->n, d->cout, d->ho, d->wo));
+    PTL_CUDNN_TRY(cudnnSetFilter4dDescriptor(p->wd, ct, CUDNN_TENSOR_NHWC, d->cout, d->cin / d->groups, d->k, d->k));
+    PTL_CHECK(conv_desc_init(p->cf, d, mt0));
+    PTL_CHECK(conv_desc_init(p->cbd, d, mt0));
+    PTL_CHECK(conv_desc_init(p->cbf, d, mt0));
+    PTL_CUDNN_TRY(cudnnGetConvolution2dForwardOutputDim(p->cf, p->xd, p->wd, &on, &oc, &oh, &ow));
+    if (on != d->n || oc != d->cout || oh != d->ho || ow != d->wo) {
+        ptl_set_error(PTL_ERR_RUNTIME, "conv2d plan: cuDNN output %dx%dx%dx%d differs from %dx%dx%dx%d", on, oh, ow,
+                      oc, d->n, d->ho, d->wo, d->cout);
+        goto fail;
+    }
+
+    /* A 1x1 stride-1 ungrouped convolution on NHWC data is a GEMM over the pixels; cuBLAS runs it several
+     * times faster than the algorithms cuDNN's heuristics pick for it. float32 stays true float32
+     * (pedantic compute) unless TF32 is allowed. */
+    if (d->k == 1 && d->stride == 1 && d->groups == 1) {
+        p->gemm = 1;
+        p->gemm_ct = dt != PTL_FLOAT32 ? CUBLAS_COMPUTE_32F
+                     : o->allow_tf32   ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                       : CUBLAS_COMPUTE_32F_PEDANTIC;
+        p->af = (cudnnConvolutionFwdAlgo_t)-1;
+        p->abd = (cudnnConvolutionBwdDataAlgo_t)-1;
+        p->abf = (cudnnConvolutionBwdFilterAlgo_t)-1;
+        p->tensor_op[0] = p->tensor_op[1] = p->tensor_op[2] = dt != PTL_FLOAT32 || o->allow_tf32;
+        goto sizes;
+    }
+
+    if (choose(p, ctx, o, strict, mt0))
+        goto fail;
+
+sizes:
+    {
+        const int64_t rows = (int64_t)d->n * d->ho * d->wo;
+        p->bias_geom = ptl_colsum_geometry(rows, d->cout, 1);
+        p->ws_bias = ptl_colsum_part_bytes(rows, d->cout, 1);
+    }
+    p->ws = p->ws_f;
+    if (p->ws_bd > p->ws)
+        p->ws = p->ws_bd;
+    if (p->ws_bf > p->ws)
+        p->ws = p->ws_bf;
+    if (p->ws_bias > p->ws)
+        p->ws = p->ws_bias;
+    *out = p;
+    return 0;
+fail:
+    ptl_conv2d_plan_destroy(p);
+    return -1;
+}
+
+extern "C" const ptl_conv2d_desc *ptl_conv2d_plan_desc(const ptl_conv2d_plan *p) { return &p->d; }
+extern "C" ptl_dtype ptl_conv2d_plan_dtype(const ptl_conv2d_plan *p) { return p->dt; }
+extern "C" size_t ptl_conv2d_plan_workspace(const ptl_conv2d_plan *p) { return p->ws; }
+
+extern "C" void ptl_conv2d_plan_algos(const ptl_conv2d_plan *p, int algo[3], int tensor_op[3])
+{
+    algo[0] = (int)p->af;
+    algo[1] = (int)p->abd;
+    algo[2] = (int)p->abf;
+    for (int i = 0; i < 3; i++)
+        tensor_op[i] = p->tensor_op[i];
+}
+
+static cudaDataType gemm_type(ptl_dtype dt)
+{
+    return dt == PTL_FLOAT32 ? CUDA_R_32F : dt == PTL_BFLOAT16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+/* Column-major C (m x n) = alpha op(A) op(B) + beta C, all of the plan's dtype. With M pixels, X (M, cin),
+ * Y (M, cout) and W (cout, cin) row-major, i.e. column-major Xc (cin x M), Yc (cout x M), Wc (cin x cout):
+ *   Yc = Wc^T Xc,   dXc = Wc dYc,   dWc += Xc dYc^T. */
+static int gemm(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, cublasOperation_t ta, cublasOperation_t tb, int m,
+                int n, int k, const void *A, int lda, const void *B, int ldb, float beta, void *C, int ldc)
+{
+    const float one = 1.0f;
+    const cudaDataType t = gemm_type(p->dt);
+    PTL_CUBLAS_TRY(cublasGemmEx(ctx->cublas, ta, tb, m, n, k, &one, A, t, lda, B, t, ldb, &beta, C, t, ldc,
+                                p->gemm_ct, CUBLAS_GEMM_DEFAULT));
+    return 0;
+fail:
+    return -1;
+}
+
+static int check_exec(const char *fn, ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, size_t need, size_t have)
+{
+    if (ctx->device != p->device)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: plan was made for cuda:%d, called on cuda:%d", fn, p->device,
+                             ctx->device);
+    if (have < need)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: workspace of %zu bytes is smaller than the plan's %zu", fn, have,
+                             need);
+    return 0;
+}
+
+template <typename T, typename I>
+__global__ void bias_add_kernel(I total, int c, const T *bias, T *y)
+{
+    const I stride = (I)gridDim.x * blockDim.x;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride)
+        ptl_st(y + i, ptl_ld(y + i) + ptl_ld(bias + (int)(i % c)));
+}
+
+template <typename T>
+struct bias_grad_op {
+    static constexpr int K = 1;
+    const T *dy;
+    int c;
+    __device__ void operator()(int64_t r, int ch, double *acc) const { acc[0] += (double)ptl_ld(dy + r * c + ch); }
+};
+
+template <typename T>
+__global__ void bias_grad_finish(int c, int nchunks, const double *part, T *db)
+{
+    const int ch = ptl_colsum_finish_channel();
+    if (ch >= c)
+        return;
+    const double s = ptl_colsum_finish(part, nchunks, c, 0, ch);
+    if ((threadIdx.x & 31) == 0)
+        ptl_st(db + ch, (float)((double)ptl_ld(db + ch) + s));
+}
+
+extern "C" int ptl_conv2d_forward_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *x, const void *w,
+                                       const void *bias, void *y, void *workspace, size_t workspace_bytes)
+{
+    const float one = 1.0f, zero = 0.0f;
+    const int64_t total = (int64_t)p->d.n * p->d.ho * p->d.wo * p->d.cout;
+    if (check_exec("conv2d_forward_cuda", ctx, p, p->ws_f, workspace_bytes))
+        return -1;
+    if (p->gemm) {
+        if (gemm(ctx, p, CUBLAS_OP_T, CUBLAS_OP_N, p->d.cout, (int)(total / p->d.cout), p->d.cin, w, p->d.cin, x,
+                 p->d.cin, 0.0f, y, p->d.cout))
+            return -1;
+    } else {
+        PTL_CUDNN_TRY(cudnnConvolutionForward(ctx->cudnn, &one, p->xd, x, p->wd, w, p->cf, p->af, workspace,
+                                              workspace_bytes, &zero, p->yd, y));
+    }
+    if (bias) {
+        if (total < INT32_MAX)
+            PTL_LAYER_DISPATCH("conv2d_forward_cuda", p->dt,
+                               bias_add_kernel<T, int><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>(
+                                   (int)total, p->d.cout, (const T *)bias, (T *)y));
+        else
+            PTL_LAYER_DISPATCH("conv2d_forward_cuda", p->dt,
+                               bias_add_kernel<T, int64_t><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>(
+                                   total, p->d.cout, (const T *)bias, (T *)y));
+        PTL_LAUNCH_CHECK("bias_add_kernel");
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+extern "C" int ptl_conv2d_backward_input_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *dy,
+                                              const void *w, void *dx, void *workspace, size_t workspace_bytes)
+{
+    const float one = 1.0f, zero = 0.0f;
+    if (check_exec("conv2d_backward_input_cuda", ctx, p, p->ws_bd, workspace_bytes))
+        return -1;
+    if (p->gemm)
+        return gemm(ctx, p, CUBLAS_OP_N, CUBLAS_OP_N, p->d.cin, p->d.n * p->d.h * p->d.w, p->d.cout, w, p->d.cin, dy,
+                    p->d.cout, 0.0f, dx, p->d.cin);
+    PTL_CUDNN_TRY(cudnnConvolutionBackwardData(ctx->cudnn, &one, p->wd, w, p->yd, dy, p->cbd, p->abd, workspace,
+                                               workspace_bytes, &zero, p->xd, dx));
+    return 0;
+fail:
+    return -1;
+}
+
+extern "C" int ptl_conv2d_backward_weight_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *x,
+                                               const void *dy, void *dw, void *workspace, size_t workspace_bytes)
+{
+    const float one = 1.0f;
+    if (check_exec("conv2d_backward_weight_cuda", ctx, p, p->ws_bf, workspace_bytes))
+        return -1;
+    if (p->gemm)
+        return gemm(ctx, p, CUBLAS_OP_N, CUBLAS_OP_T, p->d.cin, p->d.cout, p->d.n * p->d.h * p->d.w, x, p->d.cin, dy,
+                    p->d.cout, 1.0f, dw, p->d.cin);
+    PTL_CUDNN_TRY(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, p->xd, x, p->yd, dy, p->cbf, p->abf, workspace,
+                                                 workspace_bytes, &one, p->wd, dw));
+    return 0;
+fail:
+    return -1;
+}
+
+extern "C" int ptl_conv2d_backward_bias_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *dy,
+                                             void *dbias, void *workspace, size_t workspace_bytes)
+{
+    const int64_t rows = (int64_t)p->d.n * p->d.ho * p->d.wo;
+    const int c = p->d.cout;
+    const ptl_colsum_geom g = p->bias_geom;
+    double *part = (double *)workspace;
+    if (check_exec("conv2d_backward_bias_cuda", ctx, p, p->ws_bias, workspace_bytes))
+        return -1;
+    PTL_LAYER_DISPATCH("conv2d_backward_bias_cuda", p->dt, {
+        ptl_colsum_launch(g, rows, c, bias_grad_op<T>{(const T *)dy, c}, part, ctx->stream);
+        PTL_LAUNCH_CHECK("bias_grad_partials");
+        bias_grad_finish<T><<<ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, ctx->stream>>>(
+            c, g.nchunks, part, (T *)dbias);
+        PTL_LAUNCH_CHECK("bias_grad_finish");
+    });
+    return 0;
+fail:
+    return -1;
+}

@@ -1,0 +1,84 @@
+/* CUDA 2-D convolution through cuDNN, on the layouts of ../nn/conv2d.h: NHWC activations (n, h, w, cin),
+ * OHWI weights (cout, k, k, cin/groups) = cuDNN's KRSC filters, padding k/2, any stride and groups.
+ *
+ * A plan is made once per (shape, dtype): it holds the cuDNN descriptors and the algorithm of each
+ * direction, chosen at plan time (heuristics, or a timed search with `find`), never during a step.
+ * 1x1 stride-1 ungrouped convolutions (the many pointwise convs of the network) skip cuDNN and run as
+ * cuBLAS GEMMs over the pixels, several times faster than cuDNN's heuristic picks for them.
+ * The executing calls allocate nothing and never synchronise; they need a caller-owned device
+ * workspace of at least ptl_conv2d_plan_workspace(plan) bytes.
+ *
+ * Precision: activations and weights in float32, bfloat16 or float16 (x, w, y, dx, dw, bias and dbias
+ * all share the plan's dtype), accumulation in float32 (CUDNN_DATA_FLOAT / CUBLAS_COMPUTE_32F). float32
+ * is true float32 (cuDNN FMA-only kernels, cuBLAS pedantic compute) unless allow_tf32 is set.
+ * Deterministic plans give bitwise-identical results run to run (cuBLAS GEMMs are deterministic).
+ *
+ * Also here: the per-device scratch the other CUDA layer kernels (BatchNorm statistics, attention
+ * backward) use for their partial results, which a network reserves once at buffer-allocation time. */
+#ifndef PTL_CUDA_CONV2D_H
+#define PTL_CUDA_CONV2D_H
+
+#include "../nn/conv2d.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ptl_cuda_ctx;
+typedef struct ptl_conv2d_plan ptl_conv2d_plan;
+
+typedef struct {
+    int deterministic;      /* only algorithms cuDNN marks deterministic (backward data/filter) */
+    int allow_tf32;         /* float32 only: permit TF32 tensor-core kernels */
+    int find;               /* time the heuristics' candidates (under both permitted math types) on
+                             * scratch buffers and keep the fastest, instead of taking the first */
+    size_t workspace_limit; /* skip algorithms needing more workspace than this; 0 = no limit */
+} ptl_conv2d_plan_opts;
+
+/* The defaults: deterministic, no TF32, heuristics, no workspace limit. */
+ptl_conv2d_plan_opts ptl_conv2d_plan_opts_default(void);
+
+/* Builds the plan for `d` and activations of dtype `dt` (float32, bfloat16 or float16) on ctx's device.
+ * opts may be NULL for the defaults. With opts->find the search runs convolutions on temporary buffers
+ * from ctx's allocator (and synchronises) here, at plan time. */
+int ptl_conv2d_plan_create(struct ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt,
+                           const ptl_conv2d_plan_opts *opts, ptl_conv2d_plan **out);
+void ptl_conv2d_plan_destroy(ptl_conv2d_plan *p);
+
+const ptl_conv2d_desc *ptl_conv2d_plan_desc(const ptl_conv2d_plan *p);
+ptl_dtype ptl_conv2d_plan_dtype(const ptl_conv2d_plan *p);
+/* Workspace bytes every call below needs (the maximum over the directions and the bias gradient). */
+size_t ptl_conv2d_plan_workspace(const ptl_conv2d_plan *p);
+/* The chosen cuDNN algorithm numbers (cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t; -1 for the GEMM
+ * path) and whether each may run on tensor cores, for logs and tests. */
+void ptl_conv2d_plan_algos(const ptl_conv2d_plan *p, int algo[3], int tensor_op[3]);
+
+/* y = conv(x, w) (+ bias) (overwrite). bias may be NULL. */
+int ptl_conv2d_forward_cuda(struct ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *x, const void *w,
+                            const void *bias, void *y, void *workspace, size_t workspace_bytes);
+/* dx = dL/dx (overwrite). */
+int ptl_conv2d_backward_input_cuda(struct ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *dy,
+                                   const void *w, void *dx, void *workspace, size_t workspace_bytes);
+/* dw += dL/dw. */
+int ptl_conv2d_backward_weight_cuda(struct ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *x,
+                                    const void *dy, void *dw, void *workspace, size_t workspace_bytes);
+/* dbias += sum of dy over (n, ho, wo), summed in a fixed order (bitwise reproducible). */
+int ptl_conv2d_backward_bias_cuda(struct ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *dy,
+                                  void *dbias, void *workspace, size_t workspace_bytes);
+
+/* Per-device layer scratch. BatchNorm (statistics and gradient sums) and the attention backward keep
+ * partial results in one buffer per device; it grows (an allocation, outside any step if reserved
+ * beforehand) when a call needs more than it holds. A network calls ptl_layers_cuda_reserve with the
+ * largest of the sizes below for its shapes once, when it allocates its buffers, so no step allocates
+ * (and none does inside a CUDA-graph capture). */
+int ptl_layers_cuda_reserve(struct ptl_cuda_ctx *ctx, size_t bytes);
+/* The scratch, grown to at least `bytes` if needed. */
+int ptl_layers_cuda_scratch(struct ptl_cuda_ctx *ctx, size_t bytes, void **out);
+size_t ptl_batchnorm_cuda_scratch_bytes(int64_t m, int c);
+size_t ptl_attention_cuda_scratch_bytes(ptl_dtype dt, int n, int heads);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,121 @@
+/* Element-wise add/accumulate (CUDA), and the per-device layer scratch shared by the CUDA layer kernels. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "../nn/elementwise.h"
+#include "layers_common.cuh"
+
+/* ---------------------------------------------------------------- layer scratch
+ * One buffer per device context (kept in its ext slot and freed with it), from the context's allocator
+ * (default pool, so it never belongs to a graph's private pool). Work runs on the context's one stream,
+ * so freeing the old buffer when growing is safe for kernels still queued on it. */
+
+typedef struct {
+    ptl_cuda_ctx *ctx;
+    void *ptr, *block;
+    size_t bytes;
+} layer_scratch;
+
+static void scratch_destroy(void *p)
+{
+    layer_scratch *s = (layer_scratch *)p;
+    if (s->block)
+        ptl_alloc_free(s->ctx->alloc, s->block);
+    free(s);
+}
+
+extern "C" int ptl_layers_cuda_scratch(ptl_cuda_ctx *ctx, size_t bytes, void **out)
+{
+    int rc = 0;
+    pthread_mutex_lock(&ctx->ext_lock);
+    ptl_ctx_ext *ext = &ctx->ext[PTL_CTX_LAYER_SCRATCH];
+    if (!ext->ptr) {
+        layer_scratch *s = (layer_scratch *)calloc(1, sizeof *s);
+        if (s) {
+            s->ctx = ctx;
+            ext->ptr = s;
+            ext->destroy = scratch_destroy;
+        } else {
+            rc = ptl_set_error(PTL_ERR_MEMORY, "layer scratch: out of host memory");
+        }
+    }
+    layer_scratch *s = (layer_scratch *)ext->ptr;
+    if (rc == 0 && s->bytes < bytes) {
+        size_t want = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes;
+        void *ptr = NULL, *block = NULL;
+        if (s->block)
+            ptl_alloc_free(ctx->alloc, s->block);
+        s->ptr = s->block = NULL;
+        s->bytes = 0;
+        rc = ptl_alloc_malloc(ctx->alloc, 0, want, &ptr, &block);
+        if (rc == 0) {
+            s->ptr = ptr;
+            s->block = block;
+            s->bytes = want;
+        }
+    }
+    if (rc == 0)
+        *out = s->ptr;
+    pthread_mutex_unlock(&ctx->ext_lock);
+    return rc;
+}
+
+extern "C" int ptl_layers_cuda_reserve(ptl_cuda_ctx *ctx, size_t bytes)
+{
+    void *p;
+    return ptl_layers_cuda_scratch(ctx, bytes, &p);
+}
+
+/* ---------------------------------------------------------------- add / accumulate */
+
+template <typename T>
+__global__ void add_kernel(int64_t n, const T *a, const T *b, T *y)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        ptl_st(y + i, ptl_ld(a + i) + ptl_ld(b + i));
+}
+
+template <typename T>
+__global__ void accumulate_kernel(int64_t n, const T *x, T *y)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        ptl_st(y + i, ptl_ld(y + i) + ptl_ld(x + i));
+}
+
+static int check_n(const char *fn, int64_t n)
+{
+    if (n < 0)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: negative length %lld", fn, (long long)n);
+    return 0;
+}
+
+extern "C" int ptl_add_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t n, const void *a, const void *b, void *y)
+{
+    if (check_n("add_cuda", n))
+        return -1;
+    if (n == 0)
+        return 0;
+    PTL_LAYER_DISPATCH("add_cuda", dt,
+                       add_kernel<T><<<ptl_grid_for(n, 256), 256, 0, ctx->stream>>>(n, (const T *)a, (const T *)b,
+                                                                                     (T *)y));
+    PTL_LAUNCH_CHECK("add_kernel");
+    return 0;
+fail:
+    return -1;
+}
+
+extern "C" int ptl_accumulate_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t n, const void *x, void *y)
+{
+    if (check_n("accumulate_cuda", n))
+        return -1;
+    if (n == 0)
+        return 0;
+    PTL_LAYER_DISPATCH("accumulate_cuda", dt,
+                       accumulate_kernel<T><<<ptl_grid_for(n, 256), 256, 0, ctx->stream>>>(n, (const T *)x, (T *)y));
+    PTL_LAUNCH_CHECK("accumulate_kernel");
+    return 0;
+fail:
+    return -1;
+}

@@ -1,0 +1,177 @@
+/* Device helpers shared by the CUDA layer kernels (csrc/cuda/{activation,batchnorm,conv2d,maxpool,upsample,
+ * concat,attention,elementwise}.cu): element loads/stores that compute in float32, dtype dispatch, launch
+ * sizing, and the deterministic per-channel column reduction used by BatchNorm and the conv bias
+ * gradient. */
+#ifndef PTL_CUDA_LAYERS_COMMON_CUH
+#define PTL_CUDA_LAYERS_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "conv2d.h"
+#include "device.h"
+
+__device__ __forceinline__ float ptl_ld(const float *p) { return *p; }
+__device__ __forceinline__ float ptl_ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float ptl_ld(const __half *p) { return __half2float(*p); }
+__device__ __forceinline__ void ptl_st(float *p, float v) { *p = v; }
+__device__ __forceinline__ void ptl_st(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void ptl_st(__half *p, float v) { *p = __float2half_rn(v); }
+
+/* Runs `body` (a statement using the type alias T) for float32, bfloat16 or float16 activations;
+ * any other dtype sets a TypeError naming `fn` and jumps to fail. The body is variadic so that kernel
+ * launches (whose <<<...>>> holds commas) can be written inline. */
+#define PTL_LAYER_DISPATCH(fn, dt, ...)                                                                     \
+    do {                                                                                                    \
+        if ((dt) == PTL_FLOAT32) {                                                                          \
+            typedef float T;                                                                                \
+            __VA_ARGS__;                                                                    \
+        } else if ((dt) == PTL_BFLOAT16) {                                                                  \
+            typedef __nv_bfloat16 T;                                                                        \
+            __VA_ARGS__;                                                                    \
+        } else if ((dt) == PTL_FLOAT16) {                                                                   \
+            typedef __half T;                                                                               \
+            __VA_ARGS__;                                                                    \
+        } else {                                                                                            \
+            ptl_set_error(PTL_ERR_TYPE, "%s: dtype %s is not supported on CUDA (float32, bfloat16 or float16)", \
+                          fn, ptl_dtype_name(dt));                                                          \
+            goto fail;                                                                                      \
+        }                                                                                                   \
+    } while (0)
+
+/* Blocks for a grid-stride loop over n items with `threads` per block: enough to fill the GPU, never
+ * more than the work needs. */
+static inline unsigned ptl_grid_for(int64_t n, int threads)
+{
+    int64_t b = (n + threads - 1) / threads;
+    if (b > 4096)
+        b = 4096;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+/* ---------------------------------------------------------------- deterministic column reduction
+ *
+ * Sums over the m rows of an (m, c) row-major matrix, K quantities per channel, in a fixed order:
+ * the rows are cut into `nchunks` contiguous chunks; block (tile, chunk) has cw x ry threads, thread
+ * (tx, ty) sums rows chunk_begin + ty, + ry, ... of channel tile*cw + tx in double, then the ry
+ * partial sums are combined by a shared-memory tree in a fixed pattern, and one double per
+ * (quantity, chunk, channel) goes to `part` (K * nchunks * c). ptl_colsum_finish combines the chunks
+ * with one warp per channel in a fixed pattern. The geometry depends on (m, c) only and no step uses
+ * atomics, so results are bitwise reproducible. */
+
+#define PTL_COLSUM_THREADS 256
+/* Scratch cap for the partial sums: bounds nchunks for wide tensors. */
+#define PTL_COLSUM_MAX_PART_BYTES ((size_t)8 << 20)
+
+typedef struct {
+    int cw, ry, ctiles, nchunks;
+    int64_t rows_per_chunk;
+} ptl_colsum_geom;
+
+static inline ptl_colsum_geom ptl_colsum_geometry(int64_t m, int c, int k)
+{
+    ptl_colsum_geom g;
+    g.cw = 32;
+    while (g.cw > 1 && g.cw / 2 >= c)
+        g.cw /= 2;
+    g.ry = PTL_COLSUM_THREADS / g.cw;
+    g.ctiles = (c + g.cw - 1) / g.cw;
+    int64_t nch = (512 + g.ctiles - 1) / g.ctiles;              /* about 512 blocks in all */
+    const int64_t by_rows = (m + 4 * (int64_t)g.ry - 1) / (4 * (int64_t)g.ry); /* >= 4 rows per thread */
+    const int64_t by_mem = (int64_t)(PTL_COLSUM_MAX_PART_BYTES / ((size_t)k * sizeof(double) * (size_t)c));
+    if (nch > by_rows)
+        nch = by_rows;
+    if (nch > by_mem)
+        nch = by_mem;
+    if (nch < 1)
+        nch = 1;
+    g.rows_per_chunk = (m + nch - 1) / nch;
+    g.nchunks = (int)((m + g.rows_per_chunk - 1) / g.rows_per_chunk);
+    return g;
+}
+
+static inline size_t ptl_colsum_part_bytes(int64_t m, int c, int k)
+{
+    const ptl_colsum_geom g = ptl_colsum_geometry(m, c, k);
+    return (size_t)k * g.nchunks * (size_t)c * sizeof(double);
+}
+
+/* F provides `static constexpr int K` and `__device__ void operator()(int64_t row, int ch, double *acc)`
+ * adding the row's contribution to acc[0..K). */
+template <typename F>
+__global__ void ptl_colsum_partials(int64_t m, int c, int64_t rows_per_chunk, F f, double *part)
+{
+    constexpr int K = F::K;
+    __shared__ double sh[K][PTL_COLSUM_THREADS];
+    const int tx = threadIdx.x, ty = threadIdx.y, cw = blockDim.x, ry = blockDim.y;
+    const int ch = blockIdx.x * cw + tx;
+    const int chunk = blockIdx.y;
+    const int64_t r0 = (int64_t)chunk * rows_per_chunk;
+    int64_t r1 = r0 + rows_per_chunk;
+    if (r1 > m)
+        r1 = m;
+    double acc[K];
+#pragma unroll
+    for (int q = 0; q < K; q++)
+        acc[q] = 0.0;
+    if (ch < c)
+#pragma unroll 4
+        for (int64_t r = r0 + ty; r < r1; r += ry)
+            f(r, ch, acc);
+    const int tid = ty * cw + tx;
+#pragma unroll
+    for (int q = 0; q < K; q++)
+        sh[q][tid] = acc[q];
+    __syncthreads();
+    for (int half = ry / 2; half > 0; half /= 2) {
+        if (ty < half)
+#pragma unroll
+            for (int q = 0; q < K; q++)
+                sh[q][tid] += sh[q][tid + half * cw];
+        __syncthreads();
+    }
+    if (ty == 0 && ch < c)
+#pragma unroll
+        for (int q = 0; q < K; q++)
+            part[((int64_t)q * gridDim.y + chunk) * c + ch] = sh[q][tx];
+}
+
+/* Sum of quantity q of channel ch over the chunks, by the 32 lanes of one warp: lane l adds chunks l,
+ * l + 32, ... in ascending order, then a fixed shuffle tree combines the lanes. Every lane of the warp
+ * must call it with the same (q, ch); all get the result. Finishing kernels run one warp per channel
+ * (PTL_COLSUM_FINISH_WARPS per block, launched by ptl_colsum_finish_blocks). */
+#define PTL_COLSUM_FINISH_WARPS 4
+__device__ __forceinline__ double ptl_colsum_finish(const double *part, int nchunks, int c, int q, int ch)
+{
+    const int lane = threadIdx.x & 31;
+    const double *p = part + (int64_t)q * nchunks * c + ch;
+    double s = 0.0;
+    for (int i = lane; i < nchunks; i += 32)
+        s += p[(int64_t)i * c];
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2)
+        s += __shfl_down_sync(0xffffffffu, s, off);
+    return __shfl_sync(0xffffffffu, s, 0);
+}
+
+/* The channel of the calling warp in a finishing kernel (>= c: the warp has nothing to do). */
+__device__ __forceinline__ int ptl_colsum_finish_channel(void)
+{
+    return blockIdx.x * PTL_COLSUM_FINISH_WARPS + (int)(threadIdx.x >> 5);
+}
+
+static inline unsigned ptl_colsum_finish_blocks(int c)
+{
+    return (unsigned)((c + PTL_COLSUM_FINISH_WARPS - 1) / PTL_COLSUM_FINISH_WARPS);
+}
+#define PTL_COLSUM_FINISH_THREADS (32 * PTL_COLSUM_FINISH_WARPS)
+
+template <typename F>
+static inline void ptl_colsum_launch(const ptl_colsum_geom &g, int64_t m, int c, F f, double *part,
+                                     cudaStream_t stream)
+{
+    dim3 grid((unsigned)g.ctiles, (unsigned)g.nchunks), block((unsigned)g.cw, (unsigned)g.ry);
+    ptl_colsum_partials<F><<<grid, block, 0, stream>>>(m, c, g.rows_per_chunk, f, part);
+}
+
+#endif

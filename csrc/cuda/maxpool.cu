@@ -1,0 +1,115 @@
+/* 5x5 stride-1 max-pool, padding 2, NHWC (CUDA), the semantics of ../nn/maxpool.h.
+ *
+ * Forward: one thread per output, the window scanned rows first and a value taking over only when
+ * strictly greater (or NaN), as on the CPU. Backward: a gather instead of the CPU's scatter, with the
+ * same result bit for bit: each input sums, in output scan order, the gradients of the outputs (of
+ * the up to 25 whose windows contain it) whose first maximum it is, so no atomics are needed. */
+#include <math.h>
+
+#include "../nn/maxpool.h"
+#include "layers_common.cuh"
+
+#define R (PTL_MAXPOOL_K / 2)
+
+template <typename T>
+__global__ void maxpool_fwd_kernel(int64_t total, int h, int w, int c, const T *x, T *y)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const int ch = (int)(i % c);
+        const int64_t pix = i / c;
+        const int ox = (int)(pix % w), oy = (int)((pix / w) % h);
+        const int64_t b = pix / ((int64_t)w * h);
+        const int y0 = oy - R < 0 ? 0 : oy - R, y1 = oy + R >= h ? h - 1 : oy + R;
+        const int x0 = ox - R < 0 ? 0 : ox - R, x1 = ox + R >= w ? w - 1 : ox + R;
+        float best = -INFINITY;
+        for (int iy = y0; iy <= y1; iy++)
+            for (int ix = x0; ix <= x1; ix++) {
+                const float v = ptl_ld(x + ((b * h + iy) * w + ix) * c + ch);
+                if (v > best || v != v)
+                    best = v;
+            }
+        ptl_st(y + i, best);
+    }
+}
+
+/* The CPU backward's argmax rule: first strictly greater value, a NaN replacing a number, position of
+ * the first window cell if nothing else wins. Returns iy * w + ix. */
+template <typename T>
+__device__ __forceinline__ int window_argmax(const T *xb, int h, int w, int c, int ch, int oy, int ox)
+{
+    const int y0 = oy - R < 0 ? 0 : oy - R, y1 = oy + R >= h ? h - 1 : oy + R;
+    const int x0 = ox - R < 0 ? 0 : ox - R, x1 = ox + R >= w ? w - 1 : ox + R;
+    float best = -INFINITY;
+    int arg = -1;
+    for (int iy = y0; iy <= y1; iy++)
+        for (int ix = x0; ix <= x1; ix++) {
+            const float v = ptl_ld(xb + ((int64_t)iy * w + ix) * c + ch);
+            if (v > best || (v != v && best == best) || arg < 0) {
+                best = v;
+                arg = iy * w + ix;
+            }
+        }
+    return arg;
+}
+
+template <typename T>
+__global__ void maxpool_bwd_kernel(int64_t total, int h, int w, int c, const T *x, const T *dy, T *dx,
+                                   int accumulate)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const int ch = (int)(i % c);
+        const int64_t pix = i / c;
+        const int ix = (int)(pix % w), iy = (int)((pix / w) % h);
+        const int64_t b = pix / ((int64_t)w * h);
+        const T *xb = x + b * h * w * c;
+        const T *dyb = dy + b * h * w * c;
+        const int me = iy * w + ix;
+        float s = accumulate ? ptl_ld(dx + i) : 0.0f;
+        const int y0 = iy - R < 0 ? 0 : iy - R, y1 = iy + R >= h ? h - 1 : iy + R;
+        const int x0 = ix - R < 0 ? 0 : ix - R, x1 = ix + R >= w ? w - 1 : ix + R;
+        for (int oy = y0; oy <= y1; oy++)
+            for (int ox = x0; ox <= x1; ox++)
+                if (window_argmax(xb, h, w, c, ch, oy, ox) == me)
+                    s += ptl_ld(dyb + ((int64_t)oy * w + ox) * c + ch);
+        ptl_st(dx + i, s);
+    }
+}
+
+static int check(const char *fn, int n, int h, int w, int c)
+{
+    if (n <= 0 || h <= 0 || w <= 0 || c <= 0)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: sizes must be positive (n=%d h=%d w=%d c=%d)", fn, n, h, w, c);
+    return 0;
+}
+
+extern "C" int ptl_maxpool5_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x,
+                                         void *y)
+{
+    const int64_t total = (int64_t)n * h * w * c;
+    if (check("maxpool5_forward_cuda", n, h, w, c))
+        return -1;
+    PTL_LAYER_DISPATCH("maxpool5_forward_cuda", dt,
+                       maxpool_fwd_kernel<T><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>(total, h, w, c,
+                                                                                                 (const T *)x, (T *)y));
+    PTL_LAUNCH_CHECK("maxpool_fwd_kernel");
+    return 0;
+fail:
+    return -1;
+}
+
+extern "C" int ptl_maxpool5_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c,
+                                          const void *x, const void *dy, void *dx, int accumulate)
+{
+    const int64_t total = (int64_t)n * h * w * c;
+    if (check("maxpool5_backward_cuda", n, h, w, c))
+        return -1;
+    PTL_LAYER_DISPATCH("maxpool5_backward_cuda", dt,
+                       maxpool_bwd_kernel<T><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>(
+                           total, h, w, c, (const T *)x, (const T *)dy, (T *)dx, accumulate));
+    PTL_LAUNCH_CHECK("maxpool_bwd_kernel");
+    return 0;
+fail:
+    return -1;
+}
