@@ -239,7 +239,8 @@ class EarlyStopping(Callback):
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch
             return
-        shifted = value - self.min_delta if self.mode == "min" else value + self.min_delta
+        # an improvement must beat the best by more than min_delta
+        shifted = value + self.min_delta if self.mode == "min" else value - self.min_delta
         if self.best_score is None or _better(self.mode, shifted, self.best_score):
             self.best_score = value
             self.wait_count = 0

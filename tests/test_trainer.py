@@ -65,10 +65,11 @@ def test_hook_order_matches_lightning(coco256, tmp_path):
 
 
 def test_fit_writes_artifacts_and_digests_repeat(coco256, tmp_path):
+    """Issue 7: a CPU fit at 128 for 2 short epochs writes every artifact; two fits give one digest."""
     runs = []
     for k in range(2):
         tr = small_trainer(tmp_path / str(k))
-        tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
+        tr.fit(ptl.Detector("yolo26n"), small_data(coco256, imgsz=128))
         runs.append(tr)
     d0, d1 = runs[0].digest(), runs[1].digest()
     assert set(d0) == {"losses", "model", "optimizer", "schedule", "ema", "metrics"}
