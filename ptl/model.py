@@ -42,10 +42,12 @@ class Detector:
 
     ``dtype="float64"`` builds a float64 CPU network (for gradient checks); training uses float32.
     The network starts in training mode (BatchNorm normalises with batch statistics).
+    ``hparams`` overrides training hyperparameters (see :attr:`hparams`); the loss gains are fixed at
+    the spec's 7.5 / 0.5 / 1.5.
     """
 
     def __init__(self, model: str | None = "yolo26n", num_classes: int = 80, *, scale: str | None = None,
-                 seed: int = 0, dtype: str = "float32"):
+                 seed: int = 0, dtype: str = "float32", hparams: dict | None = None):
         self.scale = _parse_scale(None if scale is not None else model, scale)
         if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 1:
             raise ValueError(f"num_classes: expected a positive int, got {num_classes!r}")
@@ -60,9 +62,29 @@ class Detector:
         self._grads = _C.network_array(self._net, "grads")
         self._buffers = _C.network_array(self._net, "buffers")
         self._index = {name: (is_buf, off, tuple(shape)) for name, is_buf, off, shape, _ in self._entries}
+        self.hparams = hparams
         self.training = True
         self.device = "cpu"
         self._layout = "nchw"  # layout of the last forward's images, for input gradients
+
+    # ------------------------------------------------------------------------- hyperparameters
+    HPARAMS = ("optimizer", "lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum",
+               "warmup_bias_lr", "nbs", "cos_lr", "ema_decay", "ema_tau")
+
+    @property
+    def hparams(self) -> dict:
+        """Training hyperparameters the Trainer reads (spec §10 defaults for those not given):
+        optimizer ("auto", "MuSGD", "SGD", "AdamW"), lr0, lrf, momentum, weight_decay, warmup_epochs,
+        warmup_momentum, warmup_bias_lr, nbs, cos_lr, ema_decay, ema_tau."""
+        return dict(self._hparams)
+
+    @hparams.setter
+    def hparams(self, value) -> None:
+        value = dict(value or {})
+        unknown = sorted(set(value) - set(self.HPARAMS))
+        if unknown:
+            raise KeyError(f"hparams: unknown keys {unknown}; expected some of {list(self.HPARAMS)}")
+        self._hparams = value
 
     # ------------------------------------------------------------------------------ structure
     @property

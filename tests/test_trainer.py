@@ -238,3 +238,15 @@ def test_predict_on_files_maps_boxes_to_each_file(coco256, tmp_path):
         assert r["boxes"].min() >= 0
     h0, w0 = shapes[0]
     assert res[0]["boxes"][:, [0, 2]].max() <= w0 and res[0]["boxes"][:, [1, 3]].max() <= h0
+
+
+def test_detector_hparams_reach_the_optimizer(coco256, tmp_path):
+    with pytest.raises(KeyError, match="bogus"):
+        ptl.Detector("yolo26n", hparams={"bogus": 1})
+    model = ptl.Detector("yolo26n", hparams={"optimizer": "SGD", "lr0": 0.05, "warmup_epochs": 0.0})
+    tr = small_trainer(tmp_path, max_epochs=1, limit_train_batches=1, enable_checkpointing=False)
+    tr.fit(model, small_data(coco256))
+    groups = tr._engine.opt.param_groups
+    assert {g["kind"] for g in groups} == {"sgd"}
+    assert all(abs(g["lr"] - 0.05) < 1e-12 for g in groups)  # lf(0) = 1, no warm-up
+    assert tr.hparams()["model"]["resolved_optimizer"]["name"] == "SGD"
