@@ -12,6 +12,7 @@ int ptl_register_layers(PyObject *module);
 int ptl_register_io(PyObject *module);
 #ifdef PTL_WITH_CUDA
 int ptl_register_layers_cuda(PyObject *module);
+int ptl_register_network_cuda(PyObject *module);
 #endif
 
 static const ptl_register_fn registrations[] = {
@@ -19,7 +20,7 @@ static const ptl_register_fn registrations[] = {
     ptl_register_optim,  ptl_register_data,   ptl_register_nn,     ptl_register_metrics,
     ptl_register_layers, ptl_register_io,
 #ifdef PTL_WITH_CUDA
-    ptl_register_layers_cuda,
+    ptl_register_layers_cuda, ptl_register_network_cuda,
 #endif
 };
 

@@ -1,0 +1,126 @@
+"""The YOLO26 network on a CUDA device (csrc/cuda/network_cuda.c): the CPU network's op list run with
+the CUDA layer kernels and cuDNN, in float32, bfloat16 or float16 compute.
+
+Parameters, gradients and BatchNorm running statistics stay float32 in the CPU network's flat layout
+(``params``, ``grads``, ``buffers``: 1-D ptl.Tensors on the device, aliasing the network's memory, so
+an optimizer can update them in place). Every forward casts the weights to the compute dtype; head
+outputs and their gradients are float32 device tensors.
+
+``CudaNetwork(detector, device="cuda", dtype="bfloat16")`` uploads the detector's parameters and
+statistics; ``to_cpu()`` copies them (and the gradients) back into the detector's flat buffers.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _C
+
+__all__ = ["CudaNetwork", "parse_cuda_device"]
+
+_BRANCHES = ("one2many", "one2one")
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def parse_cuda_device(device) -> int:
+    """'cuda' / 'cuda:N' / N -> N."""
+    if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
+        idx = int(device)
+    else:
+        s = str(device)
+        if s == "cuda":
+            idx = 0
+        elif s.startswith("cuda:") and s[5:].isdigit():
+            idx = int(s[5:])
+        else:
+            raise ValueError(f"device: expected 'cuda' or 'cuda:N', got {device!r}")
+    if idx < 0:
+        raise ValueError(f"device: negative CUDA index {idx}")
+    return idx
+
+
+class CudaNetwork:
+    """CUDA executor of a ``ptl.Detector``'s network (same structure, same function).
+
+    ``forward(images)`` takes a ptl.Tensor (B, H, W, 3) on the device in the compute dtype (the
+    training path, no host work), or the NumPy forms ``Detector.forward`` accepts (converted and
+    uploaded). It returns ``{"one2many": (boxes, scores), "one2one": (boxes, scores)}`` as float32
+    device tensors over the network's output buffers: the next forward overwrites them, and a forward
+    of another shape frees them (copy what must be kept). ``backward(grads)`` takes the same structure of
+    float32 device tensors (None = zero) and adds the parameter gradients into ``grads``.
+    """
+
+    def __init__(self, detector, device="cuda", dtype: str = "float32"):
+        dtype = str(dtype)
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype: expected one of {_DTYPES}, got {dtype!r}")
+        self.detector = detector
+        self.index = parse_cuda_device(device)
+        self.device = f"cuda:{self.index}"
+        self.dtype = dtype
+        self._h = _C.network_cuda_create(detector._net, self.index, dtype)
+        self.params, self.grads, self.buffers = _C.network_cuda_tensors(self._h)
+        self.train(bool(getattr(detector, "training", True)))
+
+    # ------------------------------------------------------------------------------ state
+    def train(self, mode: bool = True) -> "CudaNetwork":
+        self.training = bool(mode)
+        _C.network_cuda_set_training(self._h, self.training)
+        return self
+
+    def eval(self) -> "CudaNetwork":
+        return self.train(False)
+
+    def zero_grad(self) -> None:
+        _C.network_cuda_zero_grad(self._h)
+
+    def from_cpu(self, grads: bool = False) -> None:
+        """Uploads the detector's flat parameters and BN statistics (and gradients if asked)."""
+        _C.network_cuda_copy(self._h, self.detector._net, "params", True)
+        _C.network_cuda_copy(self._h, self.detector._net, "buffers", True)
+        if grads:
+            _C.network_cuda_copy(self._h, self.detector._net, "grads", True)
+
+    def to_cpu(self, grads: bool = True) -> None:
+        """Copies parameters, BN statistics (and gradients) back into the detector's flat buffers."""
+        _C.network_cuda_copy(self._h, self.detector._net, "params", False)
+        _C.network_cuda_copy(self._h, self.detector._net, "buffers", False)
+        if grads:
+            _C.network_cuda_copy(self._h, self.detector._net, "grads", False)
+
+    def set_conv_options(self, deterministic: bool = True, allow_tf32: bool = False, find: bool = False) -> None:
+        """cuDNN algorithm choice for the conv plans (applies at the next prepare)."""
+        _C.network_cuda_set_conv_options(self._h, deterministic=bool(deterministic), allow_tf32=bool(allow_tf32),
+                                         find=bool(find))
+
+    def prepare(self, batch: int, height: int, width: int) -> None:
+        """Allocates every buffer and makes every conv plan for this shape (forward does it too)."""
+        _C.network_cuda_prepare(self._h, int(batch), int(height), int(width))
+
+    def info(self) -> dict:
+        return _C.network_cuda_info(self._h)
+
+    # ---------------------------------------------------------------------------- compute
+    def images(self, images):
+        """A device tensor (B, H, W, 3) in the compute dtype from any accepted image form."""
+        if isinstance(images, _C.Tensor):
+            t = images
+        else:
+            nhwc = self.detector._images(images)  # NHWC float in [0, 1], the detector's dtype
+            t = _C.tensor(np.ascontiguousarray(nhwc, dtype=np.float32), device=self.device)
+        return t.to(device=self.device, dtype=self.dtype)
+
+    def forward(self, images) -> dict:
+        b0, s0, b1, s1 = _C.network_cuda_forward(self._h, self.images(images))
+        return {"one2many": (b0, s0), "one2one": (b1, s1)}
+
+    __call__ = forward
+
+    def backward(self, grads: dict, input_grad: bool = False):
+        d = []
+        for br in _BRANCHES:
+            pair = grads.get(br) or (None, None)
+            for a in pair:
+                if a is not None and not isinstance(a, _C.Tensor):
+                    a = _C.tensor(np.ascontiguousarray(a, dtype=np.float32), device=self.device)
+                d.append(a)
+        return _C.network_cuda_backward(self._h, *d, input_grad=bool(input_grad))
