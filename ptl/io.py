@@ -7,7 +7,7 @@ spaces to a multiple of 8, then the raw little-endian tensor bytes. Files writte
 
 Writes are atomic: the file is written to a temporary file in the same folder, fsynced and renamed
 over the destination, so a crash mid-write leaves the previous file intact (at worst a stray
-``<path>.tmp.<pid>.<n>`` file next to it).
+``<path>.tmp.<pid>.<thread id>.<n>`` file next to it).
 
 Supported dtypes: F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8, BOOL.
 

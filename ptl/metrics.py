@@ -63,8 +63,11 @@ IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)
 def _imgsz(imgsz):
     if isinstance(imgsz, (int, np.integer)):
         return int(imgsz), int(imgsz)
-    h, w = imgsz
-    return int(h), int(w)
+    try:
+        h, w = imgsz
+        return int(h), int(w)
+    except (TypeError, ValueError):
+        raise TypeError("imgsz: expected an int or (H, W), got %r" % (imgsz,)) from None
 
 
 def postprocess(boxes, scores, imgsz, max_det=300, conf=0.001, as_tensors=False):
@@ -111,12 +114,20 @@ def scale_boxes(boxes, gain, pad, orig_shape):
     return b
 
 
+def _rows(x, dtype, width, name):
+    """x as a C-contiguous (n, width) array, or ValueError naming it."""
+    a = np.ascontiguousarray(x, dtype=dtype)
+    if a.size % width:
+        raise ValueError("%s: expected an (n, %d) array, got shape %s" % (name, width, a.shape))
+    return a.reshape(-1, width)
+
+
 def match_predictions(pred_boxes, pred_cls, gt_boxes, gt_cls):
     """True positives (n, 10) bool of one image's predictions (xyxy, score-sorted) at the 10 IoU
     thresholds, against its ground truth (spec 8.3)."""
-    pb = np.ascontiguousarray(pred_boxes, dtype=np.float64).reshape(-1, 4)
+    pb = _rows(pred_boxes, np.float64, 4, "pred_boxes")
     pc = np.ascontiguousarray(pred_cls, dtype=np.int64).reshape(-1)
-    gb = np.ascontiguousarray(gt_boxes, dtype=np.float64).reshape(-1, 4)
+    gb = _rows(gt_boxes, np.float64, 4, "gt_boxes")
     gc = np.ascontiguousarray(gt_cls, dtype=np.int64).reshape(-1)
     if len(pc) != len(pb) or len(gc) != len(gb):
         raise ValueError("match_predictions: %d pred boxes vs %d classes, %d gt boxes vs %d classes"
@@ -134,7 +145,7 @@ def ap_per_class(tp, conf, pred_cls, gt_cls):
     ``ap50``, ``ap50_95`` (per class), ``p``, ``r``, ``f1`` (per class), ``precision``, ``recall`` (means),
     ``mAP50``, ``mAP50-95``, ``fitness``, ``best_conf``.
     """
-    tp = np.ascontiguousarray(tp, dtype=np.uint8).reshape(-1, len(IOU_THRESHOLDS))
+    tp = _rows(tp, np.uint8, len(IOU_THRESHOLDS), "tp")
     conf = np.ascontiguousarray(conf, dtype=np.float64).reshape(-1)
     pc = np.ascontiguousarray(pred_cls, dtype=np.int64).reshape(-1)
     gc = np.ascontiguousarray(gt_cls, dtype=np.int64).reshape(-1)

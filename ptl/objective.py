@@ -41,10 +41,13 @@ def num_anchors(img_size):
 
 
 def _hw(img_size):
-    if isinstance(img_size, int):
-        return img_size, img_size
-    h, w = img_size
-    return int(h), int(w)
+    if isinstance(img_size, (int, np.integer)):
+        return int(img_size), int(img_size)
+    try:
+        h, w = img_size
+        return int(h), int(w)
+    except (TypeError, ValueError):
+        raise TypeError("img_size: expected an int or (H, W), got %r" % (img_size,)) from None
 
 
 def _as_tensor(x, name):
@@ -104,6 +107,8 @@ def objective(outputs, targets, *, img_size, num_classes=None, o2m_weight=0.8, g
     score_dt = "float64" if (dt == "float64" and dev == "cpu") else "float32"
     agt = asc = None
     if assignment is not None:
+        if not isinstance(assignment, dict) or set(assignment) < {"o2m", "o2o"}:
+            raise TypeError("assignment: expected a dict {'o2m': (gt, score), 'o2o': (gt, score)}")
         agt = [_as_assign(assignment[k][0], "int32", dev) for k in ("o2m", "o2o")]
         asc = [_as_assign(assignment[k][1], score_dt, dev) for k in ("o2m", "o2o")]
     elif return_assignment:

@@ -228,10 +228,6 @@ def ema_decay(updates, decay=0.9999, tau=2000.0):
 # the C tables
 
 
-def _device_of(t):
-    return t.device
-
-
 def _build_plan(specs, groups, n, ns_batched=True):
     """The int64 tables of csrc/optim/optim.h: ptab, call, cmuon, sgtab, and the arena sizes.
     ns_batched=False gives every matrix its own row of sgtab (one GEMM per matrix, as torch's loop)."""
@@ -310,6 +306,8 @@ class FlatOptimizer:
         self.params, self.grads, self.device, self.dtype = params, grads, params.device, params.dtype
         self.n = params.shape[0]
         self.specs = param_specs(table)
+        if not isinstance(optimizer, str):
+            raise TypeError("optimizer: expected 'MuSGD', 'SGD' or 'AdamW', got %r" % (optimizer,))
         self.optimizer = {"musgd": "MuSGD", "sgd": "SGD", "adamw": "AdamW"}.get(optimizer.lower())
         if self.optimizer is None:
             raise ValueError("optimizer: expected 'MuSGD', 'SGD' or 'AdamW', got %r" % (optimizer,))
@@ -343,6 +341,10 @@ class FlatOptimizer:
         self._ns_graph = _C._optim_ns_graph() if ns_replay and dev != "cpu" and plan["nmuon"] else None
         self.bn_buffers = bn_buffers
         self.bn_specs = param_specs(bn_table) if bn_table is not None else None
+        if self.bn_specs is not None:
+            shared = {s.name for s in self.bn_specs} & {s.name for s in self.specs}
+            if shared:  # both export as "ema.<name>": one would overwrite the other
+                raise ValueError("bn_table: names shared with the parameter table: %s" % sorted(shared)[:3])
         self.ema = None
         if ema:
             self.ema = EMA(params, bn_buffers, decay=ema_decay_max, tau=ema_tau)
@@ -396,6 +398,11 @@ class FlatOptimizer:
 
     # -- state export / import
 
+    def _need_bn_table(self):
+        # without names the EMA of the BatchNorm buffers would silently be left out of checkpoints
+        if self.ema is not None and self.ema.bn is not None and self.bn_specs is None:
+            raise ValueError("bn_table: needed to export or import the EMA of bn_buffers")
+
     def _views(self, flat):
         arr = flat.numpy()
         return {s.name: arr[s.offset:s.offset + s.numel].reshape(s.shape) for s in self.specs}
@@ -403,7 +410,9 @@ class FlatOptimizer:
     def state_dict(self):
         """name -> NumPy: per-parameter optimizer state ("m.<name>": Muon momentum / AdamW exp_avg,
         "v.<name>": SGD momentum / AdamW exp_avg_sq), the scaler and step counters ("scalars"), the
-        group hyper-parameters and the EMA ("ema.<name>", "ema_bn.<name>", "ema.updates")."""
+        group hyper-parameters and the EMA ("ema.<name>" for parameters and BatchNorm buffers alike,
+        "ema.updates")."""
+        self._need_bn_table()
         out = {}
         if self.state1 is not None:
             out.update({"m." + k: v.copy() for k, v in self._views(self.state1).items()})
@@ -417,6 +426,7 @@ class FlatOptimizer:
 
     def load_state_dict(self, state):
         """Inverse of state_dict (missing per-parameter entries raise KeyError)."""
+        self._need_bn_table()
         for prefix, buf in (("m.", self.state1), ("v.", self.state2)):
             if buf is None:
                 continue

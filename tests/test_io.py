@@ -162,6 +162,55 @@ def test_bad_arguments(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_writer_rejects_shapes_whose_size_wraps(tmp_path):
+    """(2^32, 2^32) bytes wraps to 0 in 64 bits: the writer used to accept it with an empty buffer and
+    write a header its own reader rejects."""
+    path = tmp_path / "wrap.safetensors"
+    with pytest.raises(ValueError, match="'a'.*too large"):
+        ptl._C.safetensors_save(os.fspath(path), [("a", "U8", (2 ** 32, 2 ** 32), b"")])
+    with pytest.raises(ValueError, match="'b'.*not its shape"):
+        ptl._C.safetensors_save(os.fspath(path), [("b", "F32", (2, 3), b"\0" * 20)])
+    with pytest.raises(TypeError, match="entries"):
+        ptl._C.safetensors_save(os.fspath(path), 5)
+    assert os.listdir(tmp_path) == []
+
+
+def test_concurrent_writers_to_one_path(tmp_path):
+    """Threads saving to the same path at once each use their own temporary file; the result is one
+    complete file and no leftovers."""
+    import threading
+    path = tmp_path / "same.safetensors"
+    arrays = [np.full(50000, k, np.int64) for k in range(6)]
+    errors = []
+
+    def save(k):
+        try:
+            save_safetensors(path, {"x": arrays[k]})
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=save, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    got, _ = load_safetensors(path)
+    assert any(np.array_equal(got["x"], a) for a in arrays)
+    assert os.listdir(tmp_path) == ["same.safetensors"]
+
+
+@pytest.mark.parametrize("text", [b'{"w":{"dtype":"F32"', b'{"w":{"dtype":"F32","shape":[2', b'{"a":{"x":[1',
+                                  b'{"__metadata__":{"k":"v"', b'{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}'])
+def test_header_ending_inside_an_object(tmp_path, text):
+    """A header that stops after a value reports the position of its end (the parser used to step one
+    byte past the header buffer first)."""
+    path = tmp_path / "cut.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text)
+    with pytest.raises(ValueError, match="expected ',' or .* at header byte %d$" % len(text)):
+        load_safetensors(path)
+
+
 def good_file(tmp_path):
     path = tmp_path / "good.safetensors"
     save_safetensors(path, {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(2, np.int64)},

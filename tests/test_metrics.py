@@ -372,6 +372,22 @@ def test_ap_edge_cases():
     assert res2["mAP50"] == res["mAP50"]
 
 
+def test_ap_and_match_bad_inputs_raise_naming_them():
+    """A NaN confidence has no place in the score order (the C sort used to run with an inconsistent
+    comparison); arrays of the wrong width name themselves."""
+    tp = np.ones((3, 10), bool)
+    with pytest.raises(ValueError, match="conf"):
+        metrics.ap_per_class(tp, [0.9, np.nan, 0.5], [0, 0, 1], [0, 1])
+    with pytest.raises(ValueError, match="tp"):
+        metrics.ap_per_class(np.ones((3, 9), bool), [0.9, 0.8, 0.5], [0, 0, 1], [0, 1])
+    with pytest.raises(ValueError, match="pred_boxes"):
+        metrics.match_predictions(np.zeros((2, 3)), [0, 0], np.zeros((1, 4)), [0])
+    with pytest.raises(ValueError, match="gt_boxes"):
+        metrics.match_predictions(np.zeros((2, 4)), [0, 0], np.zeros((1, 5)), [0])
+    with pytest.raises(TypeError, match="imgsz"):
+        metrics.postprocess(np.zeros((1, 84, 4), np.float32), np.zeros((1, 84, 2), np.float32), imgsz=(64, 64, 3))
+
+
 # ----------------------------------------------------------------------------- pycocotools
 
 

@@ -480,6 +480,57 @@ def test_bad_inputs():
         run(outs, rows, 64, 64, o2m_weight=1.5)
 
 
+def test_bad_assignment_raises_naming_it():
+    """A given assignment that points past an image's targets raises (it used to read past the packed
+    targets); -1 and valid indices still work."""
+    rng = np.random.default_rng(6)
+    rows = make_targets(rng, 2, [2, 1], 3)
+    outs = make_outputs(rng, rows, 2, 64, 64, 3)
+    asg = run(outs, rows, 64, 64)["assignment"]
+    ok = O.objective(outs, rows, img_size=64, assignment=asg)
+    assert np.isfinite(ok["losses"]).all()
+    for br, k in (("o2m", 0), ("o2o", 1)):
+        for bad_value in (1, 7, 100000, -2):  # image 1 has one target: index 1 is already out of range
+            bad = {b: (v[0].copy(), v[1].copy()) for b, v in asg.items()}
+            bad[br][0][1, 5] = bad_value
+            with pytest.raises(ValueError, match=r"assign_gt\[%d\]" % k):
+                O.objective(outs, rows, img_size=64, assignment=bad)
+    with pytest.raises(TypeError, match="assignment"):
+        O.objective(outs, rows, img_size=64, assignment={"o2m": asg["o2m"]})
+
+
+class _FreshTensors:
+    """A sequence whose items are built on each access, so nothing else keeps them alive."""
+
+    def __init__(self, arrays):
+        self.arrays = arrays
+
+    def __len__(self):
+        return len(self.arrays)
+
+    def __getitem__(self, i):
+        if i >= len(self.arrays):
+            raise IndexError(i)
+        return ptl.tensor(self.arrays[i])
+
+
+def test_outputs_from_a_sequence_that_builds_its_items():
+    """The C entry point keeps the items of its sequence arguments alive for the whole call (it used to
+    drop them right away and then read freed buffers)."""
+    rng = np.random.default_rng(8)
+    rows = make_targets(rng, 2, [4, 3], 80)
+    outs = make_outputs(rng, rows, 2, 640, 640, 80, dt=np.float32)  # 2.7 MB scores: freed memory unmaps
+    want = O.objective(outs, rows, img_size=640)
+    losses = ptl.empty((10,), dtype="float32")
+    grads = [ptl.empty(o.shape, dtype="float32") for o in outs]
+    ptl._C.objective(_FreshTensors(outs), O._targets(rows), 640, 640, 0.8, losses, grads)
+    np.testing.assert_array_equal(losses.numpy(), want["losses"])
+    for g, w in zip(grads, want["grads"]):
+        np.testing.assert_array_equal(g.numpy(), w)
+    with pytest.raises(TypeError, match="img_size"):
+        O.objective(outs, rows, img_size="640")
+
+
 def test_o2m_weight_schedule_and_tensor_inputs():
     assert O.o2m_weight(0, 100) == pytest.approx(0.8)
     assert O.o2m_weight(49, 100) == pytest.approx(0.4535, abs=5e-5)
@@ -569,6 +620,19 @@ def test_cuda_frozen_assignment_and_non_square():
     np.testing.assert_allclose(f["losses"].numpy(), g["losses"].numpy(), rtol=1e-6)
     for i in range(4):
         np.testing.assert_array_equal(f["grads"][i].numpy(), g["grads"][i].numpy())
+
+
+@pytest.mark.cuda
+def test_cuda_bad_assignment_raises():
+    """The device path checks a given assignment on the host before any kernel reads it."""
+    rows, dev, host = _cuda_case([2, 1], bsz=2, h=64, w=64, nc=3, seed=4)
+    g = O.objective(dev, rows, img_size=64, return_assignment=True)
+    gt = g["assignment"]["o2o"][0].numpy()
+    gt[1, 3] = 5
+    bad = {"o2m": g["assignment"]["o2m"],
+           "o2o": (ptl.tensor(gt, device="cuda"), g["assignment"]["o2o"][1])}
+    with pytest.raises(ValueError, match=r"assign_gt\[1\]"):
+        O.objective(dev, rows, img_size=64, assignment=bad)
 
 
 # ----------------------------------------------------------------------------- torchref

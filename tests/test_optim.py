@@ -189,6 +189,61 @@ def test_bad_tables_raise():
         optim.FlatOptimizer(ptl.zeros((20,), dtype="int32"), ptl.zeros((20,), dtype="int32"), [("a", 0, (4,))])
 
 
+def _raw_step(opt, **over):
+    """One _optim_step call with opt's buffers and tables, some replaced by `over`."""
+    gs = opt.param_groups
+    a = dict(params=opt.params, grads=opt.grads, state1=opt.state1, state2=opt.state2, scalars=opt.scalars,
+             ptab=opt._ptab, call=opt._call, cmuon=opt._cmuon, sgtab=opt._sgtab, ws_bf16=opt._ws_bf16,
+             ws_f64=opt._ws_f64, tx=opt._plan["tx"], ta=opt._plan["ta"], nmuon=opt._plan["nmuon"],
+             kinds=[optim.KINDS[g["kind"]] for g in gs], lrs=[g["lr"] for g in gs],
+             momenta=[g["momentum"] for g in gs], wds=[g["weight_decay"] for g in gs])
+    a.update(over)
+    ptl._C._optim_step(**a)
+
+
+def test_bad_chunk_table_and_sizes_raise():
+    """A chunk outside the flat buffer raises instead of reading past it; so do negative arena sizes."""
+    table, n = make_table()
+    params = tensor(np.ones(n, np.float32))
+    grads = tensor(np.ones(n, np.float32))
+    opt = optim.FlatOptimizer(params, grads, table, "MuSGD", ema=False)
+    good = opt._plan["call"]
+    for row in ((n - 10, 4096, 0), (-1, 5, 0), (0, -3, 0), (0, 5, len(table)), (2 ** 62, 2 ** 62, 0)):
+        bad = good.copy()
+        bad[3] = row
+        with pytest.raises(ValueError, match="call"):
+            _raw_step(opt, call=tensor(bad))
+    np.testing.assert_array_equal(params.numpy(), np.ones(n, np.float32))  # nothing was stepped
+    with pytest.raises(ValueError, match="tx"):
+        _raw_step(opt, tx=-256)
+    _raw_step(opt)  # the untouched tables still work
+    assert not np.array_equal(params.numpy(), np.ones(n, np.float32))
+
+
+def test_bad_optimizer_arguments_raise():
+    table, n = make_table()
+    p, g = ptl.zeros((n,), dtype="float32"), ptl.zeros((n,), dtype="float32")
+    with pytest.raises(TypeError, match="optimizer"):
+        optim.FlatOptimizer(p, g, table, optimizer=None)
+    bn = ptl.zeros((8,), dtype="float32")
+    with pytest.raises(ValueError, match="bn_table"):  # would share "ema.<name>" keys with a parameter
+        optim.FlatOptimizer(p, g, table, bn_buffers=bn, bn_table=[(table[1][0], 0, (8,))])
+    opt = optim.FlatOptimizer(p, g, table, bn_buffers=bn)  # BN EMA without names: no silent partial export
+    with pytest.raises(ValueError, match="bn_table"):
+        opt.state_dict()
+    with pytest.raises(ValueError, match="bn_table"):
+        opt.load_state_dict({})
+
+
+@pytest.mark.cuda
+def test_cuda_adamw_without_state1_raises():
+    table, n = make_table()
+    p, g = ptl.zeros((n,), dtype="float32", device="cuda"), ptl.zeros((n,), dtype="float32", device="cuda")
+    opt = optim.FlatOptimizer(p, g, table, "AdamW", ema=False)
+    with pytest.raises(ValueError, match="state1"):
+        _raw_step(opt, state1=None)
+
+
 # --------------------------------------------------------------------------------------- update rules
 
 

@@ -29,9 +29,14 @@ static PyObject *py_safetensors_save(PyObject *self, PyObject *args, PyObject *k
                                      &path_bytes, &entries, &metadata, &fault_after, &fault_kill))
         return NULL;
     const char *path = PyBytes_AS_STRING(path_bytes);
-    seq = PySequence_Fast(entries, "entries: expected a sequence of (name, dtype, shape, buffer)");
-    if (!seq)
+    /* a tuple snapshot: the names and buffers are used with the GIL released, when another thread could
+     * change a list of entries */
+    seq = PySequence_Tuple(entries);
+    if (!seq) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "entries: expected a sequence of (name, dtype, shape, buffer)");
         goto fail;
+    }
     n = PySequence_Fast_GET_SIZE(seq);
     ents = (ptl_st_entry *)PyMem_Calloc((size_t)(n ? n : 1), sizeof *ents);
     views = (Py_buffer *)PyMem_Calloc((size_t)(n ? n : 1), sizeof *views);

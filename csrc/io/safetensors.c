@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 static const struct {
@@ -150,7 +151,6 @@ int ptl_safetensors_write(const char *path, const ptl_st_entry *entries, int64_t
     sbuf hdr = {0};
     char *tmp = NULL, *dir = NULL;
     int fd = -1, dfd = -1;
-    static unsigned long counter;
 
     order = (const ptl_st_entry **)malloc((size_t)(n ? n : 1) * sizeof *order);
     if (!order) {
@@ -169,12 +169,25 @@ int ptl_safetensors_write(const char *path, const ptl_st_entry *entries, int64_t
             ptl_set_error(PTL_ERR_VALUE, "save_safetensors '%s': '__metadata__' cannot name a tensor", path);
             goto fail;
         }
-        uint64_t numel = 1;
-        for (int d = 0; d < e->ndim; d++)
-            numel *= (uint64_t)e->shape[d];
-        if (e->ndim < 0 || e->ndim > PTL_MAX_DIMS || numel * item != e->nbytes) {
+        if (e->ndim < 0 || e->ndim > PTL_MAX_DIMS) {
+            ptl_set_error(PTL_ERR_VALUE, "save_safetensors '%s': tensor '%s' has %d dimensions (0 to %d)", path,
+                          e->name, e->ndim, PTL_MAX_DIMS);
+            goto fail;
+        }
+        /* the byte count in uint64 without wrapping, so the header never describes a tensor the reader
+         * rejects as too large */
+        uint64_t bytes = item;
+        for (int d = 0; d < e->ndim; d++) {
+            if (e->shape[d] < 0 || (e->shape[d] != 0 && bytes > UINT64_MAX / (uint64_t)e->shape[d])) {
+                ptl_set_error(PTL_ERR_VALUE, "save_safetensors '%s': tensor '%s' has a negative or too large shape",
+                              path, e->name);
+                goto fail;
+            }
+            bytes *= (uint64_t)e->shape[d];
+        }
+        if (bytes != e->nbytes) {
             ptl_set_error(PTL_ERR_VALUE, "save_safetensors '%s': tensor '%s' has %zu bytes, not its shape's %llu",
-                          path, e->name, e->nbytes, (unsigned long long)(numel * item));
+                          path, e->name, e->nbytes, (unsigned long long)bytes);
             goto fail;
         }
         order[i] = e;
@@ -234,9 +247,10 @@ int ptl_safetensors_write(const char *path, const ptl_st_entry *entries, int64_t
         ptl_set_error(PTL_ERR_MEMORY, "save_safetensors: out of host memory");
         goto fail;
     }
+    /* process and thread ids keep concurrent writers apart; the attempt number steps over files left
+     * by a crashed process that had the same ids */
     for (int attempt = 0; fd < 0; attempt++) {
-        snprintf(tmp, tlen, "%s.tmp.%ld.%lu", path, (long)getpid(),
-                 __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
+        snprintf(tmp, tlen, "%s.tmp.%ld.%ld.%d", path, (long)getpid(), (long)syscall(SYS_gettid), attempt);
         fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd < 0 && (errno != EEXIST || attempt > 100)) {
             ptl_set_error(PTL_ERR_OS, "save_safetensors: cannot create '%s': %s", tmp, strerror(errno));
@@ -332,6 +346,15 @@ static int peek(parser *p)
 {
     skip_ws(p);
     return p->s < p->end ? (unsigned char)*p->s : -1;
+}
+
+/* The next non-space character, consumed; -1 (and nothing consumed) at the end of the header. */
+static int take(parser *p)
+{
+    int c = peek(p);
+    if (c >= 0)
+        p->s++;
+    return c;
 }
 
 static int hex4(parser *p, unsigned *out)
@@ -513,8 +536,7 @@ static int skip_value(parser *p, int depth)
             }
             if (skip_value(p, depth + 1) < 0)
                 return -1;
-            int d = peek(p);
-            p->s++;
+            int d = take(p);
             if (d == close)
                 return 0;
             if (d != ',')
@@ -554,8 +576,7 @@ static int parse_uint_array(parser *p, uint64_t *vals, int max, int *count, cons
         }
         if (parse_uint(p, &vals[(*count)++]) < 0)
             return -1;
-        int d = peek(p);
-        p->s++;
+        int d = take(p);
         if (d == ']')
             return 0;
         if (d != ',')
@@ -618,8 +639,7 @@ static int parse_info(parser *p, ptl_st_info *t)
             free(key);
             if (rc < 0)
                 return -1;
-            int d = peek(p);
-            p->s++;
+            int d = take(p);
             if (d == '}')
                 break;
             if (d != ',')
@@ -679,8 +699,7 @@ static int parse_metadata(parser *p, ptl_st_file *f)
             return perr(p, "__metadata__ values must be strings");
         if (parse_string(p, &f->meta_values[i], &f->meta_value_lens[i]) < 0)
             return -1;
-        int d = peek(p);
-        p->s++;
+        int d = take(p);
         if (d == '}')
             return 0;
         if (d != ',')
@@ -835,14 +854,13 @@ int ptl_safetensors_open(const char *path, ptl_st_file *f)
                     goto fail;
             }
             int d = peek(&p);
-            p.s++;
-            if (d == '}')
-                break;
-            if (d != ',') {
-                p.s--;
+            if (d != ',' && d != '}') {
                 perr(&p, "expected ',' or '}'");
                 goto fail;
             }
+            p.s++;
+            if (d == '}')
+                break;
         }
     }
     skip_ws(&p);

@@ -109,6 +109,10 @@ int ptl_ap_per_class(int64_t n, const uint8_t *tp, const double *conf, const int
 
     if (n < 0 || m < 0)
         return ptl_set_error(PTL_ERR_VALUE, "ap_per_class: negative count");
+    /* NaN has no place in the confidence order: the sort's comparison would be inconsistent */
+    for (int64_t i = 0; i < n; i++)
+        if (isnan(conf[i]))
+            return ptl_set_error(PTL_ERR_VALUE, "conf: prediction %lld has a NaN confidence", (long long)i);
     res->nclasses = 0;
     res->mp = res->mr = res->map50 = res->map = res->fitness = 0.0;
     res->best_index = 0;

@@ -48,8 +48,10 @@ int ptl_obj_targets_build(const float *rows, int64_t n, int B, int H, int W, int
     out->B = B;
     out->count = (int32_t *)calloc((size_t)B + 1, sizeof(int32_t));
     fill = (int32_t *)calloc((size_t)B + 1, sizeof(int32_t));
-    if (!out->count || !fill)
-        goto nomem;
+    if (!out->count || !fill) {
+        ptl_set_error(PTL_ERR_MEMORY, "objective: out of host memory for the targets");
+        goto fail;
+    }
     for (int64_t i = 0; i < n; i++) {
         const float *r = rows + 6 * i;
         for (int k = 0; k < 6; k++)
@@ -104,18 +106,32 @@ int ptl_obj_targets_build(const float *rows, int64_t n, int B, int H, int W, int
             out->cls = (int32_t *)calloc(m, sizeof(int32_t));
             out->box_f = (float *)calloc(m * 4, sizeof(float));
             out->box_d = (double *)calloc(m * 4, sizeof(double));
-            if (!out->cls || !out->box_f || !out->box_d)
-                goto nomem;
+            if (!out->cls || !out->box_f || !out->box_d) {
+                ptl_set_error(PTL_ERR_MEMORY, "objective: out of host memory for the targets");
+                goto fail;
+            }
         }
     }
     free(fill);
     return 0;
-nomem:
-    ptl_set_error(PTL_ERR_MEMORY, "objective: out of host memory for the targets");
 fail:
     free(fill);
     ptl_obj_targets_free(out);
     return -1;
+}
+
+int ptl_obj_check_assignment(const int32_t *gt, int B, int64_t A, const ptl_obj_targets *tg, const char *arg)
+{
+    for (int b = 0; b < B; b++)
+        for (int64_t a = 0; a < A; a++) {
+            int32_t j = gt[(int64_t)b * A + a];
+            if (j < -1 || j >= tg->count[b])
+                return ptl_set_error(PTL_ERR_VALUE,
+                                     "%s: image %d anchor %lld is assigned to target %d, but the image has %d "
+                                     "targets (use -1 for background)",
+                                     arg, b, (long long)a, (int)j, (int)tg->count[b]);
+        }
+    return 0;
 }
 
 #define OBJ_IS_DOUBLE 0
@@ -127,14 +143,6 @@ fail:
 #define OBJ_DIV(a, b) PTL_FDIV(a, b)
 #define OBJ_SUB(a, b) PTL_FSUB(a, b)
 #include "objective_cpu_tmpl.h"
-#undef OBJ_IS_DOUBLE
-#undef OBJ_T
-#undef OBJ_FN
-#undef OBJ_CPU
-#undef OBJ_MUL
-#undef OBJ_ADD
-#undef OBJ_DIV
-#undef OBJ_SUB
 
 #define OBJ_IS_DOUBLE 1
 #define OBJ_T double
@@ -145,14 +153,6 @@ fail:
 #define OBJ_DIV(a, b) ((a) / (b))
 #define OBJ_SUB(a, b) ((a) - (b))
 #include "objective_cpu_tmpl.h"
-#undef OBJ_IS_DOUBLE
-#undef OBJ_T
-#undef OBJ_FN
-#undef OBJ_CPU
-#undef OBJ_MUL
-#undef OBJ_ADD
-#undef OBJ_DIV
-#undef OBJ_SUB
 
 int ptl_objective_cpu(const ptl_obj_args *args, const ptl_obj_targets *tg)
 {

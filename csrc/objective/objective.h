@@ -78,6 +78,11 @@ typedef struct {
     int assign_in;
 } ptl_obj_args;
 
+/* Checks a given assignment (assign_in) of one branch, gt [B*A] on the host: every entry is -1 or the
+ * index of a kept target of its image (< count[b]); `arg` names it in the PTL_ERR_VALUE error. Without
+ * this a bad index reads past the packed targets. */
+int ptl_obj_check_assignment(const int32_t *gt, int B, int64_t A, const ptl_obj_targets *tg, const char *arg);
+
 int ptl_objective_cpu(const ptl_obj_args *args, const ptl_obj_targets *tg);
 
 #ifdef PTL_WITH_CUDA

@@ -1,6 +1,6 @@
 /* CPU objective in one precision; included by objective.c with OBJ_T, OBJ_FN(n) (the math of
  * objective_math.h for that type) and OBJ_CPU(n) (names of this file's functions) defined.
- * No include guard: included once per type. */
+ * No include guard: included once per type; the parameters are undefined at the end. */
 
 typedef struct {
     const ptl_obj_args *a;
@@ -315,7 +315,7 @@ static int OBJ_CPU(run)(const ptl_obj_args *ar, const ptl_obj_targets *tg)
     double *sums = NULL;
     int nthreads = 1;
     OBJ_CPU(scratch) *scr = NULL;
-    int fail_alloc = 0;
+    int rc = -1;
     double w[2] = {ar->o2m_weight, ar->o2m_weight < 1 ? 1 - ar->o2m_weight : 0};
     const int topks[2] = {PTL_OBJ_TOPK_O2M, PTL_OBJ_TOPK_O2O}, topk2s[2] = {PTL_OBJ_TOPK2_O2M, PTL_OBJ_TOPK2_O2O};
     double comp[2][3];
@@ -336,8 +336,10 @@ static int OBJ_CPU(run)(const ptl_obj_args *ar, const ptl_obj_targets *tg)
     nval = (OBJ_T *)malloc(sizeof(OBJ_T) * (size_t)(B * A) + 1);
     sums = (double *)calloc((size_t)B * 3 + 1, sizeof(double));
     scr = (OBJ_CPU(scratch) *)calloc((size_t)nthreads, sizeof(*scr));
-    if (!owner || !nval || !sums || !scr)
-        goto nomem;
+    if (!owner || !nval || !sums || !scr) {
+        ptl_set_error(PTL_ERR_MEMORY, "objective: out of host memory");
+        goto fail;
+    }
     for (int t = 0; t < nthreads; t++) {
         int64_t n = tg->M + 1;
         scr[t].claim = (int32_t *)malloc(sizeof(int32_t) * (size_t)A);
@@ -349,13 +351,16 @@ static int OBJ_CPU(run)(const ptl_obj_args *ar, const ptl_obj_targets *tg)
         scr[t].amax = (OBJ_T *)malloc(sizeof(OBJ_T) * (size_t)n);
         scr[t].omax = (OBJ_T *)malloc(sizeof(OBJ_T) * (size_t)n);
         if (!scr[t].claim || !scr[t].sel || !scr[t].bucket || !scr[t].bstart || !scr[t].palign || !scr[t].povl ||
-            !scr[t].amax || !scr[t].omax)
-            goto nomem;
+            !scr[t].amax || !scr[t].omax) {
+            ptl_set_error(PTL_ERR_MEMORY, "objective: out of host memory");
+            goto fail;
+        }
     }
 
     for (int br = 0; br < 2; br++) {
         const OBJ_T *boxes = (const OBJ_T *)ar->boxes[br], *scores = (const OBJ_T *)ar->scores[br];
         if (ar->assign_in) {
+            PTL_CHECK(ptl_obj_check_assignment(ar->assign_gt[br], B, A, tg, br ? "assign_gt[1]" : "assign_gt[0]"));
             memcpy(owner, ar->assign_gt[br], sizeof(int32_t) * (size_t)(B * A));
             memcpy(nval, ar->assign_score[br], sizeof(OBJ_T) * (size_t)(B * A));
         } else {
@@ -403,11 +408,8 @@ static int OBJ_CPU(run)(const ptl_obj_args *ar, const ptl_obj_targets *tg)
         for (int k = 0; k < 3; k++)
             ar->losses[7 + k] = (float)comp[1][k];
     }
-    goto done;
-nomem:
-    fail_alloc = 1;
-    ptl_set_error(PTL_ERR_MEMORY, "objective: out of host memory");
-done:
+    rc = 0;
+fail:
     if (scr)
         for (int t = 0; t < nthreads; t++) {
             free(scr[t].claim);
@@ -423,5 +425,14 @@ done:
     free(owner);
     free(nval);
     free(sums);
-    return fail_alloc ? -1 : 0;
+    return rc;
 }
+
+#undef OBJ_IS_DOUBLE
+#undef OBJ_T
+#undef OBJ_FN
+#undef OBJ_CPU
+#undef OBJ_MUL
+#undef OBJ_ADD
+#undef OBJ_DIV
+#undef OBJ_SUB

@@ -78,16 +78,6 @@ PTL_HD float obj_atanf(float x)
 #define OBJ_ATAN(a) obj_atanf(a)
 #define OBJ_LOG1P(a) log1pf(a)
 #include "objective_tmpl.h"
-#undef OBJ_T
-#undef OBJ_FN
-#undef OBJ_MUL
-#undef OBJ_ADD
-#undef OBJ_SUB
-#undef OBJ_DIV
-#undef OBJ_SQRT
-#undef OBJ_EXP
-#undef OBJ_ATAN
-#undef OBJ_LOG1P
 
 #ifndef __CUDACC__
 #define OBJ_T double
@@ -101,16 +91,6 @@ PTL_HD float obj_atanf(float x)
 #define OBJ_ATAN(a) atan(a)
 #define OBJ_LOG1P(a) log1p(a)
 #include "objective_tmpl.h"
-#undef OBJ_T
-#undef OBJ_FN
-#undef OBJ_MUL
-#undef OBJ_ADD
-#undef OBJ_SUB
-#undef OBJ_DIV
-#undef OBJ_SQRT
-#undef OBJ_EXP
-#undef OBJ_ATAN
-#undef OBJ_LOG1P
 #endif
 
 #endif

@@ -5,7 +5,8 @@
  * The float32 instance is shared by the CPU and the CUDA backend and written through the explicitly
  * rounded PTL_F* operations, so both compute the assigner's decisions from the same IEEE operations in
  * the same order as torchref's expressions (only exp and atan may differ by an ulp between libm and
- * CUDA). No include guard: this file is meant to be included more than once. */
+ * CUDA). No include guard: this file is meant to be included more than once; it undefines its
+ * parameters at the end, so each instance starts clean. */
 
 /* Complete IoU of box a and box b (xyxy) as spec §3.3, with the operation order of torchref's ciou. */
 PTL_HD OBJ_T OBJ_FN(ciou)(OBJ_T ax1, OBJ_T ay1, OBJ_T ax2, OBJ_T ay2, OBJ_T bx1, OBJ_T by1, OBJ_T bx2, OBJ_T by2)
@@ -182,3 +183,14 @@ PTL_HD void OBJ_FN(cell_range)(OBJ_T lo, OBJ_T hi, OBJ_T s, int n, int *c0, int 
 #undef OBJ_PASS_LO
 #undef OBJ_PASS_HI
 }
+
+#undef OBJ_T
+#undef OBJ_FN
+#undef OBJ_MUL
+#undef OBJ_ADD
+#undef OBJ_SUB
+#undef OBJ_DIV
+#undef OBJ_SQRT
+#undef OBJ_EXP
+#undef OBJ_ATAN
+#undef OBJ_LOG1P

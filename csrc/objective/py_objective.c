@@ -1,6 +1,7 @@
 /* Python bindings of the objective area. */
 #include "../py.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "objective.h"
@@ -32,11 +33,34 @@ static int objective_cuda(ptl_runtime *rt, int device, const ptl_obj_args *a, co
     pthread_mutex_unlock(&ctx->ext_lock);
     return rc;
 }
+
+/* A given assignment is validated on the host (a copy, then a wait: assign_in is a test path, never a
+ * training step) so that a bad index raises instead of reading past the targets on the device. */
+static int check_device_assignment(ptl_runtime *rt, ptl_device dev, const ptl_obj_args *a, const ptl_obj_targets *tg)
+{
+    ptl_device cpu = {PTL_CPU, 0};
+    size_t nbytes = sizeof(int32_t) * (size_t)a->B * (size_t)a->A;
+    int32_t *host = (int32_t *)malloc(nbytes ? nbytes : 1);
+    if (!host)
+        return ptl_set_error(PTL_ERR_MEMORY, "objective: out of host memory");
+    int rc = 0;
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        rc = ptl_copy_bytes(rt, host, cpu, a->assign_gt[i], dev, nbytes);
+        if (rc == 0)
+            rc = ptl_obj_check_assignment(host, a->B, a->A, tg, i ? "assign_gt[1]" : "assign_gt[0]");
+    }
+    free(host);
+    return rc;
+}
 #endif
 
-static int tensor_seq(PyObject *module, PyObject *obj, const char *arg, int n, PtlTensor **out)
+/* The n tensors of sequence obj. Each item's reference is stored in held[] (released by the caller)
+ * rather than dropped here: a sequence need not keep its items alive (its __getitem__ may build them),
+ * and a list may be changed by another thread while the GIL is released. */
+static int tensor_seq(PyObject *module, PyObject *obj, const char *arg, int n, PtlTensor **out, PyObject **held)
 {
     if (!PySequence_Check(obj) || PySequence_Size(obj) != n) {
+        PyErr_Clear();
         PyErr_Format(PyExc_TypeError, "%s: expected a sequence of %d tensors", arg, n);
         return -1;
     }
@@ -44,10 +68,10 @@ static int tensor_seq(PyObject *module, PyObject *obj, const char *arg, int n, P
         PyObject *it = PySequence_GetItem(obj, i);
         if (!it)
             return -1;
+        held[i] = it;
         char name[96];
         snprintf(name, sizeof name, "%s[%d]", arg, i);
         out[i] = ptl_tensor_arg(module, it, name, -1, NULL, -1, NULL);
-        Py_DECREF(it); /* the sequence keeps it alive */
         if (!out[i])
             return -1;
     }
@@ -92,6 +116,8 @@ static PyObject *py_objective(PyObject *module, PyObject *args, PyObject *kwargs
     static char *kw[] = {"outputs", "targets", "img_h", "img_w", "o2m_weight", "losses", "grads",
                          "assign_gt", "assign_score", "assign_in", NULL};
     PyObject *outputs, *targets_obj, *losses_obj, *grads_obj = Py_None, *agt_obj = Py_None, *asc_obj = Py_None;
+    PyObject *held[12] = {NULL}; /* outputs 0-3, grads 4-7, assign_gt 8-9, assign_score 10-11 */
+    PyObject *ret = NULL;
     int H, W, assign_in = 0;
     double o2m_weight;
     PtlTensor *out[4], *grads[4], *agt[2], *asc[2];
@@ -102,80 +128,82 @@ static PyObject *py_objective(PyObject *module, PyObject *args, PyObject *kwargs
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOiidO|OOOp:objective", kw, &outputs, &targets_obj, &H, &W,
                                       &o2m_weight, &losses_obj, &grads_obj, &agt_obj, &asc_obj, &assign_in))
         return NULL;
-    if (tensor_seq(module, outputs, "outputs", 4, out) < 0)
-        return NULL;
+    if (tensor_seq(module, outputs, "outputs", 4, out, held) < 0)
+        goto fail;
     ptl_device dev = out[0]->storage->device;
     ptl_dtype dt = out[0]->dtype;
     if (out[1]->ndim != 3) {
         PyErr_Format(PyExc_ValueError, "outputs[1]: expected scores (B, A, nc), got %d dimensions", out[1]->ndim);
-        return NULL;
+        goto fail;
     }
     int64_t B = out[1]->shape[0], A = out[1]->shape[1], nc = out[1]->shape[2];
     int64_t want_a = ptl_obj_num_anchors(H, W);
-    if (want_a < 0)
-        return ptl_raise(module);
+    if (want_a < 0) {
+        ptl_raise(module);
+        goto fail;
+    }
     if (A != want_a) {
         PyErr_Format(PyExc_ValueError, "outputs: %lld anchors do not match img_size %dx%d (%lld anchors)",
                      (long long)A, H, W, (long long)want_a);
-        return NULL;
+        goto fail;
     }
     if (B <= 0 || nc <= 0 || B > INT32_MAX || nc > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "outputs: batch size and number of classes must be positive");
-        return NULL;
+        goto fail;
     }
     if (dev.type == PTL_CPU && dt != PTL_FLOAT32 && dt != PTL_FLOAT64) {
         PyErr_Format(PyExc_TypeError, "outputs: CPU outputs must be float32 or float64, got %s", ptl_dtype_name(dt));
-        return NULL;
+        goto fail;
     }
     if (dev.type == PTL_CUDA && dt != PTL_FLOAT32 && dt != PTL_BFLOAT16 && dt != PTL_FLOAT16) {
         PyErr_Format(PyExc_TypeError, "outputs: CUDA outputs must be float32, bfloat16 or float16, got %s",
                      ptl_dtype_name(dt));
-        return NULL;
+        goto fail;
     }
     const int64_t bshape[3] = {B, A, 4}, sshape[3] = {B, A, nc}, lshape[1] = {PTL_OBJ_NUM_LOSSES},
                   ashape[2] = {B, A};
     const char *onames[4] = {"outputs[0]", "outputs[1]", "outputs[2]", "outputs[3]"};
     for (int i = 0; i < 4; i++)
         if (same_place(out[i], onames[i], dt, dev, 3, i % 2 ? sshape : bshape) < 0)
-            return NULL;
+            goto fail;
     PtlTensor *tt = ptl_tensor_arg(module, targets_obj, "targets", PTL_FLOAT32, NULL, 2, NULL);
     if (!tt)
-        return NULL;
+        goto fail;
     if (tt->storage->device.type != PTL_CPU || tt->shape[1] != 6) {
         PyErr_SetString(PyExc_ValueError, "targets: expected a CPU float32 tensor of shape (n, 6)");
-        return NULL;
+        goto fail;
     }
     PtlTensor *lt = ptl_tensor_arg(module, losses_obj, "losses", PTL_FLOAT32, NULL, 1, NULL);
     if (!lt || same_place(lt, "losses", PTL_FLOAT32, dev, 1, lshape) < 0)
-        return NULL;
+        goto fail;
     memset(&a, 0, sizeof a);
     if (grads_obj != Py_None) {
-        if (tensor_seq(module, grads_obj, "grads", 4, grads) < 0)
-            return NULL;
+        if (tensor_seq(module, grads_obj, "grads", 4, grads, held + 4) < 0)
+            goto fail;
         const char *gnames[4] = {"grads[0]", "grads[1]", "grads[2]", "grads[3]"};
         for (int i = 0; i < 4; i++) {
             if (same_place(grads[i], gnames[i], dt, dev, 3, i % 2 ? sshape : bshape) < 0)
-                return NULL;
+                goto fail;
             (i % 2 ? a.grad_scores : a.grad_boxes)[i / 2] = ptl_tensor_data(grads[i]);
         }
     }
     int score_dt = dev.type == PTL_CPU && dt == PTL_FLOAT64 ? PTL_FLOAT64 : PTL_FLOAT32;
     if ((agt_obj == Py_None) != (asc_obj == Py_None)) {
         PyErr_SetString(PyExc_ValueError, "assign_gt and assign_score: give both or neither");
-        return NULL;
+        goto fail;
     }
     if (assign_in && agt_obj == Py_None) {
         PyErr_SetString(PyExc_ValueError, "assign_in: needs assign_gt and assign_score");
-        return NULL;
+        goto fail;
     }
     if (agt_obj != Py_None) {
-        if (tensor_seq(module, agt_obj, "assign_gt", 2, agt) < 0 ||
-            tensor_seq(module, asc_obj, "assign_score", 2, asc) < 0)
-            return NULL;
+        if (tensor_seq(module, agt_obj, "assign_gt", 2, agt, held + 8) < 0 ||
+            tensor_seq(module, asc_obj, "assign_score", 2, asc, held + 10) < 0)
+            goto fail;
         for (int i = 0; i < 2; i++) {
             if (same_place(agt[i], "assign_gt", PTL_INT32, dev, 2, ashape) < 0 ||
                 same_place(asc[i], "assign_score", score_dt, dev, 2, ashape) < 0)
-                return NULL;
+                goto fail;
             a.assign_gt[i] = (int32_t *)ptl_tensor_data(agt[i]);
             a.assign_score[i] = ptl_tensor_data(asc[i]);
         }
@@ -185,7 +213,7 @@ static PyObject *py_objective(PyObject *module, PyObject *args, PyObject *kwargs
         char msg[96];
         snprintf(msg, sizeof msg, "o2m_weight: expected a value in [0, 1], got %g", o2m_weight);
         PyErr_SetString(PyExc_ValueError, msg);
-        return NULL;
+        goto fail;
     }
     a.B = (int)B;
     a.H = H;
@@ -199,6 +227,8 @@ static PyObject *py_objective(PyObject *module, PyObject *args, PyObject *kwargs
     }
     a.o2m_weight = o2m_weight;
     a.losses = (float *)ptl_tensor_data(lt);
+    /* looked up while holding the GIL: PyModule_GetState is part of the Python API */
+    ptl_runtime *rt = ptl_state(module)->rt;
 
     Py_BEGIN_ALLOW_THREADS
     rc = ptl_obj_targets_build((const float *)ptl_tensor_data(tt), tt->shape[0], a.B, H, W, a.nc, &tg);
@@ -207,17 +237,27 @@ static PyObject *py_objective(PyObject *module, PyObject *args, PyObject *kwargs
             rc = ptl_objective_cpu(&a, &tg);
         } else {
 #ifdef PTL_WITH_CUDA
-            rc = objective_cuda(ptl_state(module)->rt, dev.index, &a, &tg);
+            if (a.assign_in)
+                rc = check_device_assignment(rt, dev, &a, &tg);
+            if (rc == 0)
+                rc = objective_cuda(rt, dev.index, &a, &tg);
 #else
+            (void)rt;
             rc = ptl_set_error(PTL_ERR_RUNTIME, "objective: ptl was built without CUDA");
 #endif
         }
         ptl_obj_targets_free(&tg);
     }
     Py_END_ALLOW_THREADS
-    if (rc != 0)
-        return ptl_raise(module);
-    Py_RETURN_NONE;
+    if (rc != 0) {
+        ptl_raise(module);
+        goto fail;
+    }
+    ret = Py_NewRef(Py_None);
+fail:
+    for (int i = 0; i < 12; i++)
+        Py_XDECREF(held[i]);
+    return ret;
 }
 
 static PyObject *py_o2m_weight(PyObject *module, PyObject *args)

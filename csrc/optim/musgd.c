@@ -104,7 +104,8 @@ int ptl_optim_step_cpu(const ptl_optim_buffers *b, const ptl_optim_hp *hp)
                           (long long)grp, hp->ngroups);
             goto fail;
         }
-        if (row[PTL_PT_OFF] < 0 || row[PTL_PT_NUMEL] < 0 || row[PTL_PT_OFF] + row[PTL_PT_NUMEL] > b->n) {
+        if (row[PTL_PT_OFF] < 0 || row[PTL_PT_NUMEL] < 0 || row[PTL_PT_OFF] > b->n ||
+            row[PTL_PT_NUMEL] > b->n - row[PTL_PT_OFF]) {
             ptl_set_error(PTL_ERR_VALUE, "optimizer: parameter %lld lies outside the flat buffer", (long long)pi);
             goto fail;
         }
@@ -122,6 +123,16 @@ int ptl_optim_step_cpu(const ptl_optim_buffers *b, const ptl_optim_hp *hp)
         }
         if (hp->kind[grp] != PTL_OPT_SGD && !b->state1) {
             ptl_set_error(PTL_ERR_VALUE, "optimizer: state1 is required for Muon and AdamW groups");
+            goto fail;
+        }
+    }
+    /* the gradient statistics walk the chunk table, not ptab */
+    for (int64_t c = 0; c < b->nchunks; c++) {
+        const int64_t *ch = b->call + 3 * c;
+        if (ch[0] < 0 || ch[1] < 0 || ch[0] > b->n || ch[1] > b->n - ch[0] || ch[2] < 0 || ch[2] >= b->nparams) {
+            ptl_set_error(PTL_ERR_VALUE, "call: chunk %lld (start %lld, length %lld, parameter %lld) lies outside "
+                          "the flat buffer of %lld elements or the %lld parameters", (long long)c, (long long)ch[0],
+                          (long long)ch[1], (long long)ch[2], (long long)b->n, (long long)b->nparams);
             goto fail;
         }
     }

@@ -49,6 +49,25 @@ static int parse_group_seq(PyObject *seq, const char *arg, int n, double *out, i
     return 0;
 }
 
+#ifdef PTL_WITH_CUDA
+/* The device's context, looked up with the GIL released (the first use creates it, which takes long);
+ * the runtime pointer is read before, as PyModule_GetState is part of the Python API. NULL after raising. */
+static ptl_cuda_ctx *device_ctx(PyObject *module, int device)
+{
+    ptl_runtime *rt = ptl_state(module)->rt;
+    ptl_cuda_ctx *ctx = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ptl_cuda_ctx_get(rt, device, &ctx);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        ptl_raise(module);
+        return NULL;
+    }
+    return ctx;
+}
+#endif
+
 #define NS_GRAPH_NAME "ptl.optim.ns_graph"
 
 static void ns_graph_free(PyObject *cap)
@@ -150,6 +169,10 @@ static PyObject *py_optim_step(PyObject *module, PyObject *args, PyObject *kw)
         return NULL;
     if (o_wf != Py_None && !(wf = ptl_tensor_arg(module, o_wf, "ws_f64", PTL_FLOAT64, &dev, 1, NULL)))
         return NULL;
+    if (tx < 0 || ta < 0 || nmuon < 0) {
+        PyErr_Format(PyExc_ValueError, "tx, ta, nmuon: expected sizes >= 0, got %lld, %lld, %lld", tx, ta, nmuon);
+        return NULL;
+    }
     hp.ngroups = (int)PyObject_Length(o_kinds);
     if (hp.ngroups < 0)
         return NULL;
@@ -199,9 +222,11 @@ static PyObject *py_optim_step(PyObject *module, PyObject *args, PyObject *kw)
             PyErr_SetString(PyExc_TypeError, "params: CUDA buffers must be float32");
             return NULL;
         }
-        int need_ws = 0;
-        for (int k = 0; k < hp.ngroups; k++)
+        int need_ws = 0, need_s1 = 0;
+        for (int k = 0; k < hp.ngroups; k++) {
             need_ws |= hp.kind[k] == PTL_OPT_MUON;
+            need_s1 |= hp.kind[k] != PTL_OPT_SGD;
+        }
         if (!wf || wf->shape[0] < b.nchunks + b.nmuon_chunks + b.nmuon) {
             PyErr_SetString(PyExc_ValueError, "ws_f64: missing or smaller than the chunk tables need");
             return NULL;
@@ -210,15 +235,15 @@ static PyObject *py_optim_step(PyObject *module, PyObject *args, PyObject *kw)
             PyErr_SetString(PyExc_ValueError, "ws_bf16: missing or smaller than 2 tx + 3 ta");
             return NULL;
         }
-        if (!s1 && need_ws) {
+        if (!s1 && need_s1) {
             PyErr_SetString(PyExc_ValueError, "state1: required for Muon and AdamW groups");
             return NULL;
         }
-        ptl_cuda_ctx *ctx;
+        ptl_cuda_ctx *ctx = device_ctx(module, dev.index);
+        if (!ctx)
+            return NULL;
         Py_BEGIN_ALLOW_THREADS
-        rc = ptl_cuda_ctx_get(ptl_state(module)->rt, dev.index, &ctx);
-        if (rc == 0)
-            rc = ptl_optim_step_cuda(ctx->stream, ctx->cublas, &b, &hp, graph);
+        rc = ptl_optim_step_cuda(ctx->stream, ctx->cublas, &b, &hp, graph);
         Py_END_ALLOW_THREADS
 #else
         PyErr_SetString(PyExc_RuntimeError, "params: this build has no CUDA support");
@@ -267,12 +292,12 @@ static PyObject *py_optim_ema(PyObject *module, PyObject *args)
             PyErr_SetString(PyExc_TypeError, "ema: CUDA buffers must be float32");
             return NULL;
         }
-        ptl_cuda_ctx *ctx;
+        ptl_cuda_ctx *ctx = device_ctx(module, dev.index);
+        if (!ctx)
+            return NULL;
         Py_BEGIN_ALLOW_THREADS
-        rc = ptl_cuda_ctx_get(ptl_state(module)->rt, dev.index, &ctx);
-        if (rc == 0)
-            rc = ptl_ema_update_cuda(ctx->stream, (float *)ptl_tensor_data(e), (const float *)ptl_tensor_data(m), n,
-                                     decay);
+        rc = ptl_ema_update_cuda(ctx->stream, (float *)ptl_tensor_data(e), (const float *)ptl_tensor_data(m), n,
+                                 decay);
         Py_END_ALLOW_THREADS
 #else
         PyErr_SetString(PyExc_RuntimeError, "ema: this build has no CUDA support");
@@ -313,6 +338,9 @@ static PyObject *py_optim_newton_schulz(PyObject *module, PyObject *args)
         Py_END_ALLOW_THREADS
     } else {
 #ifdef PTL_WITH_CUDA
+        ptl_cuda_ctx *ctx = device_ctx(module, dev.index);
+        if (!ctx)
+            return NULL;
         int64_t r = rows < cols ? rows : cols, al = PTL_NS_ALIGN;
         int64_t xs = (rows * cols + al - 1) / al * al, as = (r * r + al - 1) / al * al;
         int64_t wsn[1] = {2 * bsz * xs + 3 * bsz * as}, nn[1] = {bsz > 0 ? bsz : 1};
@@ -324,13 +352,10 @@ static PyObject *py_optim_newton_schulz(PyObject *module, PyObject *args)
             Py_DECREF(ws);
             return NULL;
         }
-        ptl_cuda_ctx *ctx;
         Py_BEGIN_ALLOW_THREADS
-        rc = ptl_cuda_ctx_get(ptl_state(module)->rt, dev.index, &ctx);
-        if (rc == 0)
-            rc = ptl_newton_schulz_cuda(ctx->stream, ctx->cublas, (const float *)ptl_tensor_data(x),
-                                        (float *)ptl_tensor_data(out), bsz, rows, cols,
-                                        (uint16_t *)ptl_tensor_data(ws), (float *)ptl_tensor_data(norms));
+        rc = ptl_newton_schulz_cuda(ctx->stream, ctx->cublas, (const float *)ptl_tensor_data(x),
+                                    (float *)ptl_tensor_data(out), bsz, rows, cols, (uint16_t *)ptl_tensor_data(ws),
+                                    (float *)ptl_tensor_data(norms));
         Py_END_ALLOW_THREADS
         Py_DECREF(ws);
         Py_DECREF(norms);
@@ -361,8 +386,9 @@ static PyObject *py_optim_copy(PyObject *module, PyObject *args)
         return NULL;
     }
     int rc;
+    ptl_runtime *rt = ptl_state(module)->rt; /* Python API: before the GIL is released */
     Py_BEGIN_ALLOW_THREADS
-    rc = ptl_copy_bytes(ptl_state(module)->rt, ptl_tensor_data(d), d->storage->device, ptl_tensor_data(s),
+    rc = ptl_copy_bytes(rt, ptl_tensor_data(d), d->storage->device, ptl_tensor_data(s),
                         s->storage->device, ptl_tensor_nbytes(d));
     Py_END_ALLOW_THREADS
     if (rc != 0)
