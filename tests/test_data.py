@@ -340,6 +340,26 @@ def test_flip_in_pipeline(tmp_path):
     np.testing.assert_allclose(flipped[1], [[1, 0.75, 0.5, 0.3, 0.4]], atol=1e-6)
 
 
+
+@pytest.mark.parametrize("mosaic", [False, True])
+def test_flips_fused_with_warp_and_hsv(tmp_path, mosaic):
+    # The pipeline applies HSV and the flips to each warped row (augment_rows.h); the draws do not depend
+    # on the flip probabilities, so flipping must commute with everything else.
+    y = make_dataset(tmp_path, n=4, size=(64, 48))
+    aug = dict(mosaic=1.0 if mosaic else 0.0, translate=0.3, scale=0.4, hsv_h=0.5, hsv_s=0.7, hsv_v=0.4)
+    for i in range(4):
+        img, t, _ = data(y, **no_aug(**aug)).train_loader().sample(i, epoch=2)
+        lr, tl, _ = data(y, **no_aug(fliplr=1.0, **aug)).train_loader().sample(i, epoch=2)
+        ud, tu, _ = data(y, **no_aug(flipud=1.0, **aug)).train_loader().sample(i, epoch=2)
+        both, _, _ = data(y, **no_aug(fliplr=1.0, flipud=1.0, **aug)).train_loader().sample(i, epoch=2)
+        assert (img != FILL).any() and len(np.unique(img.reshape(-1, 3), axis=0)) > 100
+        np.testing.assert_array_equal(lr, img[:, ::-1])
+        np.testing.assert_array_equal(ud, img[::-1])
+        np.testing.assert_array_equal(both, img[::-1, ::-1])
+        np.testing.assert_allclose(tl[:, 1], 1 - t[:, 1], atol=1e-6)
+        np.testing.assert_allclose(tu[:, 2], 1 - t[:, 2], atol=1e-6)
+        np.testing.assert_allclose(tl[:, [0, 2, 3, 4]], t[:, [0, 2, 3, 4]], atol=1e-6)
+
 def test_affine_matrix_hand_cases():
     # all draws 0.5: no rotation, shear or perspective, sigma 1, the input centre moved to the output centre
     M, s = _C.data_t_affine_matrix(200, 100, 100, 50, (0.5,) * 8, 0.0, 0.1, 0.5, 0.0, 0.0)
@@ -405,6 +425,46 @@ def test_warp_integer_shift_and_border():
     np.testing.assert_array_equal(out[:, :29], want)
 
 
+
+def warp_reference(img, M, w_out, h_out):
+    """The fixed-point warp in numpy: coordinates to 1/1024 pixel (per-column and per-row parts rounded
+    separately, as OpenCV's warpAffine), taps to 1/32 pixel, exact bilinear weights, one rounding, taps
+    outside the input reading the fill value."""
+    im = np.linalg.inv(M)
+    h_in, w_in = img.shape[:2]
+    pad = np.full((h_in + 2, w_in + 2, 3), FILL, np.int64)
+    pad[1:-1, 1:-1] = img
+    xs, ys = np.arange(w_out), np.arange(h_out)
+    X = (np.rint(im[0, 2] * 1024).astype(np.int64) + 16 + np.rint(im[0, 0] * xs * 1024).astype(np.int64)) >> 5
+    Y = (np.rint((im[1, 1] * ys + im[1, 2]) * 1024).astype(np.int64) + 16) >> 5
+    sx, fx, sy, fy = X >> 5, X & 31, Y >> 5, Y & 31
+    out = np.full((h_out, w_out, 3), FILL, np.uint8)
+    okx, oky = (sx >= -1) & (sx < w_in), (sy >= -1) & (sy < h_in)
+    for y in np.nonzero(oky)[0]:
+        x = np.nonzero(okx)[0]
+        a, b = sx[x] + 1, sy[y] + 1
+        g, f, gy, fyy = (32 - fx[x])[:, None], fx[x][:, None], 32 - fy[y], fy[y]
+        v = (pad[b, a] * g * gy + pad[b, a + 1] * f * gy + pad[b + 1, a] * g * fyy + pad[b + 1, a + 1] * f * fyy)
+        out[y, x] = (v + 512) >> 10
+    return out
+
+
+def test_warp_separable_matches_reference_and_general_path():
+    rng = np.random.default_rng(11)
+    for k in range(120):
+        h_in, w_in = rng.integers(1, 40, 2)
+        img = rng.integers(0, 256, (h_in, w_in, 3), dtype=np.uint8)
+        a, b = rng.uniform(0.3, 3.0, 2) * rng.choice([-1, 1], 2)
+        M = np.array([[a, 0, rng.uniform(-50, 50)], [0, b, rng.uniform(-50, 50)], [0, 0, 1]])
+        if k % 4 == 0:  # first rows just above the input (source row -1), and an integer shift
+            M = np.array([[1, 0, rng.integers(-5, 5)], [0, 1, 2.03], [0, 0, 1]], np.float64)
+        w_out, h_out = (int(v) for v in rng.integers(1, 60, 2))
+        out = _C.data_t_warp(img, M, w_out, h_out)
+        np.testing.assert_array_equal(out, warp_reference(img, M, w_out, h_out))
+        Mg = M.copy()
+        Mg[0, 1] = 1e-300  # forces the general (rotation/shear) path, whose taps are computed per pixel
+        np.testing.assert_array_equal(out, _C.data_t_warp(img, Mg, w_out, h_out))
+
 def test_mosaic_rects_hand_cases():
     s, w, h = 64, 40, 30
     R = _C.data_t_mosaic_rects
@@ -444,6 +504,26 @@ def test_mosaic_in_pipeline_boxes_sit_on_their_tiles(tmp_path):
     assert seen >= 12
 
 
+
+def test_mosaic_canvas_and_tile_rows_agree(tmp_path):
+    # Without rotation the warp reads the mosaic tiles row by row; with one (here a negligible one) it
+    # reads the part of a 2s x 2s canvas that it needs, filled with the tiles and 114. Same pixels.
+    y = make_dataset(tmp_path, n=5, size=(64, 40))
+    rng = np.random.default_rng(9)
+    for i, (w, h) in enumerate([(64, 40), (30, 64), (50, 50), (64, 20), (20, 30)]):  # varied tile layouts
+        write_png(str(tmp_path / "images" / "train" / ("im%d.png" % i)), rng.integers(0, 256, (h, w, 3), np.uint8))
+    sep = data(y, mosaic=1.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0).train_loader()
+    gen = data(y, mosaic=1.0, degrees=1e-12, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0).train_loader()
+    fills = 0
+    for epoch in range(3):
+        for i in range(5):
+            a, ta, _ = sep.sample(i, epoch=epoch, mosaic=True)
+            b, tb, _ = gen.sample(i, epoch=epoch, mosaic=True)
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_allclose(ta, tb, atol=1e-5)
+            fills += int((a == FILL).all(axis=2).any())
+    assert fills > 0  # some samples show the canvas border
+
 def test_hsv_hand_cases():
     red = np.zeros((2, 2, 3), np.uint8)
     red[..., 0] = 255
@@ -454,6 +534,46 @@ def test_hsv_hand_cases():
     gray = np.full((1, 1, 3), 77, np.uint8)
     np.testing.assert_array_equal(_C.data_t_hsv(gray, (0.3, 0.5, 0.0)), gray)  # S = 0: hue/sat do nothing
 
+
+
+def hsv_reference(img, r):
+    """RandomHSV (spec §7.6) in numpy with the arithmetic the C code documents: OpenCV's 8-bit RGB->HSV
+    (12-bit division tables), the three per-sample tables, and HSV->RGB factors computed in float32 and
+    rounded to 15 bits, times V."""
+    x = np.arange(256, dtype=np.float64)
+    hv = np.fmod(x + r[0] * 180.0, 180.0)
+    lh = np.where(hv < 0, hv + 180.0, hv).astype(np.int64)
+    ls = np.clip(x * (1 + r[1]), 0, 255).astype(np.int64)
+    lv = np.clip(x * (1 + r[2]), 0, 255).astype(np.int64)
+    i = np.arange(1, 256, dtype=np.float64)
+    sdiv = np.concatenate([[0], np.rint((255 << 12) / i)]).astype(np.int64)
+    hdiv = np.concatenate([[0], np.rint((180 << 12) / (6.0 * i))]).astype(np.int64)
+    R, G, B = (img[..., c].astype(np.int64) for c in range(3))
+    V = np.maximum(R, np.maximum(G, B))
+    d = V - np.minimum(R, np.minimum(G, B))
+    S = (d * sdiv[V] + 2048) >> 12
+    num = np.where(V == R, G - B, np.where(V == G, B - R + 2 * d, R - G + 4 * d))
+    H = (num * hdiv[d] + 2048) >> 12
+    H = np.where(H < 0, H + 180, H)
+    H2, S2, V2 = lh[H], ls[S], lv[V]
+    f32 = np.float32
+    s = S2.astype(f32) * (f32(1) / f32(255))
+    f = H2.astype(f32) * (f32(6) / f32(180))
+    sec = np.floor(f).astype(np.int64)
+    f = f - sec.astype(f32)
+    t = np.stack([np.ones_like(s), f32(1) - s, f32(1) - s * f, f32(1) - s * (f32(1) - f)], -1)
+    F = np.rint(t * f32(32768)).astype(np.int64)
+    order = np.array([[0, 3, 1], [2, 0, 1], [1, 0, 3], [1, 2, 0], [3, 1, 0], [0, 1, 2]])
+    Fc = np.take_along_axis(F, order[sec], axis=-1)
+    return ((V2[..., None] * Fc + 16384) >> 15).astype(np.uint8)
+
+
+def test_hsv_matches_reference():
+    rng = np.random.default_rng(4)
+    grid = np.stack(np.meshgrid(*[np.arange(0, 256, 5)] * 3, indexing="ij"), -1).reshape(52, 52 * 52, 3)
+    for img in (rng.integers(0, 256, (61, 203, 3), dtype=np.uint8), grid.astype(np.uint8)):
+        for r in [(0.013, 0.61, -0.37), (-0.0149, -0.69, 0.39), (0.5, 0.99, 0.99), (-0.7, -1.0, -1.0)]:
+            np.testing.assert_array_equal(_C.data_t_hsv(img.copy(), r), hsv_reference(img, r))
 
 # ---- loader: determinism, close_mosaic, cache, validation ------------------------------------------
 

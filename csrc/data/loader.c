@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "augment_rows.h"
 #include "dataset.h"
 #include "sample_rng.h"
 
@@ -188,6 +189,8 @@ typedef struct {
     uint8_t *resized; /* imgsz * imgsz * 3 */
     uint8_t *canvas;  /* (2 imgsz)^2 * 3 */
     ptl_boxes boxes;
+    ptl_post *post;   /* per-sample HSV tables (66 kB: not on the thread's stack) */
+    uint8_t *rows;    /* two rows of the mosaic canvas, 2 * 2 imgsz * 3 */
 } scratch_t;
 
 struct ptl_loader {
@@ -222,6 +225,8 @@ static void scratch_free(scratch_t *s)
     free(s->resized);
     free(s->canvas);
     free(s->boxes.b);
+    free(s->post);
+    free(s->rows);
     memset(s, 0, sizeof *s);
 }
 
@@ -234,19 +239,21 @@ static int scratch_init(scratch_t *s, const ptl_loader *L)
                                                                       : (size_t)L->max_h * L->max_w * 3);
     s->boxes.cap = L->cap;
     s->boxes.b = malloc(sizeof(float) * 5 * (size_t)L->cap);
-    if (!s->resized || !s->canvas || !s->boxes.b) {
+    s->post = malloc(sizeof(ptl_post));
+    s->rows = malloc(2 * 2 * S * 3);
+    if (!s->resized || !s->canvas || !s->boxes.b || !s->post || !s->rows) {
         scratch_free(s);
         return ptl_set_error(PTL_ERR_MEMORY, "out of memory for loader scratch buffers (imgsz %d)", L->cfg.imgsz);
     }
     return 0;
 }
 
-/* The image `idx` after the load-time resize: from the cache, or decoded into s->resized. */
-static int load_image(ptl_loader *L, scratch_t *s, int idx, const uint8_t **px, int *w, int *h)
+/* The image `idx` after the load-time resize: from the cache, or decoded into buf (imgsz^2 * 3 bytes). */
+static int load_image(ptl_loader *L, uint8_t *buf, int idx, const uint8_t **px, int *w, int *h)
 {
     const ptl_item *it = &L->ds->items[idx];
     ptl_image im = {0, 0, NULL};
-    uint8_t *dst = s->resized, *owned = NULL;
+    uint8_t *dst = buf, *owned = NULL;
     int claimed = 0;
     *w = it->w;
     *h = it->h;
@@ -306,6 +313,53 @@ static void add_boxes(ptl_boxes *bx, const ptl_item *it, double w, double h, dou
     }
 }
 
+static inline int imax(int a, int b) { return a > b ? a : b; }
+static inline int imin(int a, int b) { return a < b ? a : b; }
+
+/* PTL_FILL over the columns [x0, x1) of an RGB row, clipped to [lo, hi). */
+static void fill_span(uint8_t *row, int lo, int hi, int x0, int x1)
+{
+    x0 = imax(x0, lo), x1 = imin(x1, hi);
+    if (x1 > x0)
+        memset(row + (size_t)x0 * 3, PTL_FILL, (size_t)(x1 - x0) * 3);
+}
+
+/* The mosaic canvas of §7.4 read row by row from its tiles (a ptl_row_fn), the last two rows kept: the
+ * separable warp needs no canvas in memory. */
+typedef struct {
+    const uint8_t *px[4];
+    int w[4], a[4][4], b[4][4]; /* tile sizes, destination and source rectangles */
+    int yc, tag[2];
+    uint8_t *buf[2];
+} mosaic_rows;
+
+static const uint8_t *mosaic_row(void *ctx, int y, int x0, int x1, int keep)
+{
+    mosaic_rows *m = ctx;
+    if (m->tag[0] == y)
+        return m->buf[0];
+    if (m->tag[1] == y)
+        return m->buf[1];
+    int slot = m->tag[0] == keep ? 1 : 0, cur = x0;
+    uint8_t *row = m->buf[slot];
+    m->tag[slot] = y;
+    /* A left tile (0 or 2) ends at xc and a right one (1 or 3) starts there; the rest is PTL_FILL. */
+    for (int k = y < m->yc ? 0 : 2, end = k + 2; k < end; k++) {
+        const int *a = m->a[k], *b = m->b[k];
+        int s0 = imax(a[0], x0), s1 = imin(a[2], x1);
+        if (y < a[1] || y >= a[3] || s1 <= s0)
+            continue;
+        if (s0 > cur)
+            memset(row + (size_t)(cur - x0) * 3, PTL_FILL, (size_t)(s0 - cur) * 3);
+        memcpy(row + (size_t)(s0 - x0) * 3, m->px[k] + ((size_t)(b[1] + y - a[1]) * m->w[k] + b[0] + s0 - a[0]) * 3,
+               (size_t)(s1 - s0) * 3);
+        cur = s1;
+    }
+    if (x1 > cur)
+        memset(row + (size_t)(cur - x0) * 3, PTL_FILL, (size_t)(x1 - cur) * 3);
+    return row;
+}
+
 /* Builds sample `idx` into img (W x H x 3, W = H = imgsz for train); writes normalised (cls cx cy w h)
  * rows to tg and their count, and meta = (h0, w0, gain y, gain x, pad left, pad top). */
 static int build_sample(ptl_loader *L, scratch_t *s, int epoch, int idx, int mosaic_on, int H, int W,
@@ -322,7 +376,7 @@ static int build_sample(ptl_loader *L, scratch_t *s, int epoch, int idx, int mos
     meta[4] = meta[5] = 0;
     if (!c->train) {
         ptl_letterbox_params p;
-        if (load_image(L, s, idx, &px, &w, &h) != 0)
+        if (load_image(L, s->resized, idx, &px, &w, &h) != 0)
             return -1;
         ptl_letterbox_params_get(w, h, W, H, 0, &p);
         ptl_letterbox(px, w, h, img, W, H, &p);
@@ -346,57 +400,76 @@ static int build_sample(ptl_loader *L, scratch_t *s, int epoch, int idx, int mos
             u_hsv[k] = ptl_sample_uniform(&g);
         u_ud = ptl_sample_uniform(&g);
         u_lr = ptl_sample_uniform(&g);
+        ptl_affine_cfg ac = {c->degrees, c->translate, c->scale, c->shear, c->perspective};
+        mosaic_rows mr;
+        int tiles = 0; /* the warp reads the mosaic tiles row by row */
         if (mosaic_on && u_mos < c->mosaic) {
-            int S2 = 2 * S;
+            int S2 = 2 * S, rr[4] = {0, 0, 0, 0};
             int xc = (int)(S / 2.0 + u_xc * S), yc = (int)(S / 2.0 + u_yc * S);
-            memset(s->canvas, PTL_FILL, (size_t)S2 * S2 * 3);
+            win = hin = S2;
+            ptl_affine_matrix(&ac, win, hin, S, S, u_aff, M, &sigma);
+            tiles = ptl_warp_is_separable(M);
+            mr.yc = yc, mr.tag[0] = mr.tag[1] = -1, mr.buf[0] = s->rows, mr.buf[1] = s->rows + (size_t)S2 * 3;
+            /* Otherwise the canvas is built where the warp reads it (rr): tiles copied there, the rest filled. */
+            if (!tiles)
+                ptl_warp_source_rect(M, S2, S2, S, S, rr);
             for (int k = 0; k < 4; k++) {
-                int id = k == 0 ? idx : (int)partner[k - 1], a[4], b[4];
-                if (load_image(L, s, id, &px, &w, &h) != 0)
+                int id = k == 0 ? idx : (int)partner[k - 1];
+                const int *a = mr.a[k], *b = mr.b[k];
+                /* Tiles read together are decoded (when not cached) into quarters of the unused canvas. */
+                if (load_image(L, tiles ? s->canvas + (size_t)k * S * S * 3 : s->resized, id, &px, &w, &h) != 0)
                     return -1;
-                ptl_mosaic_rects(k, w, h, xc, yc, S, a, b);
-                for (int y = 0; y < a[3] - a[1]; y++)
-                    memcpy(s->canvas + ((size_t)(a[1] + y) * S2 + a[0]) * 3,
-                           px + ((size_t)(b[1] + y) * w + b[0]) * 3, (size_t)(a[2] - a[0]) * 3);
+                ptl_mosaic_rects(k, w, h, xc, yc, S, mr.a[k], mr.b[k]);
+                mr.px[k] = px, mr.w[k] = w;
+                int x0 = imax(a[0], rr[0]), x1 = imin(a[2], rr[2]), y0 = imax(a[1], rr[1]), y1 = imin(a[3], rr[3]);
+                for (int y = y0; x1 > x0 && y < y1; y++)
+                    memcpy(s->canvas + ((size_t)y * S2 + x0) * 3,
+                           px + ((size_t)(b[1] + y - a[1]) * w + b[0] + x0 - a[0]) * 3, (size_t)(x1 - x0) * 3);
                 add_boxes(bx, &L->ds->items[id], w, h, a[0] - b[0], a[1] - b[1]);
+            }
+            for (int y = rr[1]; y < rr[3]; y++) {
+                /* Row y holds a left tile (0 or 2) ending at xc and a right one (1 or 3) starting there. */
+                const int *l = y < yc ? mr.a[0] : mr.a[2], *r = y < yc ? mr.a[1] : mr.a[3];
+                int hl = y >= l[1] && y < l[3], hr = y >= r[1] && y < r[3];
+                uint8_t *row = s->canvas + (size_t)y * S2 * 3;
+                fill_span(row, rr[0], rr[2], rr[0], hl ? l[0] : hr ? xc : rr[2]);
+                fill_span(row, rr[0], rr[2], hr ? r[2] : hl ? xc : rr[2], rr[2]);
             }
             int k = 0;
             for (int i = 0; i < bx->n; i++) {
-                float *b = bx->b + 5 * i;
+                float *bb = bx->b + 5 * i;
                 for (int j = 1; j < 5; j++)
-                    b[j] = fminf(fmaxf(b[j], 0.f), (float)S2);
-                if (b[3] > b[1] && b[4] > b[2])
-                    memmove(bx->b + 5 * k++, b, 5 * sizeof(float));
+                    bb[j] = fminf(fmaxf(bb[j], 0.f), (float)S2);
+                if (bb[3] > bb[1] && bb[4] > bb[2])
+                    memmove(bx->b + 5 * k++, bb, 5 * sizeof(float));
             }
             bx->n = k;
-            win = hin = S2;
         } else {
             ptl_letterbox_params p;
-            if (load_image(L, s, idx, &px, &w, &h) != 0)
+            if (load_image(L, s->resized, idx, &px, &w, &h) != 0)
                 return -1;
             ptl_letterbox_params_get(w, h, S, S, 1, &p);
             ptl_letterbox(px, w, h, s->canvas, S, S, &p);
             add_boxes(bx, it, w * p.r, h * p.r, p.left, p.top);
             win = hin = S;
+            ptl_affine_matrix(&ac, win, hin, S, S, u_aff, M, &sigma);
         }
-        ptl_affine_cfg ac = {c->degrees, c->translate, c->scale, c->shear, c->perspective};
-        ptl_affine_matrix(&ac, win, hin, S, S, u_aff, M, &sigma);
         int identity = win == S && M[0] == 1 && M[1] == 0 && M[2] == 0 && M[3] == 0 && M[4] == 1 && M[5] == 0 &&
                        M[6] == 0 && M[7] == 0;
+        int hsv = c->hsv_h != 0 || c->hsv_s != 0 || c->hsv_v != 0;
+        double r[3] = {(2 * u_hsv[0] - 1) * c->hsv_h, (2 * u_hsv[1] - 1) * c->hsv_s, (2 * u_hsv[2] - 1) * c->hsv_v};
+        ptl_post *post = s->post;
+        ptl_post_init(post, hsv ? r : NULL, u_lr < c->fliplr, u_ud < c->flipud);
         if (identity)
-            memcpy(img, s->canvas, (size_t)S * S * 3);
-        else if (ptl_warp(s->canvas, win, hin, img, S, S, M) != 0)
+            ptl_copy_post(s->canvas, S, S, img, post);
+        else if (tiles ? ptl_warp_rows(mosaic_row, &mr, win, hin, img, S, S, M, post)
+                       : ptl_warp_post(s->canvas, win, hin, img, S, S, M, post))
             return -1;
         ptl_boxes_affine(bx, M, sigma, S, S, 0.10f);
-        if (c->hsv_h != 0 || c->hsv_s != 0 || c->hsv_v != 0) {
-            double r[3] = {(2 * u_hsv[0] - 1) * c->hsv_h, (2 * u_hsv[1] - 1) * c->hsv_s,
-                           (2 * u_hsv[2] - 1) * c->hsv_v};
-            ptl_hsv(img, S, S, r);
-        }
-        if (u_ud < c->flipud)
-            ptl_flip_ud(img, S, S, bx);
-        if (u_lr < c->fliplr)
-            ptl_flip_lr(img, S, S, bx);
+        if (post->flip_ud)
+            ptl_boxes_flip(bx, S, S, 0);
+        if (post->flip_lr)
+            ptl_boxes_flip(bx, S, S, 1);
     }
     for (int i = 0; i < bx->n; i++) {
         const float *b = bx->b + 5 * i;
@@ -900,7 +973,7 @@ static void *fill_worker(void *arg)
         int st = atomic_load(&f->L->cache_state[i]);
         if (st == 2)
             continue;
-        if ((!sc.resized && scratch_init(&sc, f->L) != 0) || load_image(f->L, &sc, i, &px, &w, &h) != 0) {
+        if ((!sc.resized && scratch_init(&sc, f->L) != 0) || load_image(f->L, sc.resized, i, &px, &w, &h) != 0) {
             pthread_mutex_lock(&f->mu);
             if (!atomic_load(&f->failed)) {
                 snprintf(f->msg, sizeof f->msg, "%s", ptl_error_message());
