@@ -315,7 +315,7 @@ def test_bad_arguments():
 REPO = pathlib.Path(__file__).resolve().parent.parent
 HARNESS_SOURCES = ["tests/network_cuda_cpu/harness.c", "csrc/cuda/network_cuda.c", "csrc/nn/network.c",
                    "csrc/nn/conv2d.c", "csrc/nn/batchnorm.c", "csrc/nn/activation.c", "csrc/nn/attention.c",
-                   "csrc/nn/concat.c", "csrc/nn/elementwise.c", "csrc/nn/maxpool.c", "csrc/nn/upsample.c",
+                   "csrc/nn/concat.c", "csrc/nn/elementwise.c", "csrc/nn/maxpool.c", "csrc/nn/upsample.c", "csrc/nn/cpu_check.c",
                    "csrc/error.c", "csrc/dtype.c"]
 
 

@@ -4,6 +4,7 @@
  * forward kept. */
 #ifndef PTL_MAXPOOL_BODY
 #include "maxpool.h"
+#include "cpu_check.h"
 
 #include <math.h>
 #include <string.h>
@@ -23,23 +24,9 @@
 #undef T
 #undef F
 
-static int check(const char *fn, ptl_dtype dt, int n, int h, int w, int c)
-{
-    if (dt != PTL_FLOAT32 && dt != PTL_FLOAT64) {
-        ptl_set_error(PTL_ERR_TYPE, "%s: dtype %s is not supported on the CPU (float32 or float64)", fn,
-                      ptl_dtype_name(dt));
-        return -1;
-    }
-    if (n <= 0 || h <= 0 || w <= 0 || c <= 0) {
-        ptl_set_error(PTL_ERR_VALUE, "%s: sizes must be positive (n=%d h=%d w=%d c=%d)", fn, n, h, w, c);
-        return -1;
-    }
-    return 0;
-}
-
 int ptl_maxpool5_forward(ptl_dtype dt, int n, int h, int w, int c, const void *x, void *y)
 {
-    if (check("maxpool5_forward", dt, n, h, w, c))
+    if (ptl_nn_check_nhwc("maxpool5_forward", dt, n, h, w, c))
         return -1;
     if (dt == PTL_FLOAT32)
         maxpool_fwd_f32(n, h, w, c, x, y);
@@ -51,7 +38,7 @@ int ptl_maxpool5_forward(ptl_dtype dt, int n, int h, int w, int c, const void *x
 int ptl_maxpool5_backward(ptl_dtype dt, int n, int h, int w, int c, const void *x, const void *dy, void *dx,
                           int accumulate)
 {
-    if (check("maxpool5_backward", dt, n, h, w, c))
+    if (ptl_nn_check_nhwc("maxpool5_backward", dt, n, h, w, c))
         return -1;
     if (dt == PTL_FLOAT32)
         maxpool_bwd_f32(n, h, w, c, x, dy, dx, accumulate);

@@ -2,6 +2,7 @@
  * itself. */
 #ifndef PTL_UPSAMPLE_BODY
 #include "upsample.h"
+#include "cpu_check.h"
 
 #include <string.h>
 
@@ -17,23 +18,9 @@
 #undef T
 #undef F
 
-static int check(const char *fn, ptl_dtype dt, int n, int h, int w, int c)
-{
-    if (dt != PTL_FLOAT32 && dt != PTL_FLOAT64) {
-        ptl_set_error(PTL_ERR_TYPE, "%s: dtype %s is not supported on the CPU (float32 or float64)", fn,
-                      ptl_dtype_name(dt));
-        return -1;
-    }
-    if (n <= 0 || h <= 0 || w <= 0 || c <= 0) {
-        ptl_set_error(PTL_ERR_VALUE, "%s: sizes must be positive (n=%d h=%d w=%d c=%d)", fn, n, h, w, c);
-        return -1;
-    }
-    return 0;
-}
-
 int ptl_upsample2x_forward(ptl_dtype dt, int n, int h, int w, int c, const void *x, void *y)
 {
-    if (check("upsample2x_forward", dt, n, h, w, c))
+    if (ptl_nn_check_nhwc("upsample2x_forward", dt, n, h, w, c))
         return -1;
     if (dt == PTL_FLOAT32)
         up_fwd_f32(n, h, w, c, x, y);
@@ -44,7 +31,7 @@ int ptl_upsample2x_forward(ptl_dtype dt, int n, int h, int w, int c, const void 
 
 int ptl_upsample2x_backward(ptl_dtype dt, int n, int h, int w, int c, const void *dy, void *dx, int accumulate)
 {
-    if (check("upsample2x_backward", dt, n, h, w, c))
+    if (ptl_nn_check_nhwc("upsample2x_backward", dt, n, h, w, c))
         return -1;
     if (dt == PTL_FLOAT32)
         up_bwd_f32(n, h, w, c, dy, dx, accumulate);
