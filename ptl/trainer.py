@@ -421,7 +421,9 @@ class _Engine:
             if not for_fit:
                 raise
             self.val_loader = None
-        self.has_val = self.val_loader is not None
+        # limit_val_batches=0 turns validation off, as in Lightning
+        self.has_val = self.val_loader is not None and (
+            not for_fit or _limit(trainer.limit_val_batches, len(self.val_loader), "limit_val_batches") > 0)
         self.ptable = model.parameter_table()
         self.btable = model.buffer_table()
         self.params = _C.from_numpy(model.flat_parameters)

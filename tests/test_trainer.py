@@ -190,6 +190,14 @@ def test_overfitting_four_images_halves_the_loss(coco256, tmp_path):
     assert last < 0.5 * first, (first, last)
 
 
+def test_limit_val_batches_zero_skips_validation(coco256, tmp_path):
+    rec = Recorder()
+    tr = small_trainer(tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=0, callbacks=[rec])
+    tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
+    assert "on_validation_start" not in rec.calls and "val/box_loss" not in tr.callback_metrics
+    assert os.path.exists(os.path.join(tr.log_dir, "checkpoints", "last.ckpt"))
+
+
 def test_bad_trainer_arguments():
     for kw, words in [({"precision": "8-true"}, "precision"), ({"max_epochs": 0}, "max_epochs"),
                       ({"accelerator": "tpu"}, "accelerator"), ({"limit_train_batches": 1.5}, "limit_train_batches"),
