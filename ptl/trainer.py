@@ -129,6 +129,7 @@ class Trainer:
         self.num_training_batches = 0
         self.loss_history = []  # per training batch: the objective's losses vector (float32, LOSS_NAMES)
         self.val_history = []
+        self.ap_per_class = {}  # class name -> AP50-95 of the last validation
         self.datamodule = None
         self.model = None
         self.log_dir = None
@@ -260,6 +261,7 @@ class Trainer:
         self._call("on_validation_epoch_start")
         res = self._engine.validate(self)
         self.validated_this_epoch = True
+        self.ap_per_class = res["ap_per_class"]
         self.val_history.append(res)
         self.log_dict(res["logged"])
         if row is not None:

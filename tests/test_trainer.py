@@ -62,6 +62,7 @@ def test_hook_order_matches_lightning(coco256, tmp_path):
     assert tr.current_epoch == 2 and tr.global_step >= 1
     for key in ("train/box_loss", "val/cls_loss", "metrics/mAP50-95", "fitness"):
         assert key in tr.callback_metrics and np.isfinite(tr.callback_metrics[key])
+    assert tr.ap_per_class and set(tr.ap_per_class) <= set(small_data(coco256).names)
 
 
 def test_fit_writes_artifacts_and_digests_repeat(coco256, tmp_path):
