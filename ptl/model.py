@@ -65,6 +65,7 @@ class Detector:
         self.hparams = hparams
         self.training = True
         self.device = "cpu"
+        self._cuda = None  # the CUDA executor while the model lives on a GPU
         self._layout = "nchw"  # layout of the last forward's images, for input gradients
 
     # ------------------------------------------------------------------------- hyperparameters
@@ -108,47 +109,81 @@ class Detector:
         return [(n, off, tuple(s)) for n, is_buf, off, s, _ in self._entries if is_buf]
 
     @property
-    def flat_parameters(self) -> np.ndarray:
-        """The flat parameter buffer (a writable view: the network reads it on every forward)."""
-        return self._params
+    def flat_parameters(self):
+        """The flat float32 parameter buffer the network reads on every forward: a writable NumPy view on
+        the CPU, a float32 ptl.Tensor on the device after ``to("cuda")``."""
+        return self._params if self._cuda is None else self._cuda.params
 
     @property
-    def flat_gradients(self) -> np.ndarray:
-        """The flat gradient buffer; backward adds to it."""
-        return self._grads
+    def flat_gradients(self):
+        """The flat gradient buffer (same layout and device as the parameters); backward adds to it."""
+        return self._grads if self._cuda is None else self._cuda.grads
 
     @property
-    def flat_buffers(self) -> np.ndarray:
-        """The flat BatchNorm running-statistics buffer."""
-        return self._buffers
+    def flat_buffers(self):
+        """The flat BatchNorm running-statistics buffer (same device as the parameters)."""
+        return self._buffers if self._cuda is None else self._cuda.buffers
 
     def zero_grad(self) -> None:
-        self._grads[...] = 0
+        if self._cuda is not None:
+            self._cuda.zero_grad()
+        else:
+            self._grads[...] = 0
 
     def reset_parameters(self, seed: int = 0) -> None:
         """Re-initialise every parameter and BN statistic (spec §1.7)."""
         _C.network_init(self._net, int(seed))
+        if self._cuda is not None:
+            self._cuda.from_cpu()
 
     # ---------------------------------------------------------------------------------- modes
     def train(self, mode: bool = True) -> "Detector":
         self.training = bool(mode)
         _C.network_set_training(self._net, self.training)
+        if self._cuda is not None:
+            self._cuda.train(self.training)
         return self
 
     def eval(self) -> "Detector":
         return self.train(False)
 
-    def to(self, device) -> "Detector":
+    def to(self, device, dtype: str | None = None) -> "Detector":
+        """Moves the network to ``"cpu"`` or ``"cuda[:N]"``. On CUDA, ``dtype`` is the compute precision
+        ("float32", "bfloat16" or "float16"; master weights, gradients and BN statistics stay float32).
+        Parameters, BN statistics and gradients move along."""
         dev = str(device)
         if dev == "cpu":
+            if self._cuda is not None:
+                self._cuda.to_cpu(grads=True)
+                self._cuda = None
+            self.device = "cpu"
             return self
-        if dev.startswith("cuda"):
-            raise NotImplementedError("Detector.to('cuda'): the CUDA network is not built yet; the CPU network works")
-        raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
+        if not dev.startswith("cuda"):
+            raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
+        if self.dtype != "float32":
+            raise ValueError(f"to: a {self.dtype} network stays on the CPU (float64 is for gradient checks)")
+        from . import cuda
+        if not cuda.is_available():
+            raise ValueError(f"device: {dev!r} requested but no CUDA device is available")
+        from ._network_cuda import CudaNetwork
+        dt = dtype or (self._cuda.dtype if self._cuda is not None else "float32")
+        if self._cuda is not None:
+            self._cuda.to_cpu(grads=True)
+        self._cuda = CudaNetwork(self, dev, dt)
+        self._cuda.from_cpu(grads=True)
+        self.device = self._cuda.device
+        return self
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype activations are computed in: the network dtype on the CPU, ``to``'s dtype on CUDA."""
+        return self.dtype if self._cuda is None else self._cuda.dtype
 
     # ----------------------------------------------------------------------------- state dict
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
         """name -> NumPy copy, parameters and BN running statistics, in Ultralytics key order."""
+        if self._cuda is not None:
+            self._cuda.to_cpu(grads=False)
         out = OrderedDict()
         for name, is_buf, off, shape, _ in self._entries:
             src = self._buffers if is_buf else self._params
@@ -191,10 +226,14 @@ class Detector:
             arrays[k] = a
         if bad:
             raise ValueError("load_state_dict: mis-shaped values: " + "; ".join(bad))
+        if self._cuda is not None:  # keys a non-strict load leaves out keep the device's values
+            self._cuda.to_cpu(grads=False)
         for k, a in arrays.items():
             is_buf, off, shape = self._index[k]
             dst = self._buffers if is_buf else self._params
             dst[off:off + a.size] = a.reshape(-1)
+        if self._cuda is not None:
+            self._cuda.from_cpu()
 
     # ---------------------------------------------------------------------------- save / load
     def save(self, path) -> None:
@@ -235,6 +274,8 @@ class Detector:
     def forward(self, images) -> dict:
         """Raw head outputs: {"one2many": (boxes, scores), "one2one": (boxes, scores)}, boxes (N, A, 4)
         l, t, r, b in grid units, scores (N, A, nc) logits; A = sum over P3, P4, P5 of H_i * W_i."""
+        if self._cuda is not None:
+            return self._cuda.forward(images)
         b0, s0, b1, s1 = _C.network_forward(self._net, self._images(images))
         return {"one2many": (b0, s0), "one2one": (b1, s1)}
 
@@ -244,7 +285,10 @@ class Detector:
         """Backward of the last forward. grads: {"one2many": (d_boxes, d_scores), "one2one": (...)} with
         arrays shaped like the outputs (a missing branch or None entry is zero). Parameter gradients
         accumulate into ``flat_gradients``. With input_grad, returns d loss / d images in the layout of
-        the forward's float input (N, 3, H, W)."""
+        the forward's float input (N, 3, H, W). On CUDA the gradients are float32 device tensors (or
+        arrays, uploaded) and the input gradient comes back as an NHWC device tensor."""
+        if self._cuda is not None:
+            return self._cuda.backward(grads, input_grad=input_grad)
         d = []
         for br in _BRANCHES:
             pair = grads.get(br) or (None, None)
@@ -262,15 +306,17 @@ class Detector:
         was = self.training
         self.eval()
         try:
-            _, _, b1, s1 = _C.network_forward(self._net, x)
+            if self._cuda is not None:
+                b1, s1 = self._cuda.forward(images)["one2one"]
+            else:
+                _, _, b1, s1 = _C.network_forward(self._net, x)
         finally:
             self.train(was)
-        import ptl
-
         H, W = x.shape[1], x.shape[2]
-        out, count = _C.postprocess(ptl.tensor(np.ascontiguousarray(b1, dtype=np.float32)),
-                                    ptl.tensor(np.ascontiguousarray(s1, dtype=np.float32)), H, W, int(max_det),
-                                    float(conf))
+        if not isinstance(b1, _C.Tensor):
+            b1 = _C.tensor(np.ascontiguousarray(b1, dtype=np.float32))
+            s1 = _C.tensor(np.ascontiguousarray(s1, dtype=np.float32))
+        out, count = _C.postprocess(b1, s1, H, W, int(max_det), float(conf))
         out, count = out.numpy(), count.numpy()
         res = []
         for i in range(out.shape[0]):

@@ -409,10 +409,12 @@ class _Engine:
     def __init__(self, trainer, model, data, for_fit=True):
         self.trainer, self.model, self.data = trainer, model, data
         self.device = trainer.device
-        if self.device != "cpu":
-            raise NotImplementedError("training on CUDA needs the CUDA network (in progress); use accelerator='cpu'")
-        if PRECISIONS[trainer.precision] != "float32":
+        self.compute = PRECISIONS[trainer.precision]
+        if self.device == "cpu" and self.compute != "float32":
             raise ValueError("precision: %r needs CUDA; the CPU trains in '32-true'" % trainer.precision)
+        if self.compute == "float16":
+            raise NotImplementedError("precision='16-mixed': the loss scale is not applied to the objective's "
+                                      "gradients yet; use 'bf16-mixed' or '32-true'")
         if data.num_classes != model.num_classes:
             raise ValueError("datamodule: %d classes in %s but the model has %d" % (
                 data.num_classes, data.cfg.get("yaml", "data.yaml"), model.num_classes))
@@ -428,9 +430,12 @@ class _Engine:
             not for_fit or _limit(trainer.limit_val_batches, len(self.val_loader), "limit_val_batches") > 0)
         self.ptable = model.parameter_table()
         self.btable = model.buffer_table()
-        self.params = _C.from_numpy(model.flat_parameters)
-        self.grads = _C.from_numpy(model.flat_gradients)
-        self.buffers = _C.from_numpy(model.flat_buffers)
+        if self.device != "cpu":
+            model.to(self.device, dtype=self.compute)
+        self.params = _as_tensor(model.flat_parameters)
+        self.grads = _as_tensor(model.flat_gradients)
+        self.buffers = _as_tensor(model.flat_buffers)
+        self._inputs = {}  # CUDA: per batch shape, the network input and the uint8 staging buffer
         if not for_fit:
             self.opt = None
             return
@@ -476,7 +481,7 @@ class _Engine:
         st = self.trainer._state
         ni = st.batches_seen
         self.schedule.apply(self.opt, epoch, i)
-        out = self.model.forward(batch.images)
+        out = self.model.forward(self._images(batch))
         h, w = batch.images.shape[1:3]
         w_o2m = o2m_weight(epoch, self.trainer.max_epochs_effective)
         res = _objective((*out["one2many"], *out["one2one"]), batch.targets, img_size=(h, w),
@@ -494,6 +499,19 @@ class _Engine:
     def end_epoch(self):
         pass
 
+    def _images(self, batch):
+        """The batch's images as the model takes them: the uint8 array on the CPU; on CUDA a device tensor
+        in the compute dtype, uploaded and normalised asynchronously into a buffer kept per shape."""
+        if self.device == "cpu":
+            return batch.images
+        shape = tuple(batch.images.shape)
+        if shape not in self._inputs:
+            self._inputs[shape] = (_C.empty(shape, dtype=self.model.compute_dtype, device=self.device),
+                                   _C.empty((int(np.prod(shape)),), dtype="uint8", device=self.device))
+        dst, staging = self._inputs[shape]
+        batch.upload(dst, staging)
+        return dst
+
     # -- validation on the EMA weights
     def _eval_model(self):
         from .model import Detector
@@ -501,9 +519,11 @@ class _Engine:
             return self.model
         if self.ema_model is None:
             self.ema_model = Detector(self.model.model_name, num_classes=self.model.num_classes)
-        self.ema_model.flat_parameters[:] = self.opt.ema.params.numpy()
+            if self.device != "cpu":
+                self.ema_model.to(self.device, dtype=self.model.compute_dtype)
+        _assign(self.ema_model.flat_parameters, self.opt.ema.params)
         if self.opt.ema.bn is not None:
-            self.ema_model.flat_buffers[:] = self.opt.ema.bn.numpy()
+            _assign(self.ema_model.flat_buffers, self.opt.ema.bn)
         return self.ema_model
 
     def validate(self, trainer):
@@ -520,7 +540,7 @@ class _Engine:
                 if j >= limit:
                     break
                 trainer._call("on_validation_batch_start", batch, j)
-                out = model.forward(batch.images)
+                out = model.forward(self._images(batch))
                 h, w = batch.images.shape[1:3]
                 res = _objective((*out["one2many"], *out["one2one"]), batch.targets, img_size=(h, w),
                                  num_classes=self.model.num_classes, o2m_weight=0.8)
@@ -558,7 +578,7 @@ class _Engine:
             self.opt.ema.load_state_dict({k: v for k, v in t.items() if k.startswith("ema.")}, self.opt.specs,
                                          self.opt.bn_specs)
         self.schedule.load_state_dict(t)
-        self.model.flat_gradients[:] = np.asarray(t["trainer.grads"]).reshape(-1)
+        _assign(self.model.flat_gradients, np.asarray(t["trainer.grads"], np.float32).reshape(-1))
 
     def digest_parts(self):
         model = self.model.state_dict()
@@ -576,6 +596,21 @@ class _Engine:
             close = getattr(loader, "close", None)
             if close is not None:
                 close()
+
+
+def _as_tensor(flat):
+    """A ptl.Tensor over a flat model buffer (zero-copy for the CPU network's NumPy views)."""
+    return flat if isinstance(flat, _C.Tensor) else _C.from_numpy(flat)
+
+
+def _assign(dst, src):
+    """Copies a flat buffer (ptl.Tensor or NumPy) into another, across devices."""
+    if isinstance(src, np.ndarray):
+        src = _C.from_numpy(np.ascontiguousarray(src))
+    if isinstance(dst, np.ndarray):
+        dst[:] = src.numpy().reshape(dst.shape)
+    else:
+        _C._optim_copy(dst, src)
 
 
 def _update_metrics(met, dets, batch, h, w):

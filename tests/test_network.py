@@ -412,8 +412,13 @@ def test_shape_change_and_bad_calls():
 
 def test_to_and_modes(det_n):
     assert det_n.to("cpu") is det_n
-    with pytest.raises(NotImplementedError):
-        det_n.to("cuda")
+    if not ptl.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            det_n.to("cuda")
+    with pytest.raises(ValueError, match="device"):
+        det_n.to("gpu")
+    with pytest.raises(ValueError, match="float64"):
+        Detector("yolo26n", dtype="float64").to("cuda")
     assert det_n.eval().training is False
     assert det_n.train().training is True
     with pytest.raises(ValueError):

@@ -259,3 +259,45 @@ def test_detector_hparams_reach_the_optimizer(coco256, tmp_path):
     assert {g["kind"] for g in groups} == {"sgd"}
     assert all(abs(g["lr"] - 0.05) < 1e-12 for g in groups)  # lf(0) = 1, no warm-up
     assert tr.hparams()["model"]["resolved_optimizer"]["name"] == "SGD"
+
+
+@pytest.mark.cuda
+def test_cuda_detector_round_trip_and_predict(coco256):
+    model = ptl.Detector("yolo26n")
+    before = model.state_dict()
+    model.to("cuda", dtype="float32")
+    assert model.device.startswith("cuda") and model.flat_parameters.device.startswith("cuda")
+    img = (np.random.default_rng(0).random((2, 64, 96, 3)) * 255).astype(np.uint8)
+    gpu = model.predict(img, conf=0.0)
+    model.to("cpu")
+    cpu = model.predict(img, conf=0.0)
+    after = model.state_dict()
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+    for g, c in zip(gpu, cpu):
+        np.testing.assert_allclose(g["scores"][:50], c["scores"][:50], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.cuda
+def test_cuda_first_losses_match_cpu(coco256, tmp_path):
+    losses = []
+    for acc in ("cpu", "cuda"):
+        tr = small_trainer(tmp_path / acc, max_epochs=1, limit_train_batches=1, limit_val_batches=1,
+                           accelerator=acc, enable_checkpointing=False)
+        tr.fit(ptl.Detector("yolo26n"), small_data(coco256, imgsz=128))
+        losses.append(np.asarray(tr.loss_history[0], np.float64))
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.cuda
+def test_cuda_fit_one_epoch_640_bf16(coco256, tmp_path):
+    """Issue 7: a 1-epoch fit at 640, batch 4, bf16-mixed, 4 workers, RAM cache on the GPU."""
+    data = DetectionData(str(coco256 / "data.yaml"), imgsz=640, batch_size=4, workers=4, cache="ram",
+                         verbose=False)
+    tr = Trainer(max_epochs=1, precision="bf16-mixed", accelerator="cuda", enable_progress_bar=False,
+                 default_root_dir=str(tmp_path), seed=0)
+    tr.fit(ptl.Detector("yolo26n"), data)
+    assert tr.global_step >= 1 and len(tr.loss_history) == len(data.train_loader())
+    assert np.isfinite(np.asarray(tr.loss_history)).all()
+    assert np.isfinite(tr.callback_metrics["metrics/mAP50-95"])
+    assert os.path.exists(os.path.join(tr.log_dir, "checkpoints", "last.ckpt"))
+    assert ptl.cuda.max_memory_allocated() > 0
