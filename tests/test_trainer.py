@@ -66,11 +66,12 @@ def test_hook_order_matches_lightning(coco256, tmp_path):
 
 
 def test_fit_writes_artifacts_and_digests_repeat(coco256, tmp_path):
-    """Issue 7: a CPU fit at 128 for 2 short epochs writes every artifact; two fits give one digest."""
+    """Issue 7: a CPU fit at 128 for 2 short epochs writes every artifact; two fits (with 1 and 3 loader
+    threads) give one digest."""
     runs = []
     for k in range(2):
         tr = small_trainer(tmp_path / str(k))
-        tr.fit(ptl.Detector("yolo26n"), small_data(coco256, imgsz=128))
+        tr.fit(ptl.Detector("yolo26n"), small_data(coco256, imgsz=128, workers=1 + 2 * k))
         runs.append(tr)
     d0, d1 = runs[0].digest(), runs[1].digest()
     assert set(d0) == {"losses", "model", "optimizer", "schedule", "ema", "metrics"}
