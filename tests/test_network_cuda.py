@@ -18,17 +18,21 @@ from ptl.model import Detector
 
 B, H, W = 2, 640, 640
 TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
-# Training-mode BatchNorm makes this network's parameter gradients ill-conditioned at initialisation:
-# on these inputs the CPU float32 network's gradient is 6.4e-4 (relative) away from the float64 one
-# (eval mode: 7e-7), so two correct float32 implementations that sum in different orders cannot agree
-# to 1e-4. Training-mode float32 gradients are therefore judged against the float64 truth, relative
-# to the CPU float32 error. For bfloat16/float16 *storage* of activations (what the CUDA path does),
-# the CPU emulation of this exact executor (tests/network_cuda_cpu/harness.c, modes 1 and 2: every
-# stored value rounded) measured on a state like this one, against the float32 CPU network, training
-# mode: bf16 outputs 2.4e-2, gradients 4.6e-1; fp16 outputs 3.3e-3, gradients 8.5e-2; running-statistic
-# updates 3.8e-3 / 6.4e-4; eval mode: bf16 outputs 2.9e-3, gradients 2.7e-3; fp16 2.9e-4 / 3.4e-4. The
-# issue's 2e-2 is asserted where it is attainable (eval mode, running statistics); training-mode
-# low-precision outputs and gradients get 2x the emulated error.
+# In training mode the float32 parameter gradients of everything upstream of SPPF's max-pools are
+# discontinuous in the activations: a 5x5 window whose two largest inputs lie within rounding of each
+# other routes its gradient to either, and one such flip moves a whole gradient element. On these inputs
+# the CPU float32 network's gradient is 6.4e-4 (relative) from the float64 one; per tensor it is ~2e-5
+# from model.9.cv2 to the head and jumps to ~6.5e-4 at model.9.cv1 and every layer before it (eval
+# mode: 7e-7 overall). So two correct float32 implementations that round differently cannot agree to
+# 1e-4 there. Training-mode float32 gradients are checked against the CPU to 1e-4 downstream of the
+# pools and against the float64 truth (relative to the CPU float32 error) everywhere.
+# For bfloat16/float16 *storage* of activations (what the CUDA path does), the CPU emulation of this
+# exact executor (tests/network_cuda_cpu/harness.c, modes 1 and 2: every stored value rounded) measured
+# on a state like this one, against the float32 CPU network, training mode: bf16 outputs 2.4e-2,
+# gradients 4.6e-1; fp16 outputs 3.3e-3, gradients 8.5e-2; running-statistic updates 3.8e-3 / 6.4e-4;
+# eval mode: bf16 outputs 2.9e-3, gradients 2.7e-3; fp16 2.9e-4 / 3.4e-4. The issue's 2e-2 is asserted
+# where it is attainable (eval mode, running statistics); training-mode low-precision outputs and
+# gradients get 2x the emulated error.
 TRAIN_LOWP = {"bfloat16": (5e-2, 0.92), "float16": (7e-3, 0.17)}  # (outputs, gradients)
 
 
@@ -149,6 +153,21 @@ def test_matches_cpu_train_float32(case):
     print(f"cuda float32 train: gradients vs float64 {gpu_err:.2e} (CPU float32 {cpu_err:.2e}), "
           f"vs CPU float32 {_rel(grads, r['grads']):.2e}")
     assert gpu_err <= max(1e-4, 2 * cpu_err)
+    down = _downstream_of_pools()
+    derr = _rel(grads[down], r["grads"][down])
+    print(f"cuda float32 train: gradients downstream of SPPF's pools vs CPU float32 {derr:.2e}")
+    assert derr <= 1e-4, f"float32 train gradients after the max-pools: rel err {derr:.3e}"
+
+
+def _downstream_of_pools():
+    """Mask over the flat parameters: the layers whose gradients do not pass back through a max-pool
+    (model.9.cv2 onward, and the neck and head)."""
+    upstream = tuple("model.%d." % i for i in range(9)) + ("model.9.cv1.",)
+    mask = np.ones(Detector("yolo26n", num_classes=80).num_parameters(), bool)
+    for name, off, shape in Detector("yolo26n", num_classes=80).parameter_table():
+        if name.startswith(upstream):
+            mask[off:off + int(np.prod(shape))] = False
+    return mask
 
 
 @pytest.mark.cuda
@@ -166,7 +185,9 @@ def test_matches_cpu_train_low_precision(case, dtype):
     assert serr <= TOL[dtype], f"{dtype} running statistics update: rel err {serr:.3e}"
     assert np.isfinite(grads).all()
     gerr = _rel(grads, r["grads"])
-    print(f"cuda {dtype} train: gradients {gerr:.2e}, running statistics {serr:.2e}")
+    down = _downstream_of_pools()
+    print(f"cuda {dtype} train: gradients {gerr:.2e} (downstream of the pools "
+          f"{_rel(grads[down], r['grads'][down]):.2e}), running statistics {serr:.2e}")
     assert gerr <= grad_tol, f"{dtype} train gradients: rel err {gerr:.3e} > {grad_tol}"
 
 

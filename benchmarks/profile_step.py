@@ -1,0 +1,156 @@
+"""Where a GPU step's time goes: host enqueue time, GPU kernel time and launch count, per kernel and per
+runtime call, for the network's forward + backward (``--what network``) or one whole training step
+through the Trainer's engine (``--what step``: upload, forward, objective, backward, optimizer, EMA).
+
+Kernels and CUDA API calls are recorded with torch.profiler (CUPTI traces every kernel in the process,
+ptl's included), so this needs torch on the GPU machine. Prints, per iteration: wall time with a
+synchronisation, host time to enqueue, summed kernel time, kernel count; then the top kernels and API
+calls. ``--trace FILE`` keeps the Chrome trace.
+
+    python benchmarks/profile_step.py [--what network|step] [--batch 4] [--dtype bfloat16] [--iters 20]
+"""
+import argparse
+import collections
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import ptl  # noqa: E402
+from ptl._network_cuda import CudaNetwork  # noqa: E402
+from ptl.model import Detector  # noqa: E402
+
+
+def _data_yaml():
+    here = os.path.dirname(os.path.abspath(__file__))
+    for root in (os.environ.get("PTL_SHARED"), os.path.join(here, "..", "..", "shared"),
+                 os.path.join(here, "..", ".device")):
+        if root and os.path.isfile(os.path.join(root, "data", "coco256", "data.yaml")):
+            return os.path.join(root, "data", "coco256", "data.yaml")
+    sys.exit("coco256 not found: set PTL_SHARED")
+
+
+def network_step(args):
+    det = Detector("yolo26n", num_classes=80, seed=0)
+    net = CudaNetwork(det, "cuda", args.dtype)
+    x = np.random.default_rng(7).random((args.batch, args.imgsz, args.imgsz, 3)).astype(np.float32)
+    img = ptl.tensor(x, device="cuda").to(dtype=args.dtype)
+    out = net.forward(img)
+    grads = {br: tuple(ptl.tensor(np.full(tuple(t.shape), 1e-3, np.float32), device="cuda") for t in out[br])
+             for br in out}
+
+    def step():
+        net.forward(img)
+        net.backward(grads)
+    return step
+
+
+def train_step(args):
+    """The Trainer's own step over real coco256 batches (the loader runs ahead in its threads)."""
+    from ptl.trainer import _Engine
+    prec = {"bfloat16": "bf16-mixed", "float32": "32-true"}[args.dtype]
+    trainer = ptl.Trainer(max_epochs=100, precision=prec, accelerator="cuda", enable_progress_bar=False,
+                          enable_checkpointing=False, logger=False,
+                          default_root_dir=tempfile.mkdtemp(prefix="ptl-prof-"))
+    data = ptl.DetectionData(_data_yaml(), imgsz=args.imgsz, batch_size=args.batch, workers=args.workers,
+                             cache="ram", verbose=False)
+    model = ptl.Detector("yolo26n", num_classes=data.num_classes, seed=0)
+    trainer.datamodule = data
+    eng = _Engine(trainer, model, data)
+    trainer._engine = eng
+    def batches():
+        epoch = 0
+        while True:
+            data.set_epoch(epoch)
+            yield from eng.train_loader
+            epoch += 1
+    it = batches()
+    state = {"i": 0}
+
+    def step():
+        i = state["i"]
+        state["i"] += 1
+        eng.train_step(next(it), 1, i)
+    return step
+
+
+def analyse(trace_path, iters):
+    with open(trace_path) as f:
+        ev = json.load(f)["traceEvents"]
+    kern = collections.defaultdict(lambda: [0, 0.0])
+    api = collections.defaultdict(lambda: [0, 0.0])
+    ktotal, kcount, kfirst, klast = 0.0, 0, None, None
+    for e in ev:
+        cat = e.get("cat", "")
+        if e.get("ph") != "X":
+            continue
+        if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+            k = kern[e["name"][:90]]
+            k[0] += 1
+            k[1] += e["dur"]
+            ktotal += e["dur"]
+            kcount += 1
+            kfirst = e["ts"] if kfirst is None else min(kfirst, e["ts"])
+            klast = e["ts"] + e["dur"] if klast is None else max(klast, e["ts"] + e["dur"])
+        elif cat in ("cuda_runtime", "cuda_driver"):
+            a = api[e["name"]]
+            a[0] += 1
+            a[1] += e["dur"]
+    print(f"GPU busy (kernels+copies+memsets) per iteration: {ktotal / iters / 1e3:.3f} ms over {kcount / iters:.0f} "
+          f"launches; span first..last per iteration {(klast - kfirst) / iters / 1e3:.3f} ms")
+    print("\ntop device work (per iteration): count, ms, name")
+    for name, (c, d) in sorted(kern.items(), key=lambda kv: -kv[1][1])[:30]:
+        print(f"{c / iters:7.1f} {d / iters / 1e3:8.3f}  {name}")
+    print("\nAPI calls (per iteration): count, host ms, name")
+    for name, (c, d) in sorted(api.items(), key=lambda kv: -kv[1][1])[:20]:
+        print(f"{c / iters:7.1f} {d / iters / 1e3:8.3f}  {name}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--what", choices=["network", "step"], default="network")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--imgsz", type=int, default=640)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--trace", default=None)
+    args = ap.parse_args()
+    step = network_step(args) if args.what == "network" else train_step(args)
+    for _ in range(5):
+        step()
+    ptl.cuda.synchronize()
+    wall, enq = [], []
+    for _ in range(args.iters):
+        t0 = time.perf_counter()
+        step()
+        t1 = time.perf_counter()
+        ptl.cuda.synchronize()
+        wall.append((time.perf_counter() - t0) * 1e3)
+        enq.append((t1 - t0) * 1e3)
+    print(f"{args.what} batch {args.batch} {args.dtype} {args.imgsz}: wall {np.median(wall):.2f} ms median "
+          f"({np.min(wall):.2f}-{np.max(wall):.2f}); host enqueue {np.median(enq):.2f} ms median")
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError:
+        print("torch not importable: no kernel breakdown")
+        return
+    torch.cuda.init()
+    trace = args.trace or os.path.join(tempfile.mkdtemp(), "trace.json")
+    n = 5
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        ptl.cuda.synchronize()
+    prof.export_chrome_trace(trace)
+    analyse(trace, n)
+
+
+if __name__ == "__main__":
+    main()
