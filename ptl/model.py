@@ -42,8 +42,7 @@ class Detector:
 
     ``dtype="float64"`` builds a float64 CPU network (for gradient checks); training uses float32.
     The network starts in training mode (BatchNorm normalises with batch statistics).
-    ``hparams`` overrides training hyperparameters (see :attr:`hparams`); the loss gains are fixed at
-    the spec's 7.5 / 0.5 / 1.5.
+    ``hparams`` overrides training hyperparameters (see :attr:`hparams`), the loss gains included.
     """
 
     def __init__(self, model: str | None = "yolo26n", num_classes: int = 80, *, scale: str | None = None,
@@ -70,13 +69,14 @@ class Detector:
 
     # ------------------------------------------------------------------------- hyperparameters
     HPARAMS = ("optimizer", "lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum",
-               "warmup_bias_lr", "nbs", "cos_lr", "ema_decay", "ema_tau")
+               "warmup_bias_lr", "nbs", "cos_lr", "ema_decay", "ema_tau", "box", "cls", "dfl")
 
     @property
     def hparams(self) -> dict:
         """Training hyperparameters the Trainer reads (spec §10 defaults for those not given):
         optimizer ("auto", "MuSGD", "SGD", "AdamW"), lr0, lrf, momentum, weight_decay, warmup_epochs,
-        warmup_momentum, warmup_bias_lr, nbs, cos_lr, ema_decay, ema_tau."""
+        warmup_momentum, warmup_bias_lr, nbs, cos_lr, ema_decay, ema_tau, and the loss gains box (7.5),
+        cls (0.5) and dfl (1.5; with reg_max = 1 it weighs the L1 box term)."""
         return dict(self._hparams)
 
     @hparams.setter
@@ -85,12 +85,22 @@ class Detector:
         unknown = sorted(set(value) - set(self.HPARAMS))
         if unknown:
             raise KeyError(f"hparams: unknown keys {unknown}; expected some of {list(self.HPARAMS)}")
+        for k in ("box", "cls", "dfl"):
+            if k in value and not (isinstance(value[k], (int, float)) and 0 <= value[k] < float("inf")):
+                raise ValueError(f"hparams: {k} gain must be a finite number >= 0, got {value[k]!r}")
         self._hparams = value
 
     # ------------------------------------------------------------------------------ structure
     @property
     def model_name(self) -> str:
         return "yolo26" + self.scale
+
+    @property
+    def loss_gains(self) -> tuple:
+        """(box, cls, l1) gains of the objective, from hparams box / cls / dfl (spec §10 defaults)."""
+        from .objective import GAINS
+        h = self._hparams
+        return (float(h.get("box", GAINS[0])), float(h.get("cls", GAINS[1])), float(h.get("dfl", GAINS[2])))
 
     def num_parameters(self) -> int:
         """Trainable parameters, both heads included (spec §1.6)."""

@@ -12,7 +12,7 @@ They are read on the host (the loader produces them there); a CUDA tensor is cop
 
 The ``losses`` vector (float32, on the outputs' device, see ``LOSS_NAMES``):
     0      total = w_o2m * sum(o2m) + w_o2o * sum(o2o), w_o2o = max(1 - w_o2m, 0)
-    1..3   o2m (box, cls, l1) = B * gain * L  (gains 7.5, 0.5, 1.5), before the branch weight
+    1..3   o2m (box, cls, l1) = B * gain * L  (gains default to 7.5, 0.5, 1.5), before the branch weight
     4..6   o2o (box, cls, l1), same
     7..9   loss items: o2o (box, cls, l1) with gains, before x B and the weight (what is logged)
 
@@ -27,6 +27,7 @@ from . import _C
 LOSS_NAMES = ("total", "o2m_box", "o2m_cls", "o2m_l1", "o2o_box", "o2o_cls", "o2o_l1",
               "item_box", "item_cls", "item_l1")
 STRIDES = (8, 16, 32)
+GAINS = (7.5, 0.5, 1.5)  # box, cls, l1 (spec §10: box / cls / dfl)
 
 
 def o2m_weight(epoch, epochs):
@@ -72,7 +73,7 @@ def _targets(targets):
 
 
 def objective(outputs, targets, *, img_size, num_classes=None, o2m_weight=0.8, grads=None,
-              return_assignment=False, assignment=None):
+              return_assignment=False, assignment=None, gains=GAINS, grad_scale=1.0, scale_from=None):
     """Loss and gradients of one batch.
 
     outputs: ``(boxes_o2m, scores_o2m, boxes_o2o, scores_o2o)``, ptl.Tensors (CPU or CUDA) or NumPy.
@@ -81,7 +82,10 @@ def objective(outputs, targets, *, img_size, num_classes=None, o2m_weight=0.8, g
     grads: optional four tensors to write d total / d outputs into (else they are allocated).
     return_assignment: also return, per branch, the assigned object per anchor (int32 (B, A), -1 for
     background) and its normalised target score. assignment: such a dict to use instead of running
-    the assigner (targets held fixed, e.g. for finite-difference checks).
+    the assigner (targets held fixed, e.g. for finite-difference checks). gains: the (box, cls, l1)
+    loss gains (spec defaults 7.5, 0.5, 1.5). grad_scale: multiplies the gradients, not the losses
+    (float16 training's loss scale); ``scale_from=(tensor, i)``: entry i of a float32 tensor on the
+    outputs' CUDA device multiplies them too, read on the device (the optimizer's loss scale).
 
     Returns a dict: ``losses`` (the (10,) vector above), ``grads`` (4-tuple), and with
     ``return_assignment`` an ``assignment`` dict ``{"o2m": (gt, score), "o2o": (gt, score)}``.
@@ -114,7 +118,12 @@ def objective(outputs, targets, *, img_size, num_classes=None, o2m_weight=0.8, g
     elif return_assignment:
         agt = [_C.empty((bsz, na), dtype="int32", device=dev) for _ in range(2)]
         asc = [_C.empty((bsz, na), dtype=score_dt, device=dev) for _ in range(2)]
-    _C.objective(outs, tg, h, w, float(o2m_weight), losses, grads, agt, asc, assignment is not None)
+    gains = tuple(float(g) for g in gains)
+    if len(gains) != 3:
+        raise ValueError("gains: expected (box, cls, l1), got %r" % (gains,))
+    extra = {} if scale_from is None else {"scale_from": (scale_from[0], int(scale_from[1]))}
+    _C.objective(outs, tg, h, w, float(o2m_weight), losses, grads, agt, asc, assignment is not None, gains,
+                 float(grad_scale), **extra)
     res = {"losses": losses, "grads": tuple(grads)}
     if return_assignment and agt is not None:
         res["assignment"] = {"o2m": (agt[0], asc[0]), "o2o": (agt[1], asc[1])}

@@ -25,6 +25,7 @@ KINDS = {"sgd": 0, "muon": 1, "adamw": 2}
 _PT_NCOLS = 12
 _S_SCALE, _S_GROWTH, _S_FOUND_INF, _S_NORM, _S_COEF, _S_STEP, _S_SKIPPED = range(7)
 _S_N = 8  # entries of the scalar-state buffer (PTL_OPT_S_N)
+SCALE_INDEX = _S_SCALE  # where Optimizer.scalars keeps the loss scale (read on the device by the objective)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -52,7 +52,8 @@ def build_parser():
                                ("momentum", float, 0.937), ("weight-decay", float, 5e-4),
                                ("warmup-epochs", float, 3.0), ("warmup-momentum", float, 0.8),
                                ("warmup-bias-lr", float, 0.1), ("nbs", int, 64), ("ema-decay", float, 0.9999),
-                               ("ema-tau", float, 2000.0)):
+                               ("ema-tau", float, 2000.0), ("box", float, 7.5), ("cls", float, 0.5),
+                               ("dfl", float, 1.5)):
         g.add_argument("--" + name, type=typ, default=default, help="(%s)" % default)
     g.add_argument("--cos-lr", action="store_true", help="cosine learning-rate decay (linear by default)")
     g = p.add_argument_group("trainer")
@@ -97,7 +98,7 @@ def main(argv=None):
                          "weight_decay": args.weight_decay, "warmup_epochs": args.warmup_epochs,
                          "warmup_momentum": args.warmup_momentum, "warmup_bias_lr": args.warmup_bias_lr,
                          "nbs": args.nbs, "cos_lr": args.cos_lr, "ema_decay": args.ema_decay,
-                         "ema_tau": args.ema_tau}
+                         "ema_tau": args.ema_tau, "box": args.box, "cls": args.cls, "dfl": args.dfl}
         trainer = Trainer(max_epochs=args.epochs, max_steps=args.max_steps, precision=args.precision,
                           accumulate_grad_batches=args.accumulate_grad_batches,
                           gradient_clip_val=args.gradient_clip_val, limit_train_batches=args.limit_train_batches,

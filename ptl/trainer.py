@@ -36,6 +36,43 @@ ITEM = slice(7, 10)  # the o2o loss items (box, cls, l1) of the objective's loss
 CKPT_VERSION = 1
 
 
+class LossValue:
+    """One loss of one training batch, read back from the device only when asked (``float(v)`` or
+    ``v.item()``): handing it to callbacks costs no host-device synchronisation."""
+
+    __slots__ = ("_losses", "_index")
+
+    def __init__(self, losses, index):
+        self._losses, self._index = losses, index
+
+    def item(self):
+        return float(self._losses.array()[self._index])
+
+    __float__ = item
+
+    def __format__(self, spec):
+        return format(self.item(), spec)
+
+    def __repr__(self):
+        return "LossValue(%r)" % self.item()
+
+
+class _PendingLosses:
+    """The objective's losses vector of one batch (a device tensor on CUDA), converted once."""
+
+    __slots__ = ("_t", "_a")
+
+    def __init__(self, t):
+        self._t, self._a = t, None
+
+    def array(self):
+        if self._a is None:
+            t = self._t
+            self._a = np.asarray(t.numpy() if isinstance(t, _C.Tensor) else t, np.float32)
+            self._t = None
+        return self._a
+
+
 class _FitState:
     """What a checkpoint must restore besides tensors."""
 
@@ -228,19 +265,28 @@ class Trainer:
             self._call("on_train_epoch_start")
             t0 = time.perf_counter()
             epoch_items = []
+            pending = None  # the previous batch's losses: read once the next batch is queued
+
+            def settle(p):
+                row = p.array()
+                self.loss_history.append(row)
+                epoch_items.append(row[ITEM])
+                self.callback_metrics.update({"train/box_loss": float(row[7]), "train/cls_loss": float(row[8]),
+                                              "train/l1_loss": float(row[9])})
             for i, batch in enumerate(eng.train_loader):
                 if i >= self.num_training_batches:
                     break
                 self._call("on_train_batch_start", batch, i)
-                losses = eng.train_step(batch, epoch, i)
-                self.loss_history.append(losses)
-                epoch_items.append(losses[ITEM])
-                self.callback_metrics.update({"train/box_loss": float(losses[7]), "train/cls_loss": float(losses[8]),
-                                              "train/l1_loss": float(losses[9])})
-                self._call("on_train_batch_end", {"loss": float(losses[0])}, batch, i)
+                current = _PendingLosses(eng.train_step(batch, epoch, i))
+                if pending is not None:
+                    settle(pending)
+                pending = current
+                self._call("on_train_batch_end", {"loss": LossValue(current, 0)}, batch, i)
                 if 0 < self.max_steps <= st.global_step:
                     self.should_stop = True
                     break
+            if pending is not None:
+                settle(pending)
             eng.end_epoch()
             st.epoch += 1
             self.current_epoch_completed = st.epoch
@@ -412,9 +458,6 @@ class _Engine:
         self.compute = PRECISIONS[trainer.precision]
         if self.device == "cpu" and self.compute != "float32":
             raise ValueError("precision: %r needs CUDA; the CPU trains in '32-true'" % trainer.precision)
-        if self.compute == "float16":
-            raise NotImplementedError("precision='16-mixed': the loss scale is not applied to the objective's "
-                                      "gradients yet; use 'bf16-mixed' or '32-true'")
         if data.num_classes != model.num_classes:
             raise ValueError("datamodule: %d classes in %s but the model has %d" % (
                 data.num_classes, data.cfg.get("yaml", "data.yaml"), model.num_classes))
@@ -451,7 +494,8 @@ class _Engine:
         model.zero_grad()
         model.train()
         self.opt, self.schedule = _optim.build_optimizer(
-            self.params, self.grads, self.ptable, self.cfg, trainer.num_training_batches, scaler=False,
+            self.params, self.grads, self.ptable, self.cfg, trainer.num_training_batches,
+            scaler=self.compute == "float16",
             bn_buffers=self.buffers, bn_table=self.btable)
         self.fixed_accumulate = trainer.accumulate_grad_batches
         data.epochs = trainer.max_epochs_effective  # close_mosaic counts back from the fit's last epoch
@@ -464,6 +508,7 @@ class _Engine:
             h.update({k: getattr(self.cfg, k) for k in self.cfg.__dataclass_fields__})
             name, lr0, mom, wbl = _optim.choose_optimizer(self.cfg)
             h["resolved_optimizer"] = {"name": name, "lr0": lr0, "momentum": mom, "warmup_bias_lr": wbl}
+        h["box"], h["cls"], h["dfl"] = self.model.loss_gains
         return h
 
     def data_hparams(self):
@@ -484,8 +529,11 @@ class _Engine:
         out = self.model.forward(self._images(batch))
         h, w = batch.images.shape[1:3]
         w_o2m = o2m_weight(epoch, self.trainer.max_epochs_effective)
+        # float16: the objective multiplies its gradients by the optimizer's loss scale, read on the device
+        scale = (self.opt.scalars, _optim.SCALE_INDEX) if self.opt.scaler else None
         res = _objective((*out["one2many"], *out["one2one"]), batch.targets, img_size=(h, w),
-                         num_classes=self.model.num_classes, o2m_weight=w_o2m)
+                         num_classes=self.model.num_classes, o2m_weight=w_o2m, gains=self.model.loss_gains,
+                         scale_from=scale)
         g = res["grads"]
         self.model.backward({"one2many": (g[0], g[1]), "one2one": (g[2], g[3])})
         if self._due(ni):
@@ -494,7 +542,7 @@ class _Engine:
             st.global_step += 1
         st.batches_seen += 1
         losses = res["losses"]
-        return losses.numpy() if isinstance(losses, _C.Tensor) else np.asarray(losses)
+        return losses  # on CUDA a device tensor, read back later (one batch behind)
 
     def end_epoch(self):
         pass
@@ -543,7 +591,8 @@ class _Engine:
                 out = model.forward(self._images(batch))
                 h, w = batch.images.shape[1:3]
                 res = _objective((*out["one2many"], *out["one2one"]), batch.targets, img_size=(h, w),
-                                 num_classes=self.model.num_classes, o2m_weight=0.8)
+                                 num_classes=self.model.num_classes, o2m_weight=0.8,
+                                 gains=self.model.loss_gains)
                 lv = res["losses"].numpy() if isinstance(res["losses"], _C.Tensor) else np.asarray(res["losses"])
                 loss_sum += lv[ITEM]
                 nb += 1

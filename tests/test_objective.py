@@ -183,7 +183,7 @@ def ref_branch(dist, logits, tg, h, w, topk, topk2):
     return owners, nvals, np.array([box, cls_l, l1]) / t_sum
 
 
-def ref_objective(outputs, rows, h, w, o2m_weight, dt=np.float64):
+def ref_objective(outputs, rows, h, w, o2m_weight, dt=np.float64, gains=(7.5, 0.5, 1.5)):
     bsz = outputs[0].shape[0]
     tg = ref_targets(rows, bsz, h, w, dt)
     res = {}
@@ -191,7 +191,7 @@ def ref_objective(outputs, rows, h, w, o2m_weight, dt=np.float64):
     for k, (br, topk, topk2) in enumerate((("o2m", 10, 10), ("o2o", 7, 1))):
         o, nv, lv = ref_branch(outputs[2 * k].astype(dt), outputs[2 * k + 1].astype(dt), tg, h, w, topk, topk2)
         res[br] = (o, nv)
-        comps.append(lv * np.array([7.5, 0.5, 1.5]))
+        comps.append(lv * np.array(gains))
     wo = max(1 - o2m_weight, 0)
     total = bsz * (o2m_weight * comps[0].sum() + wo * comps[1].sum())
     res["losses"] = np.concatenate([[total], bsz * comps[0], bsz * comps[1], comps[1]])
@@ -531,6 +531,34 @@ def test_outputs_from_a_sequence_that_builds_its_items():
         O.objective(outs, rows, img_size="640")
 
 
+def test_gains_and_gradient_scale():
+    """Overridden gains change the losses as the reference does; grad_scale multiplies every gradient
+    (the same bits as scaling by hand for a power of two) and leaves the losses alone."""
+    rng = np.random.default_rng(11)
+    rows = make_targets(rng, 2, [3, 5], nc=4)
+    outs = make_outputs(rng, rows, 2, 96, 64, 4)
+    gains = (2.0, 3.0, 0.25)
+    r = O.objective(outs, rows, img_size=(96, 64), o2m_weight=0.6, gains=gains)
+    ref = ref_objective(outs, rows, 96, 64, 0.6, gains=gains)
+    np.testing.assert_allclose(r["losses"], ref["losses"], rtol=1e-7)  # the losses vector is float32
+    base = O.objective(outs, rows, img_size=(96, 64), o2m_weight=0.6)
+    assert not np.allclose(base["losses"], r["losses"])
+    scaled = O.objective(outs, rows, img_size=(96, 64), o2m_weight=0.6, grad_scale=1024.0)
+    np.testing.assert_array_equal(scaled["losses"], base["losses"])
+    for a, b in zip(scaled["grads"], base["grads"]):
+        np.testing.assert_array_equal(a, 1024.0 * b)
+    # gains scale the gradients of their own term: zero cls gain leaves no score gradient
+    z = O.objective(outs, rows, img_size=(96, 64), gains=(7.5, 0.0, 1.5))
+    assert not np.any(z["grads"][1]) and not np.any(z["grads"][3]) and np.any(z["grads"][0])
+    for bad in ((1, -1, 1), (1, float("nan"), 1), (1, 2)):
+        with pytest.raises(ValueError, match="gains"):
+            O.objective(outs, rows, img_size=(96, 64), gains=bad)
+    with pytest.raises(ValueError, match="grad_scale"):
+        O.objective(outs, rows, img_size=(96, 64), grad_scale=0.0)
+    with pytest.raises(ValueError, match="scale_from"):
+        O.objective(outs, rows, img_size=(96, 64), scale_from=(ptl.tensor(np.ones(2, np.float32)), 0))
+
+
 def test_o2m_weight_schedule_and_tensor_inputs():
     assert O.o2m_weight(0, 100) == pytest.approx(0.8)
     assert O.o2m_weight(49, 100) == pytest.approx(0.4535, abs=5e-5)
@@ -609,6 +637,25 @@ def test_cuda_half_precision_outputs(dtype):
         # float32 gradients agree to ~1e-6; rounding them to 8/11 bits may differ by one unit
         ulp = 2.0 ** -7 if dtype == "bfloat16" else 2.0 ** -10
         np.testing.assert_allclose(got, want, rtol=ulp, atol=1e-6 * np.abs(want).max())
+
+
+@pytest.mark.cuda
+def test_cuda_gradient_scale_read_on_the_device():
+    """float16 loss scaling: the scale read from a device tensor (scale_from) gives the same gradients as
+    the host value, and scaled float16 gradients keep values that unscaled ones flush to zero."""
+    rows, dev, host = _cuda_case([0, 2, 9, 40], dtype="float16", bsz=4, seed=3)
+    sc = ptl.tensor(np.array([0.0, 4096.0, 0.0], np.float32), device="cuda")
+    a = O.objective(dev, rows, img_size=640, scale_from=(sc, 1))
+    b = O.objective(dev, rows, img_size=640, grad_scale=4096.0)
+    c = O.objective(dev, rows, img_size=640)
+    np.testing.assert_array_equal(a["losses"].numpy(), c["losses"].numpy())
+    for x, y, z in zip(a["grads"], b["grads"], c["grads"]):
+        np.testing.assert_array_equal(x.to(dtype="float32").numpy(), y.to(dtype="float32").numpy())
+        xs = x.to(dtype="float32").numpy()
+        zs = z.to(dtype="float32").numpy()
+        assert np.count_nonzero(xs) >= np.count_nonzero(zs)
+    with pytest.raises(IndexError, match="scale_from"):
+        O.objective(dev, rows, img_size=640, scale_from=(sc, 3))
 
 
 @pytest.mark.cuda

@@ -302,3 +302,52 @@ def test_cuda_fit_one_epoch_640_bf16(coco256, tmp_path):
     assert np.isfinite(tr.callback_metrics["metrics/mAP50-95"])
     assert os.path.exists(os.path.join(tr.log_dir, "checkpoints", "last.ckpt"))
     assert ptl.cuda.max_memory_allocated() > 0
+
+
+def test_loss_gains_are_hyperparameters(coco256, tmp_path):
+    """hparams box / cls / dfl reach the objective: the logged items scale with their gains, and the
+    run's hparams.yaml records them. Bad gains raise naming the key."""
+    items = []
+    for k, hp in enumerate(({}, {"box": 1.5, "cls": 2.0, "dfl": 3.0})):
+        tr = small_trainer(tmp_path / str(k), max_epochs=1, limit_train_batches=1, enable_checkpointing=False)
+        tr.fit(ptl.Detector("yolo26n", hparams=hp), small_data(coco256))
+        items.append(np.asarray(tr.loss_history[0], np.float64)[7:10])
+        assert tr.hparams()["model"]["box"] == hp.get("box", 7.5)
+    np.testing.assert_allclose(items[1] / items[0], [1.5 / 7.5, 2.0 / 0.5, 3.0 / 1.5], rtol=1e-5)
+    with pytest.raises(ValueError, match="cls"):
+        ptl.Detector("yolo26n", hparams={"cls": -1.0})
+
+
+def test_batch_end_gets_a_lazy_loss(coco256, tmp_path):
+    """on_train_batch_end's outputs["loss"] reads back only when asked and equals the batch's total."""
+    seen = []
+
+    class Grab(cb.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append(outputs["loss"])
+
+    tr = small_trainer(tmp_path, max_epochs=1, limit_train_batches=3, callbacks=[Grab()],
+                       enable_checkpointing=False)
+    tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
+    assert [float(v) for v in seen] == [float(r[0]) for r in tr.loss_history]
+    assert "%.3f" % seen[0] == "%.3f" % tr.loss_history[0][0]
+    # at the epoch's end the train/* metrics are the epoch means of the logged items
+    np.testing.assert_allclose(tr.callback_metrics["train/box_loss"], np.mean(np.asarray(tr.loss_history)[:, 7]),
+                               rtol=1e-6)
+
+
+@pytest.mark.cuda
+def test_cuda_fit_float16_loss_scaling(coco256, tmp_path):
+    """16-mixed: the objective's gradients carry the optimizer's loss scale; the fit runs, its losses are
+    finite and close to a bf16 fit's first loss, and the scale is a power of two."""
+    first = {}
+    for prec in ("16-mixed", "bf16-mixed"):
+        tr = small_trainer(tmp_path / prec, max_epochs=1, limit_train_batches=20, precision=prec,
+                           accelerator="cuda", enable_checkpointing=False, accumulate_grad_batches=1)
+        tr.fit(ptl.Detector("yolo26n"), small_data(coco256, imgsz=128))
+        assert np.isfinite(np.asarray(tr.loss_history)).all()
+        first[prec] = float(tr.loss_history[0][0])
+        if prec == "16-mixed":
+            scale = tr._engine.opt.scale
+            assert tr._engine.opt.scaler and scale > 1 and np.log2(scale) == int(np.log2(scale))
+    assert abs(first["16-mixed"] - first["bf16-mixed"]) <= 0.05 * abs(first["bf16-mixed"])

@@ -354,10 +354,10 @@ __global__ void __launch_bounds__(OBJ_THREADS) obj_reduce_kernel(ObjBufs w, int 
 
 __global__ void __launch_bounds__(OBJ_THREADS)
     obj_cls_kernel(ObjGeom g, ObjBufs w, const void *scores, void *gscores, ptl_dtype dt, double scale,
-                   const double *res)
+                   const float *dscale, const double *res)
 {
     int64_t n = (int64_t)g.B * g.A * g.nc;
-    float k = (float)(scale / res[3]);
+    float k = (float)(scale * (dscale ? (double)*dscale : 1.0) / res[3]);
     double acc = 0;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t ba = i / g.nc;
@@ -376,10 +376,11 @@ __global__ void __launch_bounds__(OBJ_THREADS)
 
 __global__ void __launch_bounds__(OBJ_THREADS)
     obj_box_kernel(ObjGeom g, ObjBufs w, const void *boxes, void *gboxes, ptl_dtype dt, double sbox, double sl1,
-                   const double *res)
+                   const float *dscale, const double *res)
 {
     int64_t n = (int64_t)g.B * g.A;
-    float kb = (float)(sbox / res[3]), kl = (float)(sl1 / res[3]);
+    const double ds = dscale ? (double)*dscale : 1.0;
+    float kb = (float)(sbox * ds / res[3]), kl = (float)(sl1 * ds / res[3]);
     double accb = 0, accl = 0;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int j = w.owner[i];
@@ -422,9 +423,10 @@ __global__ void __launch_bounds__(OBJ_THREADS)
     obj_block_sum(accl, &w.part[2 * OBJ_NB + blockIdx.x]);
 }
 
-__global__ void obj_final_kernel(const double *res, double w0, double w1, int B, float *losses)
+__global__ void obj_final_kernel(const double *res, double w0, double w1, double g0, double g1, double g2, int B,
+                                 float *losses)
 {
-    const double gain[3] = {7.5, 0.5, 1.5};
+    const double gain[3] = {g0, g1, g2};
     double wt[2] = {w0, w1}, total = 0;
     for (int br = 0; br < 2; br++)
         for (int k = 0; k < 3; k++) {
@@ -621,17 +623,19 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
             unsigned nb_cls = (unsigned)((ncls + OBJ_THREADS - 1) / OBJ_THREADS);
             if (nb_cls > OBJ_NB)
                 nb_cls = OBJ_NB;
-            double bsc = wt[br] * (double)B;
-            obj_cls_kernel<<<nb_cls, OBJ_THREADS, 0, st>>>(g, w, scores, ar->grad_scores[br], ar->dtype, bsc * 0.5,
-                                                           res);
+            double bsc = wt[br] * (double)B * ar->grad_scale;
+            obj_cls_kernel<<<nb_cls, OBJ_THREADS, 0, st>>>(g, w, scores, ar->grad_scores[br], ar->dtype,
+                                                           bsc * ar->gain[1], ar->grad_scale_dev, res);
             PTL_LAUNCH_CHECK("obj_cls_kernel");
-            obj_box_kernel<<<nb_anchor, OBJ_THREADS, 0, st>>>(g, w, boxes, ar->grad_boxes[br], ar->dtype, bsc * 7.5,
-                                                              bsc * 1.5, res);
+            obj_box_kernel<<<nb_anchor, OBJ_THREADS, 0, st>>>(g, w, boxes, ar->grad_boxes[br], ar->dtype,
+                                                              bsc * ar->gain[0], bsc * ar->gain[2],
+                                                              ar->grad_scale_dev, res);
             PTL_LAUNCH_CHECK("obj_box_kernel");
             obj_reduce_kernel<<<1, OBJ_THREADS, 0, st>>>(w, 0, 3, res);
             PTL_LAUNCH_CHECK("obj_reduce_kernel");
         }
-        obj_final_kernel<<<1, 1, 0, st>>>(w.res, wt[0], wt[1], (int)B, ar->losses);
+        obj_final_kernel<<<1, 1, 0, st>>>(w.res, wt[0], wt[1], ar->gain[0], ar->gain[1], ar->gain[2], (int)B,
+                                          ar->losses);
         PTL_LAUNCH_CHECK("obj_final_kernel");
     }
     return 0;

@@ -10,10 +10,12 @@
  *
  * Outputs: losses[PTL_OBJ_NUM_LOSSES] float32 (host memory for the CPU, device memory for CUDA):
  *   [0]     total = w_o2m * (o2m box + cls + l1) + w_o2o * (o2o box + cls + l1)
- *   [1..3]  o2m branch (box, cls, l1) = B * gain * L   (gains 7.5, 0.5, 1.5; before the branch weight)
+ *   [1..3]  o2m branch (box, cls, l1) = B * gain * L   (gains: args->gain, the spec's 7.5, 0.5, 1.5 by
+ *           default; before the branch weight)
  *   [4..6]  o2o branch, same
- *   [7..9]  loss items: o2o (7.5 L_box, 0.5 L_cls, 1.5 L_l1), before x B and the weight (spec §3.4)
- * and d total / d boxes, d total / d scores of each branch (overwritten, same dtype as the outputs).
+ *   [7..9]  loss items: o2o (gain * L for box, cls, l1), before x B and the weight (spec §3.4)
+ * and grad_scale * d total / d boxes, d total / d scores of each branch (overwritten, same dtype as the
+ * outputs; grad_scale is the loss scale of float16 training, 1 otherwise; the losses are unscaled).
  *
  * Ties (spec §12.4 leaves them to the implementation): every top-k over anchors orders by value
  * descending, then by anchor index ascending, over ALL anchors (zero-metric anchors included, so a
@@ -38,6 +40,11 @@ extern "C" {
 #define PTL_OBJ_TOPK2_O2M 10
 #define PTL_OBJ_TOPK_O2O 7
 #define PTL_OBJ_TOPK2_O2O 1
+
+/* Default loss gains (spec §3.4 / §10). */
+#define PTL_OBJ_GAIN_BOX 7.5
+#define PTL_OBJ_GAIN_CLS 0.5
+#define PTL_OBJ_GAIN_L1 1.5
 
 /* Targets packed per image: GT j of image b is entry b*M + j (j < count[b], row order kept). Rows
  * with zero or negative width/height, and rows whose pixel x1+y1+x2+y2 <= 0 (torchref's padding test),
@@ -69,6 +76,11 @@ typedef struct {
     const void *boxes[2], *scores[2];
     void *grad_boxes[2], *grad_scores[2]; /* NULL: no gradient for that tensor */
     double o2m_weight;
+    double gain[3];    /* box, cls, l1 (PTL_OBJ_GAIN_* by default) */
+    double grad_scale; /* multiplies the gradients only */
+    /* CUDA only: a device float32 that multiplies the gradients too (the optimizer's loss scale, read
+     * on the device so that no step waits for it); NULL = 1 */
+    const float *grad_scale_dev;
     float *losses;
     /* Optional assignment exchange for tests, per branch [B*A]: the GT index within the image
      * (-1 background) and the normalised target score n[a] (float64 for float64 outputs on the CPU,

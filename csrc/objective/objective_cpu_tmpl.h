@@ -384,7 +384,9 @@ static int OBJ_CPU(run)(const ptl_obj_args *ar, const ptl_obj_targets *tg)
             if (owner[i] >= 0)
                 tsum += (double)nval[i];
         double T = tsum > 1 ? tsum : 1;
-        double gs[3] = {w[br] * B * 7.5 / T, w[br] * B * 0.5 / T, w[br] * B * 1.5 / T};
+        /* same order of operations as the CUDA kernels: (w * B * scale * gain) / T */
+        const double wbs = w[br] * B * ar->grad_scale;
+        double gs[3] = {wbs * ar->gain[0] / T, wbs * ar->gain[1] / T, wbs * ar->gain[2] / T};
         OBJ_T *gbox = (OBJ_T *)ar->grad_boxes[br], *gsc = (OBJ_T *)ar->grad_scores[br];
 #pragma omp parallel for schedule(dynamic, 1)
         for (int b = 0; b < B; b++)
@@ -393,9 +395,8 @@ static int OBJ_CPU(run)(const ptl_obj_args *ar, const ptl_obj_targets *tg)
         for (int b = 0; b < B; b++)
             for (int k = 0; k < 3; k++)
                 s3[k] += sums[3 * b + k];
-        comp[br][0] = 7.5 * s3[0] / T;
-        comp[br][1] = 0.5 * s3[1] / T;
-        comp[br][2] = 1.5 * s3[2] / T;
+        for (int k = 0; k < 3; k++)
+            comp[br][k] = ar->gain[k] * s3[k] / T;
     }
     {
         double total = 0;

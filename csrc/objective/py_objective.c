@@ -1,6 +1,7 @@
 /* Python bindings of the objective area. */
 #include "../py.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,29 +105,36 @@ static int same_place(PtlTensor *t, const char *arg, int dt, ptl_device dev, int
 
 PyDoc_STRVAR(objective_doc,
              "objective(outputs, targets, img_h, img_w, o2m_weight, losses, grads=None, assign_gt=None,\n"
-             "          assign_score=None, assign_in=False)\n--\n\n"
+             "          assign_score=None, assign_in=False, gains=(7.5, 0.5, 1.5), grad_scale=1.0,\n"
+             "          scale_from=None)\n--\n\n"
              "The end-to-end detection objective (csrc/objective/objective.h). outputs = (boxes_o2m,\n"
              "scores_o2m, boxes_o2o, scores_o2o) with boxes (B, A, 4) and scores (B, A, nc); targets a CPU\n"
              "float32 tensor (n, 6); losses a float32 (10,) tensor on the outputs' device (written);\n"
              "grads four tensors shaped and typed like outputs (overwritten); assign_gt / assign_score\n"
-             "two (B, A) int32 / compute-precision tensors per branch, written, or read when assign_in.");
+             "two (B, A) int32 / compute-precision tensors per branch, written, or read when assign_in;\n"
+             "gains the (box, cls, l1) loss gains; grad_scale multiplies the gradients (float16 loss scale), and\n"
+             "so does entry i of a CUDA float32 tensor given as scale_from=(tensor, i), read on the device.");
 
 static PyObject *py_objective(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kw[] = {"outputs", "targets", "img_h", "img_w", "o2m_weight", "losses", "grads",
-                         "assign_gt", "assign_score", "assign_in", NULL};
+                         "assign_gt", "assign_score", "assign_in", "gains", "grad_scale", "scale_from", NULL};
     PyObject *outputs, *targets_obj, *losses_obj, *grads_obj = Py_None, *agt_obj = Py_None, *asc_obj = Py_None;
+    PyObject *scale_obj = Py_None;
+    Py_ssize_t scale_index = 0;
     PyObject *held[12] = {NULL}; /* outputs 0-3, grads 4-7, assign_gt 8-9, assign_score 10-11 */
     PyObject *ret = NULL;
     int H, W, assign_in = 0;
-    double o2m_weight;
+    double o2m_weight, gains[3] = {PTL_OBJ_GAIN_BOX, PTL_OBJ_GAIN_CLS, PTL_OBJ_GAIN_L1}, grad_scale = 1.0;
     PtlTensor *out[4], *grads[4], *agt[2], *asc[2];
     ptl_obj_targets tg;
     ptl_obj_args a;
     int rc;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOiidO|OOOp:objective", kw, &outputs, &targets_obj, &H, &W,
-                                      &o2m_weight, &losses_obj, &grads_obj, &agt_obj, &asc_obj, &assign_in))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOiidO|OOOp(ddd)d(On):objective", kw, &outputs, &targets_obj,
+                                      &H, &W, &o2m_weight, &losses_obj, &grads_obj, &agt_obj, &asc_obj,
+                                      &assign_in, &gains[0], &gains[1], &gains[2], &grad_scale, &scale_obj,
+                                      &scale_index))
         return NULL;
     if (tensor_seq(module, outputs, "outputs", 4, out, held) < 0)
         goto fail;
@@ -226,6 +234,37 @@ static PyObject *py_objective(PyObject *module, PyObject *args, PyObject *kwargs
         a.scores[i] = ptl_tensor_data(out[2 * i + 1]);
     }
     a.o2m_weight = o2m_weight;
+    for (int k = 0; k < 3; k++) {
+        if (!(gains[k] >= 0 && gains[k] < INFINITY)) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "gains[%d]: expected a finite value >= 0, got %g", k, gains[k]);
+            PyErr_SetString(PyExc_ValueError, msg);
+            goto fail;
+        }
+        a.gain[k] = gains[k];
+    }
+    if (!(grad_scale > 0 && grad_scale < INFINITY)) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "grad_scale: expected a finite value > 0, got %g", grad_scale);
+        PyErr_SetString(PyExc_ValueError, msg);
+        goto fail;
+    }
+    a.grad_scale = grad_scale;
+    if (scale_obj != Py_None) {
+        PtlTensor *st = ptl_tensor_arg(module, scale_obj, "scale_from", PTL_FLOAT32, NULL, 1, NULL);
+        if (!st)
+            goto fail;
+        if (dev.type != PTL_CUDA || st->storage->device.type != PTL_CUDA || st->storage->device.index != dev.index) {
+            PyErr_SetString(PyExc_ValueError, "scale_from: a float32 tensor on the outputs' CUDA device is needed");
+            goto fail;
+        }
+        if (scale_index < 0 || scale_index >= st->shape[0]) {
+            PyErr_Format(PyExc_IndexError, "scale_from: index %zd out of range for %lld entries", scale_index,
+                         (long long)st->shape[0]);
+            goto fail;
+        }
+        a.grad_scale_dev = (const float *)ptl_tensor_data(st) + scale_index;
+    }
     a.losses = (float *)ptl_tensor_data(lt);
     /* looked up while holding the GIL: PyModule_GetState is part of the Python API */
     ptl_runtime *rt = ptl_state(module)->rt;
