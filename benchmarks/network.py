@@ -6,7 +6,8 @@ gradients (parameter gradients accumulate; nothing else). ptl: bf16 = bfloat16 c
 master weights (the weight cast is inside every forward), fp32 = strict float32 (no TF32). torch:
 bf16 = autocast bfloat16, fp32 = float32 with torch's defaults (cuDNN TF32 on), cudnn.benchmark on.
 Per iteration wall time with a synchronisation after each (median/min/max over --iters after
---warmup), plus the back-to-back mean (iterations queued without synchronising).
+--warmup), plus the back-to-back mean (iterations queued without synchronising). "replay" = the same
+forward + backward recorded once and replayed as one CUDA graph.
 
     python benchmarks/network.py [--batches 4,16] [--precisions bf16,fp32] [--iters 100] [--find] [--tf32]
                                  [--json out.json]
@@ -72,6 +73,9 @@ def bench_ptl(batch, prec, iters, warmup, tf32, find):
 
     res = _time(step, ptl.cuda.synchronize, iters, warmup)
     res["memory"] = net.info()
+    # the same work recorded once and replayed as one CUDA graph (the recorder's network part)
+    net.record(img, grads)
+    res["replay"] = _time(net.replay, ptl.cuda.synchronize, iters, warmup)
     return res
 
 
@@ -123,9 +127,9 @@ def main():
         except ImportError:
             print("torch not importable: ptl only", file=sys.stderr)
     rows = []
-    print("| batch | prec | ptl ms median (min-max) | ptl b2b ms | torch eager ms median (min-max) | torch b2b ms "
-          "| ptl/torch (median) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| batch | prec | ptl ms median (min-max) | ptl b2b ms | ptl replay ms median (min-max) | replay b2b ms "
+          "| torch eager ms median (min-max) | torch b2b ms | ptl/torch (median) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for b in [int(v) for v in args.batches.split(",")]:
         for prec in args.precisions.split(","):
             r = {"batch": b, "precision": prec,
@@ -137,8 +141,10 @@ def main():
             t = r.get("torch")
             tcol = (f"{t['median_ms']:.2f} ({t['min_ms']:.2f}-{t['max_ms']:.2f}) | {t['back_to_back_ms']:.2f} | "
                     f"{p['median_ms'] / t['median_ms']:.2f}") if t else "- | - | -"
+            rp = p["replay"]
             print(f"| {b} | {prec} | {p['median_ms']:.2f} ({p['min_ms']:.2f}-{p['max_ms']:.2f}) | "
-                  f"{p['back_to_back_ms']:.2f} | {tcol} |", flush=True)
+                  f"{p['back_to_back_ms']:.2f} | {rp['median_ms']:.2f} ({rp['min_ms']:.2f}-{rp['max_ms']:.2f}) | "
+                  f"{rp['back_to_back_ms']:.2f} | {tcol} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

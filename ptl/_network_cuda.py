@@ -124,3 +124,34 @@ class CudaNetwork:
                     a = _C.tensor(np.ascontiguousarray(a, dtype=np.float32), device=self.device)
                 d.append(a)
         return _C.network_cuda_backward(self._h, *d, input_grad=bool(input_grad))
+
+    # ------------------------------------------------------------------------ graph replay
+    def record(self, images, grads: dict) -> None:
+        """Captures (without running) one forward of ``images`` and one backward of ``grads`` for
+        :meth:`replay`, after an eager forward + backward of the same shape (the warm-up). ``images`` and
+        the gradient tensors must be device tensors that stay where they are: replay reads them again;
+        this object keeps them alive. A change of shape, train/eval mode or conv options retires the
+        recording."""
+        if not isinstance(images, _C.Tensor):
+            raise TypeError("images: record needs a device tensor (B, H, W, 3) in the compute dtype")
+        d = []
+        for br in _BRANCHES:
+            for a in grads.get(br) or (None, None):
+                if a is not None and not isinstance(a, _C.Tensor):
+                    raise TypeError("grads: record needs float32 device tensors (or None)")
+                d.append(a)
+        _C.network_cuda_record(self._h, images, *d)
+        self._recorded = (images, d)
+
+    def replay(self) -> dict:
+        """Runs the recording: the same work as ``forward`` then ``backward`` on the recorded tensors."""
+        b0, s0, b1, s1 = _C.network_cuda_replay(self._h)
+        return {"one2many": (b0, s0), "one2one": (b1, s1)}
+
+    def retire(self) -> None:
+        _C.network_cuda_retire(self._h)
+        self._recorded = None
+
+    @property
+    def recorded(self) -> bool:
+        return bool(_C.network_cuda_info(self._h)["recorded"])

@@ -287,6 +287,91 @@ def test_weights_are_read_every_forward(case):
             assert _rel(a, b) <= 1e-4
 
 
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_replay_equals_eager(dtype):
+    """Graph replay of forward + backward (ARCHITECTURE.md §3, rules 2 and 5): recording runs nothing
+    (BN statistics and gradients untouched), and two replays give the bits of two eager steps: head
+    outputs, accumulated parameter gradients, BN running statistics; the recording reads the live
+    weights (a parameter change between replays acts as in eager)."""
+    B, H, W = 2, 256, 192
+    sd = _state(seed=4)
+    rng = np.random.default_rng(9)
+    x = rng.random((B, H, W, 3)).astype(np.float32)
+    nets = []
+    for _ in range(2):
+        net = CudaNetwork(_detector(sd, True), "cuda", dtype)
+        img = ptl.tensor(x, device="cuda").to(dtype=dtype)
+        out = net.forward(img)
+        R = _dev(_functional(_np_out(out), seed=6))
+        net.zero_grad()
+        net.backward(R)  # the warm-up step, eager in both
+        nets.append((net, img, R))
+    (ne, ie, Re), (nr, ir, Rr) = nets
+    before = (nr.grads.numpy(), nr.buffers.numpy())
+    nr.record(ir, Rr)
+    ptl.cuda.synchronize()
+    assert nr.recorded
+    assert np.array_equal(_bits(nr.grads.numpy()), _bits(before[0]))
+    assert np.array_equal(_bits(nr.buffers.numpy()), _bits(before[1]))
+    for step in range(2):
+        if step == 1:  # the optimizer moves the weights between steps
+            for n in (ne, nr):
+                n.detector.flat_parameters[...] *= np.float32(0.99)
+                n.from_cpu()
+        oe = _np_out(ne.forward(ie))
+        ne.backward(Re)
+        orr = _np_out(nr.replay())
+        for br in oe:
+            for a, b in zip(oe[br], orr[br]):
+                assert np.array_equal(_bits(a), _bits(b)), (dtype, step, br)
+        assert np.array_equal(_bits(ne.grads.numpy()), _bits(nr.grads.numpy())), (dtype, step)
+        assert np.array_equal(_bits(ne.buffers.numpy()), _bits(nr.buffers.numpy())), (dtype, step)
+
+
+@pytest.mark.cuda
+def test_recording_rules():
+    """Record needs an eager warm-up of the shape; replay needs a recording; a change of mode or shape
+    retires it (rule 4); an eager step after a recording leaves it usable (rule 3)."""
+    det = Detector("yolo26n", num_classes=80)
+    net = CudaNetwork(det, "cuda", "bfloat16")
+    img = ptl.tensor(np.random.default_rng(0).random((1, 128, 128, 3)).astype(np.float32),
+                     device="cuda").to(dtype="bfloat16")
+    with pytest.raises(RuntimeError, match="replay"):
+        net.replay()
+    out = net.forward(img)
+    R = _dev(_functional(_np_out(out)))
+    with pytest.raises(TypeError, match="images"):
+        net.record(np.zeros((1, 128, 128, 3), np.float32), R)
+    net.backward(R)
+    net.record(img, R)
+    assert net.recorded
+    small = ptl.tensor(np.zeros((1, 64, 64, 3), np.float32), device="cuda").to(dtype="bfloat16")
+    net.forward(small)  # another shape: re-plans, so the recording goes
+    assert not net.recorded
+    net.forward(img)
+    net.backward(R)
+    net.record(img, R)
+    net.eval()
+    assert not net.recorded
+    net.train()
+    net.forward(img)
+    net.backward(R)
+    net.record(img, R)
+    net.replay()
+    net.forward(img)  # an eager step of the same shape keeps it
+    net.backward(R)
+    assert net.recorded
+    net.replay()
+    net.retire()
+    assert not net.recorded
+    ptl.cuda.synchronize()
+
+
 @pytest.mark.cuda
 def test_step_allocates_nothing(case):
     """After the first forward of a shape, forward + backward allocate no device memory."""

@@ -6,6 +6,8 @@
  * the first write of each gradient overwrites instead of adding to a zeroed arena. */
 #include "network_cuda.h"
 
+#include "graph.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,6 +69,10 @@ struct ptl_network_cuda {
     size_t ws_bytes;
     dbuf out[2][2];
     ptl_conv2d_plan **plans; /* per op (convs only) */
+
+    /* the recording of one forward + backward (ptl_network_cuda_record) and what it was made with */
+    ptl_cuda_graph *rec;
+    int rec_training;
 };
 
 static int64_t align_up(int64_t n) { return (n + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS; }
@@ -380,8 +386,15 @@ fail:
     return NULL;
 }
 
+void ptl_network_cuda_retire(ptl_network_cuda *net)
+{
+    ptl_cuda_graph_destroy(net->rec);
+    net->rec = NULL;
+}
+
 static void free_shape(ptl_network_cuda *net, ptl_cuda_ctx *ctx)
 {
+    ptl_network_cuda_retire(net);
     if (net->plans)
         for (int i = 0; i < net->nops; i++) {
             ptl_conv2d_plan_destroy(net->plans[i]);
@@ -435,6 +448,7 @@ void ptl_network_cuda_free(ptl_network_cuda *net)
 
 void ptl_network_cuda_set_conv_options(ptl_network_cuda *net, int deterministic, int allow_tf32, int find)
 {
+    ptl_network_cuda_retire(net);
     net->opts.deterministic = deterministic;
     net->opts.allow_tf32 = allow_tf32;
     net->opts.find = find;
@@ -442,7 +456,12 @@ void ptl_network_cuda_set_conv_options(ptl_network_cuda *net, int deterministic,
     net->have_forward = 0;
 }
 
-void ptl_network_cuda_set_training(ptl_network_cuda *net, int training) { net->training = training; }
+void ptl_network_cuda_set_training(ptl_network_cuda *net, int training)
+{
+    if (training != net->training)
+        ptl_network_cuda_retire(net);
+    net->training = training;
+}
 int ptl_network_cuda_training(const ptl_network_cuda *net) { return net->training; }
 
 typedef struct {
@@ -773,6 +792,47 @@ int ptl_network_cuda_backward(ptl_network_cuda *net, const void *const d_out[2][
 fail:
     return -1;
 }
+
+int ptl_network_cuda_record(ptl_network_cuda *net, const void *images, int B, int H, int W,
+                            const void *const d_out[2][2])
+{
+    ptl_cuda_ctx *ctx;
+    if (!net->have_forward || net->B != B || net->H != H || net->W != W)
+        return ptl_set_error(PTL_ERR_RUNTIME, "network record: run one eager forward and backward of this shape "
+                                              "first (the warm-up makes every plan and buffer)");
+    if (ptl_cuda_ctx_get(net->rt, net->device, &ctx))
+        return -1;
+    ptl_network_cuda_retire(net);
+    if (ptl_cuda_graph_begin(ctx->stream))
+        return -1;
+    const int ok = ptl_network_cuda_forward(net, images, B, H, W) == 0 &&
+                   ptl_network_cuda_backward(net, d_out, NULL) == 0;
+    /* nothing ran: the outputs and gradients are still those of the warm-up */
+    if (ptl_cuda_graph_end(ctx->stream, ok, &net->rec) || !ok) {
+        net->have_forward = 0;
+        return -1;
+    }
+    net->rec_training = net->training;
+    return 0;
+}
+
+int ptl_network_cuda_replay(ptl_network_cuda *net)
+{
+    ptl_cuda_ctx *ctx;
+    if (!net->rec)
+        return ptl_set_error(PTL_ERR_RUNTIME, "network replay: nothing recorded (or the recording was retired by "
+                                              "a change of shape, mode or conv options)");
+    if (ptl_cuda_ctx_get(net->rt, net->device, &ctx))
+        return -1;
+    net->have_forward = 0;
+    if (ptl_cuda_graph_launch(net->rec, ctx->stream))
+        return -1;
+    net->fwd_training = net->rec_training;
+    net->have_forward = 1;
+    return 0;
+}
+
+int ptl_network_cuda_recorded(const ptl_network_cuda *net) { return net->rec != NULL; }
 
 int ptl_network_cuda_zero_grad(ptl_network_cuda *net)
 {

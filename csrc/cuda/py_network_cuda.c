@@ -223,10 +223,30 @@ static PyObject *py_forward(PyObject *self, PyObject *args)
 /* backward(net, d_boxes, d_scores, d_boxes_o2o, d_scores_o2o, input_grad=False): float32 tensors on the
  * device shaped like the outputs, or None (zero). Parameter gradients accumulate; returns d images
  * (B, H, W, 3) in the compute dtype, or None. */
+/* The four output gradients (float32 device tensors shaped like the outputs, or None = zero) as pointers. */
+static int d_out_args(PyObject *self, ptl_network_cuda *net, PyObject *const d[4], const void *ptrs[2][2])
+{
+    static const char *names[4] = {"d_boxes", "d_scores", "d_boxes_o2o", "d_scores_o2o"};
+    int B, H, W;
+    int64_t A;
+    ptl_network_cuda_shape(net, &B, &H, &W, &A);
+    ptl_device dev = dev_of(net);
+    for (int i = 0; i < 4; i++) {
+        ptrs[i / 2][i % 2] = NULL;
+        if (d[i] == Py_None)
+            continue;
+        int64_t shape[3] = {B, A, i % 2 ? ptl_network_cuda_num_classes(net) : 4};
+        PtlTensor *t = ptl_tensor_arg(self, d[i], names[i], PTL_FLOAT32, &dev, 3, shape);
+        if (!t)
+            return -1;
+        ptrs[i / 2][i % 2] = ptl_tensor_data(t);
+    }
+    return 0;
+}
+
 static PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"net", "d_boxes", "d_scores", "d_boxes_o2o", "d_scores_o2o", "input_grad", NULL};
-    static const char *names[4] = {"d_boxes", "d_scores", "d_boxes_o2o", "d_scores_o2o"};
     PyObject *cap, *d[4];
     int want = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|p:network_cuda_backward", kwlist, &cap, &d[0], &d[1], &d[2],
@@ -239,24 +259,16 @@ static PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_RuntimeError, "network_cuda_backward: run a forward first");
         return NULL;
     }
-    int B, H, W;
-    int64_t A;
-    ptl_network_cuda_shape(net, &B, &H, &W, &A);
-    ptl_device dev = dev_of(net);
-    const void *ptrs[2][2] = {{NULL, NULL}, {NULL, NULL}};
-    for (int i = 0; i < 4; i++) {
-        if (d[i] == Py_None)
-            continue;
-        int64_t shape[3] = {B, A, i % 2 ? ptl_network_cuda_num_classes(net) : 4};
-        PtlTensor *t = ptl_tensor_arg(self, d[i], names[i], PTL_FLOAT32, &dev, 3, shape);
-        if (!t)
-            return NULL;
-        ptrs[i / 2][i % 2] = ptl_tensor_data(t);
-    }
+    const void *ptrs[2][2];
+    if (d_out_args(self, net, d, ptrs) < 0)
+        return NULL;
     PtlTensor *dimg = NULL;
     if (want) {
+        int B, H, W;
+        int64_t A;
+        ptl_network_cuda_shape(net, &B, &H, &W, &A);
         int64_t shape[4] = {B, H, W, 3};
-        dimg = ptl_tensor_empty(self, 4, shape, ptl_network_cuda_dtype(net), dev);
+        dimg = ptl_tensor_empty(self, 4, shape, ptl_network_cuda_dtype(net), dev_of(net));
         if (!dimg)
             return NULL;
     }
@@ -274,6 +286,66 @@ static PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kw)
     return (PyObject *)dimg;
 }
 
+/* record(net, images, d_boxes, d_scores, d_boxes_o2o, d_scores_o2o): captures one forward + backward
+ * (not run) for replay; the caller keeps every tensor alive and in place while the recording lives. */
+static PyObject *py_record(PyObject *self, PyObject *args)
+{
+    PyObject *cap, *img, *d[4];
+    if (!PyArg_ParseTuple(args, "OOOOOO:network_cuda_record", &cap, &img, &d[0], &d[1], &d[2], &d[3]))
+        return NULL;
+    ptl_network_cuda *net = netc_arg(cap);
+    if (!net)
+        return NULL;
+    ptl_device dev = dev_of(net);
+    int64_t ishape[4] = {-1, -1, -1, 3};
+    PtlTensor *t = ptl_tensor_arg(self, img, "images", (int)ptl_network_cuda_dtype(net), &dev, 4, ishape);
+    if (!t)
+        return NULL;
+    const void *ptrs[2][2];
+    if (d_out_args(self, net, d, ptrs) < 0)
+        return NULL;
+    int B = (int)t->shape[0], H = (int)t->shape[1], W = (int)t->shape[2];
+    const void *data = ptl_tensor_data(t);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS;
+    rc = ptl_network_cuda_record(net, data, B, H, W, ptrs);
+    Py_END_ALLOW_THREADS;
+    if (rc)
+        return ptl_raise(self);
+    Py_RETURN_NONE;
+}
+
+/* replay(net): runs the recording; returns the head outputs like forward. */
+static PyObject *py_replay(PyObject *self, PyObject *args)
+{
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O:network_cuda_replay", &cap))
+        return NULL;
+    ptl_network_cuda *net = netc_arg(cap);
+    if (!net)
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS;
+    rc = ptl_network_cuda_replay(net);
+    Py_END_ALLOW_THREADS;
+    if (rc)
+        return ptl_raise(self);
+    return outputs(self, cap, net);
+}
+
+static PyObject *py_retire(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O:network_cuda_retire", &cap))
+        return NULL;
+    ptl_network_cuda *net = netc_arg(cap);
+    if (!net)
+        return NULL;
+    ptl_network_cuda_retire(net);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_info(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -287,13 +359,20 @@ static PyObject *py_info(PyObject *self, PyObject *args)
     int64_t A, fixed, shape;
     ptl_network_cuda_shape(net, &B, &H, &W, &A);
     ptl_network_cuda_memory(net, &fixed, &shape);
-    return Py_BuildValue("{s:i,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L}", "device", ptl_network_cuda_device(net), "dtype",
+    return Py_BuildValue("{s:i,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:O}", "device", ptl_network_cuda_device(net), "dtype",
                          ptl_dtype_name(ptl_network_cuda_dtype(net)), "training", ptl_network_cuda_training(net),
                          "num_parameters", (long long)ptl_network_cuda_num_params(net), "batch_shape", B, H, W,
-                         "anchors", (long long)A, "fixed_bytes", (long long)fixed, "shape_bytes", (long long)shape);
+                         "anchors", (long long)A, "fixed_bytes", (long long)fixed, "shape_bytes", (long long)shape,
+                         "recorded", ptl_network_cuda_recorded(net) ? Py_True : Py_False);
 }
 
 static PyMethodDef methods[] = {
+    {"network_cuda_record", py_record, METH_VARARGS,
+     "network_cuda_record(net, images, d_boxes, d_scores, d_boxes_o2o, d_scores_o2o): capture one forward + "
+     "backward (not run) for replay, after an eager warm-up of the same shape."},
+    {"network_cuda_replay", py_replay, METH_VARARGS,
+     "network_cuda_replay(net) -> head outputs: run the recording with one launch."},
+    {"network_cuda_retire", py_retire, METH_VARARGS, "network_cuda_retire(net): drop the recording."},
     {"network_cuda_create", (PyCFunction)(void (*)(void))py_create, METH_VARARGS | METH_KEYWORDS,
      "network_cuda_create(cpu_net, device=0, dtype='float32') -> handle of the CUDA executor of a CPU network "
      "(its parameters and BN buffers are uploaded)."},

@@ -21,6 +21,7 @@
 
 #include "cuda/conv2d.h"
 #include "cuda/device.h"
+#include "cuda/graph.h"
 #include "cuda/network_cuda.h"
 #include "nn/activation.h"
 #include "nn/attention.h"
@@ -123,6 +124,27 @@ cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s)
     memset(dst, v, n);
     return cudaSuccess;
 }
+
+/* The graph recorder needs a GPU: on these stand-ins a capture cannot start. */
+int ptl_cuda_graph_begin(cudaStream_t stream)
+{
+    (void)stream;
+    return ptl_set_error(PTL_ERR_RUNTIME, "no graph capture on the CPU stand-ins");
+}
+int ptl_cuda_graph_end(cudaStream_t stream, int keep, ptl_cuda_graph **out)
+{
+    (void)stream;
+    (void)keep;
+    *out = NULL;
+    return 0;
+}
+int ptl_cuda_graph_launch(ptl_cuda_graph *g, cudaStream_t stream)
+{
+    (void)g;
+    (void)stream;
+    return -1;
+}
+void ptl_cuda_graph_destroy(ptl_cuda_graph *g) { (void)g; }
 
 /* ------------------------------------------------------------------ convolution plans */
 

@@ -1,0 +1,65 @@
+#include "graph.h"
+
+#include <stdlib.h>
+
+#include "device.h"
+
+struct ptl_cuda_graph {
+    cudaGraphExec_t exec;
+};
+
+int ptl_cuda_graph_begin(cudaStream_t stream)
+{
+    PTL_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    return 0;
+fail:
+    return -1;
+}
+
+int ptl_cuda_graph_end(cudaStream_t stream, int keep, ptl_cuda_graph **out)
+{
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    ptl_cuda_graph *g = NULL;
+    *out = NULL;
+    /* a failed call inside the capture may already have ended it (and invalidated the graph) */
+    cudaError_t st = cudaStreamEndCapture(stream, &graph);
+    if (!keep) {
+        if (graph)
+            cudaGraphDestroy(graph);
+        (void)cudaGetLastError();
+        return 0;
+    }
+    PTL_CUDA_TRY(st);
+    PTL_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+    if (!(g = (ptl_cuda_graph *)malloc(sizeof *g))) {
+        ptl_set_error(PTL_ERR_MEMORY, "graph recorder: out of host memory");
+        goto fail;
+    }
+    g->exec = exec;
+    cudaGraphDestroy(graph);
+    *out = g;
+    return 0;
+fail:
+    if (exec)
+        cudaGraphExecDestroy(exec);
+    if (graph)
+        cudaGraphDestroy(graph);
+    return -1;
+}
+
+int ptl_cuda_graph_launch(ptl_cuda_graph *g, cudaStream_t stream)
+{
+    PTL_CUDA_TRY(cudaGraphLaunch(g->exec, stream));
+    return 0;
+fail:
+    return -1;
+}
+
+void ptl_cuda_graph_destroy(ptl_cuda_graph *g)
+{
+    if (!g)
+        return;
+    cudaGraphExecDestroy(g->exec);
+    free(g);
+}
