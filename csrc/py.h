@@ -62,6 +62,13 @@ PtlTensor *ptl_tensor_arg(PyObject *module, PyObject *obj, const char *arg, int 
                           int ndim, const int64_t *shape);
 
 /* Each binding file registers its functions here (module.c calls them in order). */
+/* Bindings that the fused training step (csrc/train/py_train_step.c) calls in turn, with the same
+ * arguments as from Python (data_upload, objective, _optim_step, _optim_ema). */
+PyObject *ptl_py_data_upload(PyObject *module, PyObject *args);
+PyObject *ptl_py_objective(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *ptl_py_optim_step(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *ptl_py_optim_ema(PyObject *module, PyObject *args);
+
 int ptl_register_tensor(PyObject *module);
 int ptl_register_cuda(PyObject *module);
 int ptl_register_random(PyObject *module);

@@ -143,10 +143,12 @@ class CudaNetwork:
         _C.network_cuda_record(self._h, images, *d)
         self._recorded = (images, d)
 
-    def replay(self) -> dict:
-        """Runs the recording: the same work as ``forward`` then ``backward`` on the recorded tensors."""
-        b0, s0, b1, s1 = _C.network_cuda_replay(self._h)
-        return {"one2many": (b0, s0), "one2one": (b1, s1)}
+    def replay(self, part: str = "both"):
+        """Runs the recording: the same work as ``forward`` ("forward"), ``backward`` ("backward") or both
+        on the recorded tensors. Between a forward and its backward the caller may rewrite the recorded
+        gradient tensors (the objective does). Returns the head outputs (None for "backward")."""
+        r = _C.network_cuda_replay(self._h, part)
+        return None if r is None else {"one2many": (r[0], r[1]), "one2one": (r[2], r[3])}
 
     def retire(self) -> None:
         _C.network_cuda_retire(self._h)

@@ -355,17 +355,27 @@ class FlatOptimizer:
     def step(self):
         """Unscale (scaler), clip, update (skipped on Inf/NaN with the scaler), update the scale, zero the
         gradients, then update the EMA (always, §4.8). Queues device work only; no sync."""
-        gs = self.param_groups
-        _C._optim_step(
-            self.params, self.grads, self.state1, self.state2, self.scalars, self._ptab, self._call, self._cmuon,
-            self._sgtab, self._ws_bf16, self._ws_f64, self._plan["tx"], self._plan["ta"], self._plan["nmuon"],
-            [KINDS[g["kind"]] for g in gs], [float(g["lr"]) for g in gs], [float(g["momentum"]) for g in gs],
-            [float(g["weight_decay"]) for g in gs], muon_w=self.muon_w, sgd_w=self.sgd_w, beta2=self.beta2,
-            eps=self.eps, nesterov=self.nesterov, max_norm=self.max_norm, scaler=self.scaler,
-            growth_interval=self.growth_interval, ns_bf16=self.ns_bf16, zero_grad=bool(self.zero_grad),
-            ns_graph=self._ns_graph)
+        lrs, momenta, wds = self.group_values()
+        _C._optim_step(lrs=lrs, momenta=momenta, wds=wds, **self.step_kwargs())
         if self.ema is not None:
             self.ema.update(self.params, self.bn_buffers)
+
+    def group_values(self):
+        """Per group (lr, momentum, weight decay) lists as the step reads them (set by the schedule)."""
+        gs = self.param_groups
+        return ([float(g["lr"]) for g in gs], [float(g["momentum"]) for g in gs],
+                [float(g["weight_decay"]) for g in gs])
+
+    def step_kwargs(self):
+        """Everything ``_C._optim_step`` takes except the per-group lrs / momenta / wds: buffers, tables
+        and fixed settings (the fused training step holds these for a whole fit)."""
+        return dict(params=self.params, grads=self.grads, state1=self.state1, state2=self.state2,
+                    scalars=self.scalars, ptab=self._ptab, call=self._call, cmuon=self._cmuon, sgtab=self._sgtab,
+                    ws_bf16=self._ws_bf16, ws_f64=self._ws_f64, tx=self._plan["tx"], ta=self._plan["ta"],
+                    nmuon=self._plan["nmuon"], kinds=[KINDS[g["kind"]] for g in self.param_groups],
+                    muon_w=self.muon_w, sgd_w=self.sgd_w, beta2=self.beta2, eps=self.eps, nesterov=self.nesterov,
+                    max_norm=self.max_norm, scaler=self.scaler, growth_interval=self.growth_interval,
+                    ns_bf16=self.ns_bf16, zero_grad=bool(self.zero_grad), ns_graph=self._ns_graph)
 
     @property
     def ns_replay_state(self):

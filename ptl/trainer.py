@@ -27,7 +27,7 @@ from . import cuda as _cuda
 from . import metrics as _metrics
 from . import optim as _optim
 from . import random as _random
-from .objective import LOSS_NAMES, o2m_weight
+from .objective import LOSS_NAMES, num_anchors, o2m_weight
 from .objective import objective as _objective
 
 PRECISIONS = {"32-true": "float32", "32": "float32", 32: "float32", "16-mixed": "float16", "16": "float16",
@@ -173,6 +173,7 @@ class Trainer:
         self._state = _FitState()
         self._engine = None
         self._epoch_rows = []
+        self.capture_network = False
 
     # -------------------------------------------------------------------------------- properties
     @property
@@ -219,9 +220,13 @@ class Trainer:
 
     # -------------------------------------------------------------------------------------- fit
     def fit(self, model, datamodule, ckpt_path=None, capture_network=False):
-        """Trains ``model`` on ``datamodule``; ``ckpt_path`` resumes from a checkpoint of this trainer."""
-        if capture_network:
-            raise NotImplementedError("capture_network=True: the CUDA-graph recorder is not built yet")
+        """Trains ``model`` on ``datamodule``; ``ckpt_path`` resumes from a checkpoint of this trainer.
+        ``capture_network=True`` (CUDA): the first full-size step runs eagerly, then the network's forward
+        and backward are recorded as CUDA graphs and replayed on every full-size step after it (the
+        objective, optimizer and EMA stay eager); the fit's results are bit-identical to an eager fit."""
+        if capture_network and self.device == "cpu":
+            raise ValueError("capture_network=True: graph replay needs accelerator='cuda'")
+        self.capture_network = bool(capture_network)
         self.model, self.datamodule = model, datamodule
         self.should_stop = False
         self._configure_run_dir()
@@ -500,6 +505,8 @@ class _Engine:
         self.fixed_accumulate = trainer.accumulate_grad_batches
         data.epochs = trainer.max_epochs_effective  # close_mosaic counts back from the fit's last epoch
         self.ema_model = None
+        self.capture = bool(getattr(trainer, "capture_network", False)) and self.device != "cpu"
+        self._plans = {}  # per batch shape: the fused step's fixed arguments
 
     # -- hyperparameters
     def model_hparams(self):
@@ -523,26 +530,59 @@ class _Engine:
         return self.schedule.due(ni)
 
     def train_step(self, batch, epoch, i):
+        """One batch: the schedule's values here, then one C call (upload, forward, objective, backward,
+        and the optimizer step + EMA when the accumulation says so). Returns the losses vector (a device
+        tensor on CUDA: nothing waits for it)."""
         st = self.trainer._state
         ni = st.batches_seen
         self.schedule.apply(self.opt, epoch, i)
-        out = self.model.forward(self._images(batch))
-        h, w = batch.images.shape[1:3]
-        w_o2m = o2m_weight(epoch, self.trainer.max_epochs_effective)
-        # float16: the objective multiplies its gradients by the optimizer's loss scale, read on the device
-        scale = (self.opt.scalars, _optim.SCALE_INDEX) if self.opt.scaler else None
-        res = _objective((*out["one2many"], *out["one2one"]), batch.targets, img_size=(h, w),
-                         num_classes=self.model.num_classes, o2m_weight=w_o2m, gains=self.model.loss_gains,
-                         scale_from=scale)
-        g = res["grads"]
-        self.model.backward({"one2many": (g[0], g[1]), "one2one": (g[2], g[3])})
-        if self._due(ni):
-            self.opt.step()
+        due = self._due(ni)
+        ema = self.opt.ema
+        decay = ema.decay(ema.updates + 1) if due and ema is not None else 0.0
+        lrs, momenta, wds = self.opt.group_values()
+        targets = _C.from_numpy(np.ascontiguousarray(batch.targets, dtype=np.float32))
+        losses = _C.train_step(self._plan(batch), batch.images, targets,
+                               o2m_weight(epoch, self.trainer.max_epochs_effective), due, lrs, momenta, wds, decay)
+        if due:
+            if ema is not None:
+                ema.updates += 1
             self.schedule.stepped(ni)
             st.global_step += 1
         st.batches_seen += 1
-        losses = res["losses"]
         return losses  # on CUDA a device tensor, read back later (one batch behind)
+
+    def _plan(self, batch):
+        """The fused step's arguments that stay fixed for a batch shape (see csrc/train/py_train_step.c)."""
+        shape = tuple(batch.images.shape)
+        plan = self._plans.get(shape)
+        if plan is not None:
+            return plan
+        b, h, w, _ = shape
+        na, nc = num_anchors((h, w)), self.model.num_classes
+        dev = self.device
+        if dev == "cpu":
+            net, staging = self.model._net, None
+            inp = _C.empty(shape, dtype="float32")
+        else:
+            net = self.model._cuda._h
+            inp, staging = self._input_buffers(shape)
+        grads = tuple(_C.empty((b, na, k), dtype="float32", device=dev) for k in (4, nc, 4, nc))
+        ema = self.opt.ema
+        plan = {"net": net, "input": inp, "staging": staging, "grads": grads, "gains": self.model.loss_gains,
+                "scale_from": (self.opt.scalars, _optim.SCALE_INDEX) if self.opt.scaler else None,
+                "optim": self.opt.step_kwargs(),
+                "ema": None if ema is None else [(ema.params, self.params)] + (
+                    [(ema.bn, self.buffers)] if ema.bn is not None else []),
+                "record": self.capture and b == self.data.batch_size}
+        self._plans[shape] = plan
+        return plan
+
+    def _input_buffers(self, shape):
+        """CUDA: the network input (compute dtype) and the uint8 upload buffer for a batch shape."""
+        if shape not in self._inputs:
+            self._inputs[shape] = (_C.empty(shape, dtype=self.model.compute_dtype, device=self.device),
+                                   _C.empty((int(np.prod(shape)),), dtype="uint8", device=self.device))
+        return self._inputs[shape]
 
     def end_epoch(self):
         pass
@@ -552,11 +592,7 @@ class _Engine:
         in the compute dtype, uploaded and normalised asynchronously into a buffer kept per shape."""
         if self.device == "cpu":
             return batch.images
-        shape = tuple(batch.images.shape)
-        if shape not in self._inputs:
-            self._inputs[shape] = (_C.empty(shape, dtype=self.model.compute_dtype, device=self.device),
-                                   _C.empty((int(np.prod(shape)),), dtype="uint8", device=self.device))
-        dst, staging = self._inputs[shape]
+        dst, staging = self._input_buffers(tuple(batch.images.shape))
         batch.upload(dst, staging)
         return dst
 
@@ -640,6 +676,10 @@ class _Engine:
         return out
 
     def close(self):
+        cuda_net = getattr(self.model, "_cuda", None)
+        if self.capture and cuda_net is not None:
+            cuda_net.retire()  # a fit's recording ends with it (its graphs' memory goes back)
+        self._plans.clear()
         for name in ("train_loader", "val_loader"):
             loader = getattr(self, name, None)
             close = getattr(loader, "close", None)

@@ -351,3 +351,81 @@ def test_cuda_fit_float16_loss_scaling(coco256, tmp_path):
             scale = tr._engine.opt.scale
             assert tr._engine.opt.scaler and scale > 1 and np.log2(scale) == int(np.log2(scale))
     assert abs(first["16-mixed"] - first["bf16-mixed"]) <= 0.05 * abs(first["bf16-mixed"])
+
+
+def _separate_calls_step(eng, batch, epoch, i):
+    """The step as separate bindings (the pre-fusion trainer loop), for comparison with _C.train_step."""
+    from ptl.objective import o2m_weight
+    st = eng.trainer._state
+    ni = st.batches_seen
+    eng.schedule.apply(eng.opt, epoch, i)
+    out = eng.model.forward(batch.images)
+    h, w = batch.images.shape[1:3]
+    res = ptl.objective((*out["one2many"], *out["one2one"]), batch.targets, img_size=(h, w),
+                        o2m_weight=o2m_weight(epoch, eng.trainer.max_epochs_effective), gains=eng.model.loss_gains)
+    g = res["grads"]
+    eng.model.backward({"one2many": (g[0], g[1]), "one2one": (g[2], g[3])})
+    if eng._due(ni):
+        eng.opt.step()
+        eng.schedule.stepped(ni)
+        st.global_step += 1
+    st.batches_seen += 1
+    return np.asarray(res["losses"])
+
+
+def test_fused_step_equals_separate_calls(coco256, tmp_path):
+    """_C.train_step (one call per step) computes the bits of the separate calls it replaces: losses,
+    weights, optimizer state and EMA after steps with and without an optimizer update."""
+    from ptl.trainer import _Engine
+    runs = []
+    for fused in (True, False):
+        data = small_data(coco256)
+        tr = small_trainer(tmp_path / str(fused), max_epochs=1, accumulate_grad_batches=2,
+                           enable_checkpointing=False)
+        model = ptl.Detector("yolo26n", hparams={"box": 5.0})
+        tr.model, tr.datamodule = model, data
+        eng = tr._engine = _Engine(tr, model, data)
+        data.set_epoch(0)
+        losses = []
+        for i, batch in enumerate(eng.train_loader):
+            if i == 4:
+                break
+            losses.append(np.asarray(eng.train_step(batch, 0, i)) if fused else _separate_calls_step(eng, batch, 0, i))
+        runs.append((np.array(losses), model.flat_parameters.copy(), eng.opt.state2.numpy(), eng.opt.ema.params.numpy(),
+                     eng.opt.ema.updates, tr.global_step))
+        eng.close()
+    (l1, p1, s1, e1, u1, g1), (l2, p2, s2, e2, u2, g2) = runs
+    assert g1 == g2 == 2 and u1 == u2 == 2
+    for a, b in ((l1, l2), (p1, p2), (s1, s2), (e1, e2)):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_capture_network_needs_cuda(coco256, tmp_path):
+    with pytest.raises(ValueError, match="capture_network"):
+        small_trainer(tmp_path).fit(ptl.Detector("yolo26n"), small_data(coco256), capture_network=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed", "32-true"])
+def test_cuda_capture_network_fit_equals_eager(coco256, tmp_path, precision):
+    """ARCHITECTURE.md §3 rule 2: a fit that replays the recorded network gives the digests of the same
+    fit run eagerly (losses, weights, optimizer, schedule, EMA, metrics), with gradient accumulation and
+    a partial last batch (128 images in batches of 48: 48, 48, 32). The first full step of an epoch
+    records, the next replays; the partial batch runs eagerly and (one shape at a time in the executor)
+    retires the recording, so the next epoch records again. Nothing is left recorded after the fit."""
+    digests, seen = [], []
+
+    class Watch(cb.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append(pl_module._cuda.recorded)
+
+    for capture in (False, True):
+        seen.clear()
+        tr = small_trainer(tmp_path / str(capture), max_epochs=2, limit_train_batches=None, precision=precision,
+                           accelerator="cuda", accumulate_grad_batches=2, callbacks=[Watch()])
+        model = ptl.Detector("yolo26n")
+        tr.fit(model, small_data(coco256, batch_size=48), capture_network=capture)
+        digests.append(tr.digest())
+        assert seen == ([True, True, False] * 2 if capture else [False] * 6)
+        assert not model._cuda.recorded
+    assert digests[0] == digests[1]

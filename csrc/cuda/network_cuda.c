@@ -70,8 +70,8 @@ struct ptl_network_cuda {
     dbuf out[2][2];
     ptl_conv2d_plan **plans; /* per op (convs only) */
 
-    /* the recording of one forward + backward (ptl_network_cuda_record) and what it was made with */
-    ptl_cuda_graph *rec;
+    /* the recording (ptl_network_cuda_record): a forward graph and a backward graph, and the mode */
+    ptl_cuda_graph *rec_fwd, *rec_bwd;
     int rec_training;
 };
 
@@ -388,8 +388,9 @@ fail:
 
 void ptl_network_cuda_retire(ptl_network_cuda *net)
 {
-    ptl_cuda_graph_destroy(net->rec);
-    net->rec = NULL;
+    ptl_cuda_graph_destroy(net->rec_fwd);
+    ptl_cuda_graph_destroy(net->rec_bwd);
+    net->rec_fwd = net->rec_bwd = NULL;
 }
 
 static void free_shape(ptl_network_cuda *net, ptl_cuda_ctx *ctx)
@@ -793,6 +794,19 @@ fail:
     return -1;
 }
 
+/* Captures one call of forward (bwd 0) or backward (bwd 1) into *out without running it. */
+static int capture(ptl_network_cuda *net, ptl_cuda_ctx *ctx, int bwd, const void *images,
+                   const void *const d_out[2][2], ptl_cuda_graph **out)
+{
+    if (ptl_cuda_graph_begin(ctx->stream))
+        return -1;
+    const int ok = (bwd ? ptl_network_cuda_backward(net, d_out, NULL)
+                        : ptl_network_cuda_forward(net, images, net->B, net->H, net->W)) == 0;
+    if (ptl_cuda_graph_end(ctx->stream, ok, out) || !ok)
+        return -1;
+    return 0;
+}
+
 int ptl_network_cuda_record(ptl_network_cuda *net, const void *images, int B, int H, int W,
                             const void *const d_out[2][2])
 {
@@ -803,12 +817,9 @@ int ptl_network_cuda_record(ptl_network_cuda *net, const void *images, int B, in
     if (ptl_cuda_ctx_get(net->rt, net->device, &ctx))
         return -1;
     ptl_network_cuda_retire(net);
-    if (ptl_cuda_graph_begin(ctx->stream))
-        return -1;
-    const int ok = ptl_network_cuda_forward(net, images, B, H, W) == 0 &&
-                   ptl_network_cuda_backward(net, d_out, NULL) == 0;
-    /* nothing ran: the outputs and gradients are still those of the warm-up */
-    if (ptl_cuda_graph_end(ctx->stream, ok, &net->rec) || !ok) {
+    /* nothing runs: outputs, gradients and BN statistics stay those of the warm-up */
+    if (capture(net, ctx, 0, images, d_out, &net->rec_fwd) || capture(net, ctx, 1, images, d_out, &net->rec_bwd)) {
+        ptl_network_cuda_retire(net);
         net->have_forward = 0;
         return -1;
     }
@@ -816,23 +827,29 @@ int ptl_network_cuda_record(ptl_network_cuda *net, const void *images, int B, in
     return 0;
 }
 
-int ptl_network_cuda_replay(ptl_network_cuda *net)
+int ptl_network_cuda_replay(ptl_network_cuda *net, int part)
 {
     ptl_cuda_ctx *ctx;
-    if (!net->rec)
+    if (!net->rec_fwd)
         return ptl_set_error(PTL_ERR_RUNTIME, "network replay: nothing recorded (or the recording was retired by "
                                               "a change of shape, mode or conv options)");
+    if (part == PTL_REPLAY_BACKWARD && !net->have_forward)
+        return ptl_set_error(PTL_ERR_RUNTIME, "network replay: the backward needs a forward of this shape first");
     if (ptl_cuda_ctx_get(net->rt, net->device, &ctx))
         return -1;
-    net->have_forward = 0;
-    if (ptl_cuda_graph_launch(net->rec, ctx->stream))
+    if (part != PTL_REPLAY_BACKWARD) {
+        net->have_forward = 0;
+        if (ptl_cuda_graph_launch(net->rec_fwd, ctx->stream))
+            return -1;
+        net->fwd_training = net->rec_training;
+        net->have_forward = 1;
+    }
+    if (part != PTL_REPLAY_FORWARD && ptl_cuda_graph_launch(net->rec_bwd, ctx->stream))
         return -1;
-    net->fwd_training = net->rec_training;
-    net->have_forward = 1;
     return 0;
 }
 
-int ptl_network_cuda_recorded(const ptl_network_cuda *net) { return net->rec != NULL; }
+int ptl_network_cuda_recorded(const ptl_network_cuda *net) { return net->rec_fwd != NULL; }
 
 int ptl_network_cuda_zero_grad(ptl_network_cuda *net)
 {

@@ -60,15 +60,17 @@ int ptl_network_cuda_forward(ptl_network_cuda *net, const void *images, int B, i
  * NULL; otherwise the first conv's input gradient is not computed at all. */
 int ptl_network_cuda_backward(ptl_network_cuda *net, const void *const d_out[2][2], void *d_images);
 
-/* The graph recorder's network part (ARCHITECTURE.md §3): captures, without running it, one forward of
- * `images` and one backward of `d_out` (no image gradient) for the current shape and mode, after an eager
- * forward and backward of that shape (the warm-up). ptl_network_cuda_replay then runs exactly that work
- * with one launch: same pointers (the caller keeps images and d_out alive and at the same addresses),
- * weights cast from the live parameters, gradients added to the live flat gradient, BN running
- * statistics updated as eagerly. A change of shape, train/eval mode or conv options retires it. */
+/* The graph recorder's network part (ARCHITECTURE.md §3): after an eager forward and backward of the
+ * current shape (the warm-up), captures, without running them, one forward of `images` and one backward
+ * of `d_out` (no image gradient) as two graphs. ptl_network_cuda_replay then runs exactly that work, the
+ * forward, the backward or both, one launch each: same pointers (the caller keeps images and d_out
+ * alive and in place, and writes the next d_out between the two), weights cast from the live
+ * parameters, gradients added to the live flat gradient, BN running statistics updated as eagerly. A
+ * change of shape, train/eval mode or conv options retires it. */
+enum { PTL_REPLAY_BOTH = 0, PTL_REPLAY_FORWARD = 1, PTL_REPLAY_BACKWARD = 2 };
 int ptl_network_cuda_record(ptl_network_cuda *net, const void *images, int B, int H, int W,
                             const void *const d_out[2][2]);
-int ptl_network_cuda_replay(ptl_network_cuda *net);
+int ptl_network_cuda_replay(ptl_network_cuda *net, int part);
 int ptl_network_cuda_recorded(const ptl_network_cuda *net);
 void ptl_network_cuda_retire(ptl_network_cuda *net);
 

@@ -315,21 +315,31 @@ static PyObject *py_record(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* replay(net): runs the recording; returns the head outputs like forward. */
+/* replay(net, part="both"|"forward"|"backward"): runs the recording; returns the head outputs like forward
+ * (None for "backward"). */
 static PyObject *py_replay(PyObject *self, PyObject *args)
 {
     PyObject *cap;
-    if (!PyArg_ParseTuple(args, "O:network_cuda_replay", &cap))
+    const char *part_name = "both";
+    if (!PyArg_ParseTuple(args, "O|s:network_cuda_replay", &cap, &part_name))
         return NULL;
     ptl_network_cuda *net = netc_arg(cap);
     if (!net)
         return NULL;
+    int part = !strcmp(part_name, "both") ? PTL_REPLAY_BOTH
+               : !strcmp(part_name, "forward") ? PTL_REPLAY_FORWARD
+               : !strcmp(part_name, "backward") ? PTL_REPLAY_BACKWARD
+                                                : -1;
+    if (part < 0)
+        return PyErr_Format(PyExc_ValueError, "part: expected 'both', 'forward' or 'backward', got '%s'", part_name);
     int rc;
     Py_BEGIN_ALLOW_THREADS;
-    rc = ptl_network_cuda_replay(net);
+    rc = ptl_network_cuda_replay(net, part);
     Py_END_ALLOW_THREADS;
     if (rc)
         return ptl_raise(self);
+    if (part == PTL_REPLAY_BACKWARD)
+        Py_RETURN_NONE;
     return outputs(self, cap, net);
 }
 
@@ -371,7 +381,8 @@ static PyMethodDef methods[] = {
      "network_cuda_record(net, images, d_boxes, d_scores, d_boxes_o2o, d_scores_o2o): capture one forward + "
      "backward (not run) for replay, after an eager warm-up of the same shape."},
     {"network_cuda_replay", py_replay, METH_VARARGS,
-     "network_cuda_replay(net) -> head outputs: run the recording with one launch."},
+     "network_cuda_replay(net, part='both') -> head outputs (None for 'backward'): run the recorded forward, "
+     "backward or both, one launch each."},
     {"network_cuda_retire", py_retire, METH_VARARGS, "network_cuda_retire(net): drop the recording."},
     {"network_cuda_create", (PyCFunction)(void (*)(void))py_create, METH_VARARGS | METH_KEYWORDS,
      "network_cuda_create(cpu_net, device=0, dtype='float32') -> handle of the CUDA executor of a CPU network "

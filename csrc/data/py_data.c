@@ -426,7 +426,7 @@ static PyObject *data_normalize(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *data_upload(PyObject *module, PyObject *args)
+PyObject *ptl_py_data_upload(PyObject *module, PyObject *args)
 {
     PyObject *io, *dobj, *stobj = Py_None;
     const uint8_t *px;
@@ -686,7 +686,7 @@ static PyMethodDef methods[] = {
      "(loader or None when no image is usable, info dict). Scans the files (problems go to info['log'])."},
     {"data_normalize", data_normalize, METH_VARARGS,
      "data_normalize(src uint8 Tensor, dst float Tensor on the same device): dst = src / 255."},
-    {"data_upload", data_upload, METH_VARARGS,
+    {"data_upload", ptl_py_data_upload, METH_VARARGS,
      "data_upload(images uint8 ndarray, dst Tensor, staging uint8 Tensor (CUDA only)): asynchronous copy to "
      "the device and normalisation into dst on the device's stream."},
     {"data_t_resize", t_resize, METH_VARARGS, "(img, w, h) -> bilinear resize (tests)."},

@@ -115,7 +115,7 @@ PyDoc_STRVAR(objective_doc,
              "gains the (box, cls, l1) loss gains; grad_scale multiplies the gradients (float16 loss scale), and\n"
              "so does entry i of a CUDA float32 tensor given as scale_from=(tensor, i), read on the device.");
 
-static PyObject *py_objective(PyObject *module, PyObject *args, PyObject *kwargs)
+PyObject *ptl_py_objective(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kw[] = {"outputs", "targets", "img_h", "img_w", "o2m_weight", "losses", "grads",
                          "assign_gt", "assign_score", "assign_in", "gains", "grad_scale", "scale_from", NULL};
@@ -313,7 +313,7 @@ static PyObject *py_o2m_weight(PyObject *module, PyObject *args)
 }
 
 static PyMethodDef methods[] = {
-    {"objective", (PyCFunction)(void (*)(void))py_objective, METH_VARARGS | METH_KEYWORDS, objective_doc},
+    {"objective", (PyCFunction)(void (*)(void))ptl_py_objective, METH_VARARGS | METH_KEYWORDS, objective_doc},
     {"objective_o2m_weight", py_o2m_weight, METH_VARARGS, "o2m weight of a 0-based epoch (spec §3.4)."},
     {NULL, NULL, 0, NULL},
 };

@@ -103,7 +103,7 @@ static PyObject *py_optim_ns_graph_state(PyObject *module, PyObject *cap)
     return Py_BuildValue("iis", g->state, g->eager_runs, g->why);
 }
 
-static PyObject *py_optim_step(PyObject *module, PyObject *args, PyObject *kw)
+PyObject *ptl_py_optim_step(PyObject *module, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"params", "grads", "state1", "state2", "scalars", "ptab", "call", "cmuon", "sgtab",
                              "ws_bf16", "ws_f64", "tx", "ta", "nmuon", "kinds", "lrs", "momenta", "wds", "muon_w",
@@ -256,7 +256,7 @@ static PyObject *py_optim_step(PyObject *module, PyObject *args, PyObject *kw)
 }
 
 /* _optim_ema(ema, model, decay): ema <- decay * ema + (1 - decay) * model, elementwise. */
-static PyObject *py_optim_ema(PyObject *module, PyObject *args)
+PyObject *ptl_py_optim_ema(PyObject *module, PyObject *args)
 {
     PyObject *o_e, *o_m;
     double decay;
@@ -398,11 +398,11 @@ static PyObject *py_optim_copy(PyObject *module, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"_optim_copy", py_optim_copy, METH_VARARGS, "Copy src into the existing tensor dst."},
-    {"_optim_step", (PyCFunction)(void (*)(void))py_optim_step, METH_VARARGS | METH_KEYWORDS,
+    {"_optim_step", (PyCFunction)(void (*)(void))ptl_py_optim_step, METH_VARARGS | METH_KEYWORDS,
      "One optimizer step over flat buffers (see ptl/optim.py)."},
     {"_optim_ns_graph", py_optim_ns_graph, METH_NOARGS, "A replay slot for the Newton-Schulz work."},
     {"_optim_ns_graph_state", py_optim_ns_graph_state, METH_O, "(state, eager_runs, why) of a replay slot."},
-    {"_optim_ema", py_optim_ema, METH_VARARGS, "ema <- decay * ema + (1 - decay) * model."},
+    {"_optim_ema", ptl_py_optim_ema, METH_VARARGS, "ema <- decay * ema + (1 - decay) * model."},
     {"_optim_newton_schulz", py_optim_newton_schulz, METH_VARARGS, "Batched NS5 orthogonalisation."},
     {NULL, NULL, 0, NULL},
 };
