@@ -1,13 +1,15 @@
 """Where a GPU step's time goes: host enqueue time, GPU kernel time and launch count, per kernel and per
 runtime call, for the network's forward + backward (``--what network``) or one whole training step
-through the Trainer's engine (``--what step``: upload, forward, objective, backward, optimizer, EMA).
+through the Trainer's engine (``--what step``: upload, forward, objective, backward, optimizer, EMA;
+``--capture`` replays the recorded network as ``fit(..., capture_network=True)`` does).
 
 Kernels and CUDA API calls are recorded with torch.profiler (CUPTI traces every kernel in the process,
 ptl's included), so this needs torch on the GPU machine. Prints, per iteration: wall time with a
 synchronisation, host time to enqueue, summed kernel time, kernel count; then the top kernels and API
 calls. ``--trace FILE`` keeps the Chrome trace.
 
-    python benchmarks/profile_step.py [--what network|step] [--batch 4] [--dtype bfloat16] [--iters 20]
+    python benchmarks/profile_step.py [--what network|step] [--capture] [--batch 4] [--dtype bfloat16]
+                                      [--iters 20] [--no-profile]
 """
 import argparse
 import collections
@@ -61,6 +63,7 @@ def train_step(args):
                              cache="ram", verbose=False)
     model = ptl.Detector("yolo26n", num_classes=data.num_classes, seed=0)
     trainer.datamodule = data
+    trainer.capture_network = args.capture
     eng = _Engine(trainer, model, data)
     trainer._engine = eng
     def batches():
@@ -120,6 +123,8 @@ def main():
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--trace", default=None)
+    ap.add_argument("--no-profile", action="store_true", help="timings only")
+    ap.add_argument("--capture", action="store_true", help="step: replay the recorded network (capture_network)")
     args = ap.parse_args()
     step = network_step(args) if args.what == "network" else train_step(args)
     for _ in range(5):
@@ -133,8 +138,17 @@ def main():
         ptl.cuda.synchronize()
         wall.append((time.perf_counter() - t0) * 1e3)
         enq.append((t1 - t0) * 1e3)
-    print(f"{args.what} batch {args.batch} {args.dtype} {args.imgsz}: wall {np.median(wall):.2f} ms median "
-          f"({np.min(wall):.2f}-{np.max(wall):.2f}); host enqueue {np.median(enq):.2f} ms median")
+    t0 = time.perf_counter()
+    for _ in range(args.iters):
+        step()
+    ptl.cuda.synchronize()
+    b2b = (time.perf_counter() - t0) * 1e3 / args.iters
+    what = args.what + (" capture" if args.capture else "")
+    print(f"{what} batch {args.batch} {args.dtype} {args.imgsz}: wall {np.median(wall):.2f} ms median "
+          f"({np.min(wall):.2f}-{np.max(wall):.2f}), mean {np.mean(wall):.2f} over {args.iters}; host enqueue "
+          f"{np.median(enq):.2f} ms median; back to back {b2b:.2f} ms per step")
+    if args.no_profile:
+        return
     try:
         import torch
         from torch.profiler import ProfilerActivity, profile
