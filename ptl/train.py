@@ -72,6 +72,8 @@ def build_parser():
     g.add_argument("--deterministic", type=_bool, default=True)
     g.add_argument("--progress-bar", type=_bool, default=True)
     g.add_argument("--checkpointing", type=_bool, default=True)
+    g.add_argument("--capture-network", action="store_true",
+                   help="CUDA: replay the network's forward and backward as recorded CUDA graphs")
     g.add_argument("--resume", default=None, metavar="PATH", help="checkpoint to continue from")
     g.add_argument("--digest", action="store_true", help="print the run's digests (JSON) at the end")
     return p
@@ -107,10 +109,12 @@ def main(argv=None):
                           enable_progress_bar=args.progress_bar, enable_checkpointing=args.checkpointing,
                           deterministic=args.deterministic, default_root_dir=args.project,
                           accelerator=args.device, name=args.name, seed=args.seed)
+        if args.capture_network and trainer.device == "cpu":
+            raise ValueError("--capture-network needs a CUDA device (--device cuda)")
     except (ValueError, TypeError, KeyError, OSError) as exc:
         print("ptl.train: error: %s" % exc, file=sys.stderr)
         return 2
-    trainer.fit(model, data, ckpt_path=args.resume)
+    trainer.fit(model, data, ckpt_path=args.resume, capture_network=args.capture_network)
     print("ptl.train: run folder %s" % trainer.log_dir, file=sys.stderr)
     if args.digest:
         print(json.dumps(trainer.digest(), indent=1, sort_keys=True))

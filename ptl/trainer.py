@@ -132,6 +132,8 @@ class Trainer:
                              % (devices,))
         _limit(limit_train_batches, 1, "limit_train_batches")
         _limit(limit_val_batches, 1, "limit_val_batches")
+        if accelerator == "cpu" and PRECISIONS[precision] != "float32":
+            raise ValueError("precision: %r needs CUDA; the CPU trains in '32-true'" % (precision,))
         self.max_epochs = max_epochs
         self.max_steps = max_steps
         self.precision = precision

@@ -209,7 +209,7 @@ def test_bad_trainer_arguments():
             Trainer(**kw)
 
 
-def test_cli_help_and_bad_arguments(tmp_path):
+def test_cli_help_and_bad_arguments(coco256, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     r = subprocess.run([sys.executable, "-m", "ptl.train", "--help"], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "--resume" in r.stdout and "--digest" in r.stdout
@@ -219,6 +219,12 @@ def test_cli_help_and_bad_arguments(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ptl.train", "--data", str(tmp_path / "missing.yaml")],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "missing.yaml" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "ptl.train", "--data", str(coco256 / "data.yaml"), "--device", "cpu",
+                        "--capture-network"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--capture-network" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "ptl.train", "--data", str(coco256 / "data.yaml"), "--device", "cpu",
+                        "--precision", "bf16-mixed"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "precision" in r.stderr
 
 
 def test_cli_fit_prints_digests(coco256, tmp_path):

@@ -1,0 +1,93 @@
+"""The fit benchmark: the same training run eagerly and with the recorded network replayed
+(``--capture-network``), each in a fresh process of ``python -m ptl.train``, in pairs; reports wall time
+and per-epoch time of each, and whether the two runs' digests (losses, model, optimizer, schedule, EMA,
+metrics) are identical, as they must be.
+
+    python benchmarks/fit.py [--data coco256/data.yaml] [--epochs 6] [--batch 4] [--imgsz 640]
+                             [--precision bf16-mixed] [--workers 4] [--cache ram] [--pairs 1] [--device cuda]
+                             [-- extra ptl.train arguments]
+
+With ``--device cpu`` only the eager run is made (replay needs CUDA).
+"""
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def default_data():
+    for root in (os.environ.get("PTL_SHARED"), os.path.join(HERE, "..", "..", "shared"),
+                 os.path.join(HERE, "..", ".device")):
+        if root and os.path.isfile(os.path.join(root, "data", "coco256", "data.yaml")):
+            return os.path.join(root, "data", "coco256", "data.yaml")
+    return None
+
+
+def run(mode, args, extra, root):
+    cmd = [sys.executable, "-m", "ptl.train", "--data", args.data, "--model", "yolo26n", "--epochs", str(args.epochs),
+           "--batch", str(args.batch), "--imgsz", str(args.imgsz), "--precision", args.precision, "--workers",
+           str(args.workers), "--cache", args.cache, "--device", args.device, "--project", root, "--name", mode,
+           "--digest", "--progress-bar", "false", "--checkpointing", "false"] + extra
+    if mode == "replay":
+        cmd.append("--capture-network")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "..")] + sys.path))
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        sys.exit("%s run failed (exit %d):\n%s" % (mode, r.returncode, r.stderr[-3000:]))
+    run_dir = [ln.split("run folder ", 1)[1].strip() for ln in r.stderr.splitlines() if "run folder " in ln][-1]
+    with open(os.path.join(run_dir, "metrics.csv")) as f:
+        epochs = [float(row["time"]) for row in csv.DictReader(f)]
+    return {"wall_s": wall, "epoch_s": epochs, "digest": json.loads(r.stdout)}
+
+
+def main():
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=default_data())
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--imgsz", type=int, default=640)
+    ap.add_argument("--precision", default="bf16-mixed")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--cache", default="ram", choices=["ram", "none"])
+    ap.add_argument("--pairs", type=int, default=1)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if not args.data:
+        sys.exit("no dataset: pass --data or set PTL_SHARED")
+    modes = ["eager"] if args.device == "cpu" else ["eager", "replay"]
+    results = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory(prefix="ptl-fit-") as root:
+        for p in range(args.pairs):
+            for m in (modes if p % 2 == 0 else modes[::-1]):  # alternate the order within pairs
+                results[m].append(run(m, args, extra, os.path.join(root, "pair%d" % p)))
+    print("| mode | wall s median (min-max) | epoch s median (min-max) |")
+    print("|---|---|---|")
+    for m in modes:
+        walls = [r["wall_s"] for r in results[m]]
+        eps = [e for r in results[m] for e in r["epoch_s"]]
+        print("| %s | %.1f (%.1f-%.1f) | %.2f (%.2f-%.2f) |" % (m, statistics.median(walls), min(walls), max(walls),
+                                                           statistics.median(eps), min(eps), max(eps)))
+    digests = [r["digest"] for m in modes for r in results[m]]
+    same = all(d == digests[0] for d in digests)
+    print("digests identical across %d runs: %s" % (len(digests), "yes" if same else "NO"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "extra": extra, "results": results}, f, indent=1)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
