@@ -220,9 +220,6 @@ static PyObject *py_forward(PyObject *self, PyObject *args)
     return outputs(self, cap, net);
 }
 
-/* backward(net, d_boxes, d_scores, d_boxes_o2o, d_scores_o2o, input_grad=False): float32 tensors on the
- * device shaped like the outputs, or None (zero). Parameter gradients accumulate; returns d images
- * (B, H, W, 3) in the compute dtype, or None. */
 /* The four output gradients (float32 device tensors shaped like the outputs, or None = zero) as pointers. */
 static int d_out_args(PyObject *self, ptl_network_cuda *net, PyObject *const d[4], const void *ptrs[2][2])
 {
@@ -244,6 +241,9 @@ static int d_out_args(PyObject *self, ptl_network_cuda *net, PyObject *const d[4
     return 0;
 }
 
+/* backward(net, d_boxes, d_scores, d_boxes_o2o, d_scores_o2o, input_grad=False): float32 tensors on the
+ * device shaped like the outputs, or None (zero). Parameter gradients accumulate; returns d images
+ * (B, H, W, 3) in the compute dtype, or None. */
 static PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"net", "d_boxes", "d_scores", "d_boxes_o2o", "d_scores_o2o", "input_grad", NULL};
