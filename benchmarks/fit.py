@@ -19,15 +19,7 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def default_data():
-    for root in (os.environ.get("PTL_SHARED"), os.path.join(HERE, "..", "..", "shared"),
-                 os.path.join(HERE, "..", ".device")):
-        if root and os.path.isfile(os.path.join(root, "data", "coco256", "data.yaml")):
-            return os.path.join(root, "data", "coco256", "data.yaml")
-    return None
+from common import HERE, coco256_yaml  # noqa: E402
 
 
 def run(mode, args, extra, root):
@@ -54,7 +46,7 @@ def main():
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=default_data())
+    ap.add_argument("--data", default=coco256_yaml())
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--imgsz", type=int, default=640)

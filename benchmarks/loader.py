@@ -17,23 +17,13 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
+from common import coco256_yaml  # noqa: E402
 from ptl.data import DetectionData  # noqa: E402
-
-
-def default_data():
-    here = os.path.dirname(os.path.abspath(__file__))
-    for root in (os.environ.get("PTL_SHARED"), os.path.join(here, "..", "..", "shared"),
-                 os.path.join(here, "..", ".device")):
-        if root and os.path.isfile(os.path.join(root, "data", "coco256", "data.yaml")):
-            return os.path.join(root, "data", "coco256", "data.yaml")
-    return None
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=default_data())
+    ap.add_argument("--data", default=coco256_yaml())
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--workers", default="1,2,4,8,16")

@@ -14,25 +14,15 @@ forward + backward recorded once and replayed as one CUDA graph.
 """
 import argparse
 import json
-import os
 import sys
 import time
 
 import numpy as np
 
-import ptl
-from ptl._network_cuda import CudaNetwork
-from ptl.model import Detector
+from common import network_case, shared_dir  # noqa: E402
+import ptl  # noqa: E402
 
 IMG = 640
-
-
-def _shared():
-    for cand in (os.environ.get("PTL_SHARED"), os.path.join(os.path.dirname(__file__), "..", "..", "shared"),
-                 os.path.join(os.path.dirname(__file__), "..", ".device")):
-        if cand and os.path.isdir(os.path.join(cand, "torchref")):
-            return os.path.abspath(cand)
-    return None
 
 
 def _time(step, sync, iters, warmup):
@@ -55,17 +45,10 @@ def _time(step, sync, iters, warmup):
 
 
 def bench_ptl(batch, prec, iters, warmup, tf32, find):
-    det = Detector("yolo26n", num_classes=80, seed=0)
     dtype = {"bf16": "bfloat16", "fp32": "float32"}[prec]
-    net = CudaNetwork(det, "cuda", dtype)
+    net, img, grads = network_case(batch, IMG, dtype)
     if tf32 or find:
-        net.set_conv_options(allow_tf32=tf32, find=find)
-    x = np.random.default_rng(7).random((batch, IMG, IMG, 3)).astype(np.float32)
-    img = ptl.tensor(x, device="cuda").to(dtype=dtype)
-    net.prepare(batch, IMG, IMG)
-    out = net.forward(img)
-    grads = {br: tuple(ptl.tensor(np.full(tuple(t.shape), 1e-3, np.float32), device="cuda") for t in out[br])
-             for br in out}
+        net.set_conv_options(allow_tf32=tf32, find=find)  # new plans at the next forward
 
     def step():
         net.forward(img)
@@ -116,7 +99,7 @@ def main():
         sys.exit("benchmarks/network.py needs a CUDA device")
     have_torch = False
     if not args.no_torch:
-        shared = _shared()
+        shared = shared_dir("torchref")
         try:
             import torch  # noqa: F401
             if shared:

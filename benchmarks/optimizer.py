@@ -8,23 +8,14 @@ for benchmarks/RESULTS.md and a JSON file when --json is given.
 """
 import argparse
 import json
-import os
 import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import shared_dir  # noqa: E402
 import ptl  # noqa: E402
 from ptl import optim  # noqa: E402
-
-
-def _shared():
-    for cand in (os.environ.get("PTL_SHARED"), os.path.join(os.path.dirname(__file__), "..", "..", "shared"),
-                 os.path.join(os.path.dirname(__file__), "..", ".device")):
-        if cand and os.path.isdir(os.path.join(cand, "torchref")):
-            return os.path.abspath(cand)
-    return None
 
 
 def tables_from_torchref(scale):
@@ -111,7 +102,7 @@ def main():
     except ImportError:
         print("optimizer benchmark: torch not installed; the yolo26 shapes come from torchref")
         return 0
-    sh = _shared()
+    sh = shared_dir("torchref")
     if sh is None:
         print("optimizer benchmark: ../shared/torchref not found (set PTL_SHARED)")
         return 1

@@ -21,30 +21,12 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
+from common import coco256_yaml, network_case  # noqa: E402
 import ptl  # noqa: E402
-from ptl._network_cuda import CudaNetwork  # noqa: E402
-from ptl.model import Detector  # noqa: E402
-
-
-def _data_yaml():
-    here = os.path.dirname(os.path.abspath(__file__))
-    for root in (os.environ.get("PTL_SHARED"), os.path.join(here, "..", "..", "shared"),
-                 os.path.join(here, "..", ".device")):
-        if root and os.path.isfile(os.path.join(root, "data", "coco256", "data.yaml")):
-            return os.path.join(root, "data", "coco256", "data.yaml")
-    sys.exit("coco256 not found: set PTL_SHARED")
 
 
 def network_step(args):
-    det = Detector("yolo26n", num_classes=80, seed=0)
-    net = CudaNetwork(det, "cuda", args.dtype)
-    x = np.random.default_rng(7).random((args.batch, args.imgsz, args.imgsz, 3)).astype(np.float32)
-    img = ptl.tensor(x, device="cuda").to(dtype=args.dtype)
-    out = net.forward(img)
-    grads = {br: tuple(ptl.tensor(np.full(tuple(t.shape), 1e-3, np.float32), device="cuda") for t in out[br])
-             for br in out}
+    net, img, grads = network_case(args.batch, args.imgsz, args.dtype)
 
     def step():
         net.forward(img)
@@ -59,7 +41,9 @@ def train_step(args):
     trainer = ptl.Trainer(max_epochs=100, precision=prec, accelerator="cuda", enable_progress_bar=False,
                           enable_checkpointing=False, logger=False,
                           default_root_dir=tempfile.mkdtemp(prefix="ptl-prof-"))
-    data = ptl.DetectionData(_data_yaml(), imgsz=args.imgsz, batch_size=args.batch, workers=args.workers,
+    if not coco256_yaml():
+        sys.exit("coco256 not found: set PTL_SHARED")
+    data = ptl.DetectionData(coco256_yaml(), imgsz=args.imgsz, batch_size=args.batch, workers=args.workers,
                              cache="ram", verbose=False)
     model = ptl.Detector("yolo26n", num_classes=data.num_classes, seed=0)
     trainer.datamodule = data
@@ -126,6 +110,8 @@ def main():
     ap.add_argument("--no-profile", action="store_true", help="timings only")
     ap.add_argument("--capture", action="store_true", help="step: replay the recorded network (capture_network)")
     args = ap.parse_args()
+    if not ptl.cuda.is_available():
+        sys.exit("benchmarks/profile_step.py needs a CUDA device")
     step = network_step(args) if args.what == "network" else train_step(args)
     for _ in range(5):
         step()

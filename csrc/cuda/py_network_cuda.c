@@ -194,22 +194,32 @@ static PyObject *outputs(PyObject *self, PyObject *cap, ptl_network_cuda *net)
     return Py_BuildValue("(NNNN)", o[0], o[1], o[2], o[3]);
 }
 
+/* images: (B, H, W, 3) on the network's device in its compute dtype. */
+static PtlTensor *images_arg(PyObject *self, ptl_network_cuda *net, PyObject *img, int *B, int *H, int *W)
+{
+    ptl_device dev = dev_of(net);
+    int64_t ishape[4] = {-1, -1, -1, 3};
+    PtlTensor *t = ptl_tensor_arg(self, img, "images", (int)ptl_network_cuda_dtype(net), &dev, 4, ishape);
+    if (t) {
+        *B = (int)t->shape[0];
+        *H = (int)t->shape[1];
+        *W = (int)t->shape[2];
+    }
+    return t;
+}
+
 /* forward(net, images (B, H, W, 3) on the network's device in its compute dtype)
  *   -> (boxes_o2m, scores_o2m, boxes_o2o, scores_o2o), float32 views overwritten by the next forward. */
 static PyObject *py_forward(PyObject *self, PyObject *args)
 {
     PyObject *cap, *img;
+    int B, H, W;
     if (!PyArg_ParseTuple(args, "OO:network_cuda_forward", &cap, &img))
         return NULL;
     ptl_network_cuda *net = netc_arg(cap);
-    if (!net)
-        return NULL;
-    ptl_device dev = dev_of(net);
-    int64_t ishape[4] = {-1, -1, -1, 3};
-    PtlTensor *t = ptl_tensor_arg(self, img, "images", (int)ptl_network_cuda_dtype(net), &dev, 4, ishape);
+    PtlTensor *t = net ? images_arg(self, net, img, &B, &H, &W) : NULL;
     if (!t)
         return NULL;
-    int B = (int)t->shape[0], H = (int)t->shape[1], W = (int)t->shape[2];
     const void *data = ptl_tensor_data(t);
     int rc;
     Py_BEGIN_ALLOW_THREADS;
@@ -291,20 +301,16 @@ static PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kw)
 static PyObject *py_record(PyObject *self, PyObject *args)
 {
     PyObject *cap, *img, *d[4];
+    int B, H, W;
     if (!PyArg_ParseTuple(args, "OOOOOO:network_cuda_record", &cap, &img, &d[0], &d[1], &d[2], &d[3]))
         return NULL;
     ptl_network_cuda *net = netc_arg(cap);
-    if (!net)
-        return NULL;
-    ptl_device dev = dev_of(net);
-    int64_t ishape[4] = {-1, -1, -1, 3};
-    PtlTensor *t = ptl_tensor_arg(self, img, "images", (int)ptl_network_cuda_dtype(net), &dev, 4, ishape);
+    PtlTensor *t = net ? images_arg(self, net, img, &B, &H, &W) : NULL;
     if (!t)
         return NULL;
     const void *ptrs[2][2];
     if (d_out_args(self, net, d, ptrs) < 0)
         return NULL;
-    int B = (int)t->shape[0], H = (int)t->shape[1], W = (int)t->shape[2];
     const void *data = ptl_tensor_data(t);
     int rc;
     Py_BEGIN_ALLOW_THREADS;
