@@ -340,7 +340,8 @@ def test_replay_equals_eager(dtype):
 @pytest.mark.cuda
 def test_recording_rules():
     """Record needs an eager warm-up of the shape; replay needs a recording; a change of mode or shape
-    retires it (rule 4); an eager step after a recording leaves it usable (rule 3)."""
+    retires it (rule 4), and so does another network moving the shared layer scratch; an eager step of
+    the same shape after a recording leaves it usable."""
     det = Detector("yolo26n", num_classes=80)
     net = CudaNetwork(det, "cuda", "bfloat16")
     img = ptl.tensor(np.random.default_rng(0).random((1, 128, 128, 3)).astype(np.float32),
@@ -375,6 +376,16 @@ def test_recording_rules():
     net.replay()
     net.retire()
     assert not net.recorded
+    # another network on the device growing the shared layer scratch (the EMA model validating a larger
+    # batch) moves it: the recording would point at freed memory, so it is retired
+    net.forward(img)
+    net.backward(R)
+    net.record(img, R)
+    other = CudaNetwork(Detector("yolo26n", num_classes=80), "cuda", "bfloat16")
+    other.prepare(8, 640, 640)
+    assert not net.recorded
+    with pytest.raises(RuntimeError, match="layer scratch"):
+        net.replay()
     ptl.cuda.synchronize()
 
 

@@ -74,6 +74,9 @@ int ptl_conv2d_backward_bias_cuda(struct ptl_cuda_ctx *ctx, const ptl_conv2d_pla
 int ptl_layers_cuda_reserve(struct ptl_cuda_ctx *ctx, size_t bytes);
 /* The scratch, grown to at least `bytes` if needed. */
 int ptl_layers_cuda_scratch(struct ptl_cuda_ctx *ctx, size_t bytes, void **out);
+/* How many times the scratch has been (re)allocated: a recording made at another generation holds a
+ * stale address (another network's larger shape grew it) and must be made again. */
+uint64_t ptl_layers_cuda_scratch_generation(struct ptl_cuda_ctx *ctx);
 size_t ptl_batchnorm_cuda_scratch_bytes(int64_t m, int c);
 size_t ptl_attention_cuda_scratch_bytes(ptl_dtype dt, int n, int heads);
 

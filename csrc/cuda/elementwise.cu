@@ -8,12 +8,14 @@
 /* ---------------------------------------------------------------- layer scratch
  * One buffer per device context (kept in its ext slot and freed with it), from the context's allocator
  * (default pool, so it never belongs to a graph's private pool). Work runs on the context's one stream,
- * so freeing the old buffer when growing is safe for kernels still queued on it. */
+ * so freeing the old buffer when growing is safe for kernels still queued on it. A recorded graph holds
+ * the buffer's address, so each growth counts a generation that recordings compare before replaying. */
 
 typedef struct {
     ptl_cuda_ctx *ctx;
     void *ptr, *block;
     size_t bytes;
+    uint64_t generation;
 } layer_scratch;
 
 static void scratch_destroy(void *p)
@@ -52,6 +54,7 @@ extern "C" int ptl_layers_cuda_scratch(ptl_cuda_ctx *ctx, size_t bytes, void **o
             s->ptr = ptr;
             s->block = block;
             s->bytes = want;
+            s->generation++;
         }
     }
     if (rc == 0)
@@ -64,6 +67,15 @@ extern "C" int ptl_layers_cuda_reserve(ptl_cuda_ctx *ctx, size_t bytes)
 {
     void *p;
     return ptl_layers_cuda_scratch(ctx, bytes, &p);
+}
+
+extern "C" uint64_t ptl_layers_cuda_scratch_generation(ptl_cuda_ctx *ctx)
+{
+    pthread_mutex_lock(&ctx->ext_lock);
+    const layer_scratch *s = (const layer_scratch *)ctx->ext[PTL_CTX_LAYER_SCRATCH].ptr;
+    const uint64_t g = s ? s->generation : 0;
+    pthread_mutex_unlock(&ctx->ext_lock);
+    return g;
 }
 
 /* ---------------------------------------------------------------- add / accumulate */

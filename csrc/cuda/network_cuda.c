@@ -73,6 +73,7 @@ struct ptl_network_cuda {
     /* the recording (ptl_network_cuda_record): a forward graph and a backward graph, and the mode */
     ptl_cuda_graph *rec_fwd, *rec_bwd;
     int rec_training;
+    uint64_t rec_scratch_gen; /* the layer scratch's generation the graphs point into */
 };
 
 static int64_t align_up(int64_t n) { return (n + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS; }
@@ -824,15 +825,17 @@ int ptl_network_cuda_record(ptl_network_cuda *net, const void *images, int B, in
         return -1;
     }
     net->rec_training = net->training;
+    net->rec_scratch_gen = ptl_layers_cuda_scratch_generation(ctx);
     return 0;
 }
 
 int ptl_network_cuda_replay(ptl_network_cuda *net, int part)
 {
     ptl_cuda_ctx *ctx;
-    if (!net->rec_fwd)
+    if (!ptl_network_cuda_recorded(net))
         return ptl_set_error(PTL_ERR_RUNTIME, "network replay: nothing recorded (or the recording was retired by "
-                                              "a change of shape, mode or conv options)");
+                                              "a change of shape, mode or conv options, or by another network "
+                                              "growing the device's layer scratch)");
     if (part == PTL_REPLAY_BACKWARD && !net->have_forward)
         return ptl_set_error(PTL_ERR_RUNTIME, "network replay: the backward needs a forward of this shape first");
     if (ptl_cuda_ctx_get(net->rt, net->device, &ctx))
@@ -849,7 +852,14 @@ int ptl_network_cuda_replay(ptl_network_cuda *net, int part)
     return 0;
 }
 
-int ptl_network_cuda_recorded(const ptl_network_cuda *net) { return net->rec_fwd != NULL; }
+int ptl_network_cuda_recorded(ptl_network_cuda *net)
+{
+    ptl_cuda_ctx *ctx;
+    if (net->rec_fwd && (ptl_cuda_ctx_get(net->rt, net->device, &ctx) ||
+                         ptl_layers_cuda_scratch_generation(ctx) != net->rec_scratch_gen))
+        ptl_network_cuda_retire(net); /* the shared layer scratch moved: the graphs point at freed memory */
+    return net->rec_fwd != NULL;
+}
 
 int ptl_network_cuda_zero_grad(ptl_network_cuda *net)
 {

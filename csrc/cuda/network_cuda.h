@@ -66,12 +66,15 @@ int ptl_network_cuda_backward(ptl_network_cuda *net, const void *const d_out[2][
  * forward, the backward or both, one launch each: same pointers (the caller keeps images and d_out
  * alive and in place, and writes the next d_out between the two), weights cast from the live
  * parameters, gradients added to the live flat gradient, BN running statistics updated as eagerly. A
- * change of shape, train/eval mode or conv options retires it. */
+ * change of shape, train/eval mode or conv options retires it, and so does a growth of the device's
+ * shared layer scratch (conv2d.h) by another network. */
 enum { PTL_REPLAY_BOTH = 0, PTL_REPLAY_FORWARD = 1, PTL_REPLAY_BACKWARD = 2 };
 int ptl_network_cuda_record(ptl_network_cuda *net, const void *images, int B, int H, int W,
                             const void *const d_out[2][2]);
 int ptl_network_cuda_replay(ptl_network_cuda *net, int part);
-int ptl_network_cuda_recorded(const ptl_network_cuda *net);
+/* 1 while a recording is usable; a recording whose layer scratch another network has since grown (and
+ * so moved) is retired here. */
+int ptl_network_cuda_recorded(ptl_network_cuda *net);
 void ptl_network_cuda_retire(ptl_network_cuda *net);
 
 /* grads = 0 (asynchronously, on the device's stream). */

@@ -509,13 +509,15 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
     size_t off_res = off_part + obj_align(sizeof(double) * 4 * OBJ_NB);
     size_t need = off_res + obj_align(sizeof(double) * 8);
     if (need > ws->dcap) {
+        /* grown geometrically: the box count per image varies from batch to batch */
+        const size_t cap = need > 2 * ws->dcap ? need : 2 * ws->dcap;
         if (ws->dblock)
             ptl_alloc_free(ctx->alloc, ws->dblock);
         ws->dblock = ws->dbuf = NULL;
         ws->dcap = 0;
-        if (ptl_alloc_malloc(ctx->alloc, 0, need, &ws->dbuf, &ws->dblock) != 0)
+        if (ptl_alloc_malloc(ctx->alloc, 0, cap, &ws->dbuf, &ws->dblock) != 0)
             return -1;
-        ws->dcap = need;
+        ws->dcap = cap;
     }
     char *base = (char *)ws->dbuf;
     w.count = (const int32_t *)base;

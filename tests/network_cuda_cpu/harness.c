@@ -223,6 +223,11 @@ int ptl_layers_cuda_reserve(struct ptl_cuda_ctx *ctx, size_t bytes)
     (void)bytes;
     return 0;
 }
+uint64_t ptl_layers_cuda_scratch_generation(struct ptl_cuda_ctx *ctx)
+{
+    (void)ctx;
+    return 0;
+}
 size_t ptl_batchnorm_cuda_scratch_bytes(int64_t m, int c) { return (size_t)(m + c); }
 size_t ptl_attention_cuda_scratch_bytes(ptl_dtype dt, int n, int heads)
 {
