@@ -2,7 +2,8 @@
 # Everything a GPU session should run, in one device call (the lease is short: see CONTRIBUTING.md).
 #   here:  mkdir -p .device && cp -r ../shared/torchref ../shared/data .device/
 #   then:  run(command="bash benchmarks/gpu_session.sh", carry=[".device"])
-# Builds with sm_90 only, runs every cuda/torchref test, then the benchmarks; logs go to $OUT (or ./gpu-logs).
+# Builds with sm_90 only, runs every cuda/torchref test (the trainer's and the recorder's first, then the
+# rest; TESTS overrides the list), then the benchmarks (BENCHES); logs go to $OUT (or ./gpu-logs).
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-logs}
 mkdir -p "$OUT"
@@ -14,12 +15,21 @@ if ! ( time python3 -m pip install --no-build-isolation -e . ) > "$OUT/build.log
   exit 1
 fi
 grep real "$OUT/build.log"
-timeout "${TEST_S:-400}" python3 -m pytest -q -m "cuda or torchref" tests -p no:cacheprovider \
-  > "$OUT/pytest_gpu.log" 2>&1
+timeout "${TEST_S:-400}" python3 -m pytest -rf -v -m "cuda or torchref" -p no:cacheprovider \
+  ${TESTS:-tests/test_trainer.py tests/test_network_cuda.py tests} > "$OUT/pytest_gpu.log" 2>&1
+grep -cE " PASSED" "$OUT/pytest_gpu.log" | sed 's/^/passed so far: /'
 grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" | head -30
 tail -1 "$OUT/pytest_gpu.log"
-for b in ${BENCHES:-network objective optimizer loader layers_cuda}; do
+for b in ${BENCHES:-fit step network objective optimizer loader}; do
   echo "== $b"
-  timeout "${BENCH_S:-240}" python3 "benchmarks/$b.py" > "$OUT/bench_$b.log" 2>&1
+  case $b in
+    fit) cmd="benchmarks/fit.py --json $OUT/fit.json" ;;
+    step) cmd="benchmarks/profile_step.py --what step --no-profile --iters 64" ;;
+    *) cmd="benchmarks/$b.py" ;;
+  esac
+  timeout "${BENCH_S:-240}" python3 $cmd > "$OUT/bench_$b.log" 2>&1
+  if [ "$b" = step ]; then
+    timeout "${BENCH_S:-240}" python3 $cmd --capture >> "$OUT/bench_$b.log" 2>&1
+  fi
   tail -15 "$OUT/bench_$b.log"
 done
