@@ -44,8 +44,8 @@ class CudaNetwork:
     ``forward(images)`` takes a ptl.Tensor (B, H, W, 3) on the device in the compute dtype (the
     training path, no host work), or the NumPy forms ``Detector.forward`` accepts (converted and
     uploaded). It returns ``{"one2many": (boxes, scores), "one2one": (boxes, scores)}`` as float32
-    device tensors over the network's output buffers: the next forward overwrites them, and a forward
-    of another shape frees them (copy what must be kept). ``backward(grads)`` takes the same structure of
+    device tensors over the network's output buffers: the next forward of that shape overwrites them,
+    and a third shape evicting theirs frees them (the executor keeps two shapes; copy what must be kept). ``backward(grads)`` takes the same structure of
     float32 device tensors (None = zero) and adds the parameter gradients into ``grads``.
     """
 

@@ -339,9 +339,10 @@ def test_replay_equals_eager(dtype):
 
 @pytest.mark.cuda
 def test_recording_rules():
-    """Record needs an eager warm-up of the shape; replay needs a recording; a change of mode or shape
-    retires it (rule 4), and so does another network moving the shared layer scratch; an eager step of
-    the same shape after a recording leaves it usable."""
+    """Record needs an eager warm-up of the shape; replay needs a recording. The executor keeps two
+    shapes: a partial batch in between leaves the full shape's recording usable (rule 3), a third shape
+    evicts the least recently used one. A change of mode retires it (rule 4), and so does another network
+    moving the shared layer scratch; an eager step of the same shape leaves it usable."""
     det = Detector("yolo26n", num_classes=80)
     net = CudaNetwork(det, "cuda", "bfloat16")
     img = ptl.tensor(np.random.default_rng(0).random((1, 128, 128, 3)).astype(np.float32),
@@ -358,9 +359,22 @@ def test_recording_rules():
     net.record(img, R)
     assert net.recorded
     small = ptl.tensor(np.zeros((1, 64, 64, 3), np.float32), device="cuda").to(dtype="bfloat16")
-    net.forward(small)  # another shape: re-plans, so the recording goes
+    net.forward(small)  # another shape (a partial batch) has its own slot, with no recording
     assert not net.recorded
+    net.forward(img)  # back to the recorded shape: its slot kept the recording (rule 3)
+    assert net.recorded
+    out_replayed = _np_out(net.replay("forward"))
+    eager = _np_out(net.forward(img))
+    for br in eager:
+        for a, b in zip(eager[br], out_replayed[br]):
+            assert np.array_equal(_bits(a), _bits(b))
+    net.backward(R)
+    net.record(img, R)
+    mid = ptl.tensor(np.zeros((1, 96, 96, 3), np.float32), device="cuda").to(dtype="bfloat16")
+    net.forward(small)
+    net.forward(mid)  # a third shape takes the least recently used slot: the recorded one
     net.forward(img)
+    assert not net.recorded
     net.backward(R)
     net.record(img, R)
     net.eval()

@@ -29,6 +29,27 @@ typedef struct {
     void *ptr, *block;
 } dbuf;
 
+#define NET_SHAPES 2
+
+typedef struct {
+    int B, H, W; /* 0: slot empty */
+    int64_t A, level_off[3];
+    int64_t *voff;     /* per value: element offset in act */
+    int64_t *goff;     /* per value: element offset of its gradient in gact (slots are shared: plan_gradients) */
+    int64_t *attn_off; /* per op: element offset in attn */
+    int64_t act_numel, gact_numel, attn_numel, max_value_numel;
+    dbuf act, gact, attn, scratch, ws;
+    size_t ws_bytes;
+    dbuf out[2][2];
+    ptl_conv2d_plan **plans; /* per op (convs only) */
+    uint64_t last_use;
+
+    /* the recording (ptl_network_cuda_record): a forward graph and a backward graph, and the mode */
+    ptl_cuda_graph *rec_fwd, *rec_bwd;
+    int rec_training;
+    uint64_t rec_scratch_gen; /* the layer scratch's generation the graphs point into */
+} net_shape;
+
 struct ptl_network_cuda {
     ptl_runtime *rt;
     int device;
@@ -58,22 +79,11 @@ struct ptl_network_cuda {
     int *gzero_op;      /* per value: op before whose backward its slot is zeroed (-1: none) */
     int *zero_list, *zero_begin; /* the values of gzero_op grouped by op: zero_list[zero_begin[i]..[i+1]) */
 
-    /* per shape */
-    int B, H, W;
-    int64_t A, level_off[3];
-    int64_t *voff;    /* per value: element offset in act */
-    int64_t *goff;    /* per value: element offset of its gradient in gact (slots are shared: plan_gradients) */
-    int64_t *attn_off; /* per op: element offset in attn */
-    int64_t act_numel, gact_numel, attn_numel, max_value_numel;
-    dbuf act, gact, attn, scratch, ws;
-    size_t ws_bytes;
-    dbuf out[2][2];
-    ptl_conv2d_plan **plans; /* per op (convs only) */
-
-    /* the recording (ptl_network_cuda_record): a forward graph and a backward graph, and the mode */
-    ptl_cuda_graph *rec_fwd, *rec_bwd;
-    int rec_training;
-    uint64_t rec_scratch_gen; /* the layer scratch's generation the graphs point into */
+    /* Per-shape state, for the last NET_SHAPES shapes used (a training fit's full batches and its
+     * partial last batch), so that switching between them neither remakes plans nor drops a recording. */
+    net_shape slot[NET_SHAPES];
+    net_shape *cur; /* the current shape's slot (B == 0: none yet) */
+    uint64_t clock; /* use counter: the least recently used slot is reused first */
 };
 
 static int64_t align_up(int64_t n) { return (n + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS; }
@@ -290,6 +300,7 @@ static int plan_gradients(ptl_network_cuda *net)
 /* First-fit placement of the gradient slots by birth step; returns the arena size in elements. */
 static int64_t place_gradients(ptl_network_cuda *net, const int64_t *size)
 {
+    net_shape *const S = net->cur;
     const int nv = net->nvalues;
     int64_t total = 0;
     int *order = malloc((size_t)nv * sizeof(int)), *placed = malloc((size_t)nv * sizeof(int));
@@ -312,15 +323,15 @@ static int64_t place_gradients(ptl_network_cuda *net, const int64_t *size)
                 const int u = placed[q];
                 if (net->gdie[u] < net->gborn[v])
                     continue; /* dead before v is born */
-                if (off < net->goff[u] + size[u] && net->goff[u] < off + size[v]) {
-                    off = net->goff[u] + size[u];
+                if (off < S->goff[u] + size[u] && S->goff[u] < off + size[v]) {
+                    off = S->goff[u] + size[u];
                     moved = 1;
                 }
             }
             if (!moved)
                 break;
         }
-        net->goff[v] = off;
+        S->goff[v] = off;
         placed[np++] = v;
         total = off + size[v] > total ? off + size[v] : total;
     }
@@ -361,13 +372,21 @@ ptl_network_cuda *ptl_network_cuda_create(ptl_runtime *rt, const ptl_network *cp
     net->opts = ptl_conv2d_plan_opts_default();
     net->values = malloc((size_t)net->nvalues * sizeof *net->values);
     net->ops = malloc((size_t)net->nops * sizeof *net->ops);
-    net->voff = calloc((size_t)net->nvalues, sizeof(int64_t));
-    net->goff = calloc((size_t)net->nvalues, sizeof(int64_t));
-    net->attn_off = calloc((size_t)net->nops, sizeof(int64_t));
-    net->plans = calloc((size_t)net->nops, sizeof *net->plans);
-    if (!net->values || !net->ops || !net->voff || !net->goff || !net->attn_off || !net->plans) {
+    net->cur = &net->slot[0];
+    if (!net->values || !net->ops) {
         ptl_set_error(PTL_ERR_MEMORY, "network_cuda: out of host memory");
         goto fail;
+    }
+    for (int k = 0; k < NET_SHAPES; k++) {
+        net_shape *s = &net->slot[k];
+        s->voff = calloc((size_t)net->nvalues, sizeof(int64_t));
+        s->goff = calloc((size_t)net->nvalues, sizeof(int64_t));
+        s->attn_off = calloc((size_t)net->nops, sizeof(int64_t));
+        s->plans = calloc((size_t)net->nops, sizeof *s->plans);
+        if (!s->voff || !s->goff || !s->attn_off || !s->plans) {
+            ptl_set_error(PTL_ERR_MEMORY, "network_cuda: out of host memory");
+            goto fail;
+        }
     }
     memcpy(net->values, cpu->values, (size_t)net->nvalues * sizeof *net->values);
     memcpy(net->ops, cpu->ops, (size_t)net->nops * sizeof *net->ops);
@@ -387,33 +406,40 @@ fail:
     return NULL;
 }
 
-void ptl_network_cuda_retire(ptl_network_cuda *net)
+static void retire_slot(net_shape *s)
 {
-    ptl_cuda_graph_destroy(net->rec_fwd);
-    ptl_cuda_graph_destroy(net->rec_bwd);
-    net->rec_fwd = net->rec_bwd = NULL;
+    ptl_cuda_graph_destroy(s->rec_fwd);
+    ptl_cuda_graph_destroy(s->rec_bwd);
+    s->rec_fwd = s->rec_bwd = NULL;
 }
 
-static void free_shape(ptl_network_cuda *net, ptl_cuda_ctx *ctx)
+void ptl_network_cuda_retire(ptl_network_cuda *net)
 {
-    ptl_network_cuda_retire(net);
-    if (net->plans)
+    for (int k = 0; k < NET_SHAPES; k++)
+        retire_slot(&net->slot[k]);
+}
+
+static void free_slot(ptl_network_cuda *net, ptl_cuda_ctx *ctx, net_shape *s)
+{
+    retire_slot(s);
+    if (s->plans)
         for (int i = 0; i < net->nops; i++) {
-            ptl_conv2d_plan_destroy(net->plans[i]);
-            net->plans[i] = NULL;
+            ptl_conv2d_plan_destroy(s->plans[i]);
+            s->plans[i] = NULL;
         }
-    dfree(ctx, &net->act);
-    dfree(ctx, &net->gact);
-    dfree(ctx, &net->attn);
-    dfree(ctx, &net->scratch);
-    dfree(ctx, &net->ws);
+    dfree(ctx, &s->act);
+    dfree(ctx, &s->gact);
+    dfree(ctx, &s->attn);
+    dfree(ctx, &s->scratch);
+    dfree(ctx, &s->ws);
     for (int b = 0; b < 2; b++)
         for (int j = 0; j < 2; j++)
-            dfree(ctx, &net->out[b][j]);
-    net->ws_bytes = 0;
-    net->B = net->H = net->W = 0;
-    net->A = 0;
-    net->have_forward = 0;
+            dfree(ctx, &s->out[b][j]);
+    s->ws_bytes = 0;
+    s->B = s->H = s->W = 0;
+    s->A = 0;
+    if (s == net->cur)
+        net->have_forward = 0;
 }
 
 void ptl_network_cuda_free(ptl_network_cuda *net)
@@ -422,7 +448,8 @@ void ptl_network_cuda_free(ptl_network_cuda *net)
     if (!net)
         return;
     if (ptl_cuda_ctx_get(net->rt, net->device, &ctx) == 0) {
-        free_shape(net, ctx);
+        for (int k = 0; k < NET_SHAPES; k++)
+            free_slot(net, ctx, &net->slot[k]);
         dfree(ctx, &net->params);
         dfree(ctx, &net->grads);
         dfree(ctx, &net->buffers);
@@ -431,18 +458,20 @@ void ptl_network_cuda_free(ptl_network_cuda *net)
         dfree(ctx, &net->wgc);
         dfree(ctx, &net->wtab);
     }
+    for (int k = 0; k < NET_SHAPES; k++) {
+        free(net->slot[k].voff);
+        free(net->slot[k].goff);
+        free(net->slot[k].attn_off);
+        free(net->slot[k].plans);
+    }
     free(net->values);
     free(net->ops);
-    free(net->voff);
-    free(net->goff);
     free(net->gborn);
     free(net->gdie);
     free(net->gfirst);
     free(net->gzero_op);
     free(net->zero_list);
     free(net->zero_begin);
-    free(net->attn_off);
-    free(net->plans);
     free(net->op_w);
     free(net->op_b);
     free(net);
@@ -454,7 +483,9 @@ void ptl_network_cuda_set_conv_options(ptl_network_cuda *net, int deterministic,
     net->opts.deterministic = deterministic;
     net->opts.allow_tf32 = allow_tf32;
     net->opts.find = find;
-    net->B = net->H = net->W = 0; /* plans are remade at the next prepare */
+    /* plans are remade at the next prepare of each shape (a slot's old buffers go when it is reused) */
+    for (int k = 0; k < NET_SHAPES; k++)
+        net->slot[k].B = net->slot[k].H = net->slot[k].W = 0;
     net->have_forward = 0;
 }
 
@@ -473,10 +504,11 @@ typedef struct {
 
 static vdims dims_of(const ptl_network_cuda *net, int v)
 {
+    net_shape *const S = net->cur;
     vdims d;
-    d.h = net->H / net->values[v].down;
-    d.w = net->W / net->values[v].down;
-    d.m = (int64_t)net->B * d.h * d.w;
+    d.h = S->H / net->values[v].down;
+    d.w = S->W / net->values[v].down;
+    d.m = (int64_t)S->B * d.h * d.w;
     return d;
 }
 
@@ -488,14 +520,33 @@ int ptl_network_cuda_prepare(ptl_network_cuda *net, int B, int H, int W)
     if (H < 32 || W < 32 || H % 32 || W % 32)
         return ptl_set_error(PTL_ERR_VALUE, "images: height and width must be positive multiples of 32 (got %dx%d)",
                              H, W);
-    if (net->B == B && net->H == H && net->W == W)
+    if (net->cur->B == B && net->cur->H == H && net->cur->W == W)
         return 0;
+    net->have_forward = 0;
+    /* a slot that holds the shape already: switch to it (plans, buffers and recording as they were) */
+    for (int k = 0; k < NET_SHAPES; k++) {
+        net_shape *s = &net->slot[k];
+        if (s->B == B && s->H == H && s->W == W) {
+            net->cur = s;
+            s->last_use = ++net->clock;
+            return 0;
+        }
+    }
     if (ptl_cuda_ctx_get(net->rt, net->device, &ctx))
         return -1;
-    free_shape(net, ctx);
-    net->B = B;
-    net->H = H;
-    net->W = W;
+    /* else an empty slot, or the least recently used one */
+    net_shape *victim = &net->slot[0];
+    for (int k = 1; k < NET_SHAPES; k++) {
+        net_shape *s = &net->slot[k];
+        if (victim->B != 0 && (s->B == 0 || s->last_use < victim->last_use))
+            victim = s;
+    }
+    free_slot(net, ctx, victim);
+    net->cur = victim;
+    victim->last_use = ++net->clock;
+    net->cur->B = B;
+    net->cur->H = H;
+    net->cur->W = W;
     int64_t off = 0, maxv = 0, attn = 0, gtotal;
     size_t layer_scratch = 0, ws = 0;
     int64_t *size = malloc((size_t)net->nvalues * sizeof(int64_t));
@@ -506,7 +557,7 @@ int ptl_network_cuda_prepare(ptl_network_cuda *net, int B, int H, int W)
     for (int i = 0; i < net->nvalues; i++) {
         vdims d = dims_of(net, i);
         int64_t n = d.m * net->values[i].C;
-        net->voff[i] = off;
+        net->cur->voff[i] = off;
         size[i] = align_up(n);
         off += size[i];
         maxv = n > maxv ? n : maxv;
@@ -517,13 +568,13 @@ int ptl_network_cuda_prepare(ptl_network_cuda *net, int B, int H, int W)
         ptl_set_error(PTL_ERR_MEMORY, "network_cuda: out of host memory");
         goto fail;
     }
-    net->gact_numel = gtotal;
+    net->cur->gact_numel = gtotal;
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
         if (op->kind == PTL_OP_ATTN) {
             vdims d = dims_of(net, op->in);
             int64_t n = (int64_t)d.h * d.w;
-            net->attn_off[i] = attn;
+            net->cur->attn_off[i] = attn;
             attn += align_up((int64_t)B * op->heads * n * n);
             size_t s = ptl_attention_cuda_scratch_bytes(net->dt, (int)n, op->heads);
             layer_scratch = s > layer_scratch ? s : layer_scratch;
@@ -536,33 +587,33 @@ int ptl_network_cuda_prepare(ptl_network_cuda *net, int B, int H, int W)
             ptl_conv2d_desc d;
             vdims di = dims_of(net, op->in);
             PTL_CHECK(ptl_conv2d_init(&d, B, di.h, di.w, op->cin, op->cout, op->k, op->s, op->g));
-            PTL_CHECK(ptl_conv2d_plan_create(ctx, &d, net->dt, &net->opts, &net->plans[i]));
-            size_t s = ptl_conv2d_plan_workspace(net->plans[i]);
+            PTL_CHECK(ptl_conv2d_plan_create(ctx, &d, net->dt, &net->opts, &net->cur->plans[i]));
+            size_t s = ptl_conv2d_plan_workspace(net->cur->plans[i]);
             ws = s > ws ? s : ws;
         }
     }
-    net->act_numel = off;
-    net->attn_numel = attn;
-    net->max_value_numel = maxv;
-    net->A = 0;
+    net->cur->act_numel = off;
+    net->cur->attn_numel = attn;
+    net->cur->max_value_numel = maxv;
+    net->cur->A = 0;
     for (int l = 0; l < 3; l++) {
-        net->level_off[l] = net->A;
-        net->A += (int64_t)(H / net->stride[l]) * (W / net->stride[l]);
+        net->cur->level_off[l] = net->cur->A;
+        net->cur->A += (int64_t)(H / net->stride[l]) * (W / net->stride[l]);
     }
     PTL_CHECK(ptl_layers_cuda_reserve(ctx, layer_scratch));
-    PTL_CHECK(dalloc(ctx, (size_t)off * net->esz, &net->act));
-    PTL_CHECK(dalloc(ctx, (size_t)gtotal * net->esz, &net->gact));
-    PTL_CHECK(dalloc(ctx, (size_t)attn * net->esz, &net->attn));
-    PTL_CHECK(dalloc(ctx, (size_t)maxv * net->esz, &net->scratch));
-    PTL_CHECK(dalloc(ctx, ws, &net->ws));
-    net->ws_bytes = ws;
+    PTL_CHECK(dalloc(ctx, (size_t)off * net->esz, &net->cur->act));
+    PTL_CHECK(dalloc(ctx, (size_t)gtotal * net->esz, &net->cur->gact));
+    PTL_CHECK(dalloc(ctx, (size_t)attn * net->esz, &net->cur->attn));
+    PTL_CHECK(dalloc(ctx, (size_t)maxv * net->esz, &net->cur->scratch));
+    PTL_CHECK(dalloc(ctx, ws, &net->cur->ws));
+    net->cur->ws_bytes = ws;
     for (int b = 0; b < 2; b++) {
-        PTL_CHECK(dalloc(ctx, (size_t)B * net->A * 4 * sizeof(float), &net->out[b][0]));
-        PTL_CHECK(dalloc(ctx, (size_t)B * net->A * net->nc * sizeof(float), &net->out[b][1]));
+        PTL_CHECK(dalloc(ctx, (size_t)B * net->cur->A * 4 * sizeof(float), &net->cur->out[b][0]));
+        PTL_CHECK(dalloc(ctx, (size_t)B * net->cur->A * net->nc * sizeof(float), &net->cur->out[b][1]));
     }
     return 0;
 fail:
-    free_shape(net, ctx);
+    free_slot(net, ctx, net->cur);
     return -1;
 }
 
@@ -571,21 +622,22 @@ fail:
 
 static int forward_op(ptl_network_cuda *net, ptl_cuda_ctx *ctx, int i)
 {
+    net_shape *const S = net->cur;
     const ptl_net_op *op = &net->ops[i];
     const size_t esz = net->esz;
     const ptl_dtype dt = net->dt;
-    const int64_t *vo = net->voff;
+    const int64_t *vo = S->voff;
     const ptl_net_value *V = net->values;
-    void *act = net->act.ptr;
+    void *act = S->act.ptr;
     switch (op->kind) {
     case PTL_OP_CONV:
     case PTL_OP_CONV_BIAS: {
         const void *w = AT(net->wc.ptr, net->op_w[i]);
         if (op->kind == PTL_OP_CONV_BIAS)
-            return ptl_conv2d_forward_cuda(ctx, net->plans[i], AT(act, vo[op->in]), w, AT(net->wc.ptr, net->op_b[i]),
-                                           AT(act, vo[op->out]), net->ws.ptr, net->ws_bytes);
-        PTL_CHECK(ptl_conv2d_forward_cuda(ctx, net->plans[i], AT(act, vo[op->in]), w, NULL, AT(act, vo[op->z]),
-                                          net->ws.ptr, net->ws_bytes));
+            return ptl_conv2d_forward_cuda(ctx, S->plans[i], AT(act, vo[op->in]), w, AT(net->wc.ptr, net->op_b[i]),
+                                           AT(act, vo[op->out]), S->ws.ptr, S->ws_bytes);
+        PTL_CHECK(ptl_conv2d_forward_cuda(ctx, S->plans[i], AT(act, vo[op->in]), w, NULL, AT(act, vo[op->z]),
+                                          S->ws.ptr, S->ws_bytes));
         return ptl_batchnorm_forward_cuda(ctx, dt, dims_of(net, op->out).m, op->cout, AT(act, vo[op->z]),
                                           F32(net->params.ptr, op->gamma_off), F32(net->params.ptr, op->beta_off),
                                           F32(net->buffers.ptr, op->rmean_off), F32(net->buffers.ptr, op->rvar_off),
@@ -609,25 +661,25 @@ static int forward_op(ptl_network_cuda *net, ptl_cuda_ctx *ctx, int i)
     }
     case PTL_OP_POOL: {
         vdims d = dims_of(net, op->in);
-        return ptl_maxpool5_forward_cuda(ctx, dt, net->B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
+        return ptl_maxpool5_forward_cuda(ctx, dt, S->B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
                                          AT(act, vo[op->out]));
     }
     case PTL_OP_UP: {
         vdims d = dims_of(net, op->in);
-        return ptl_upsample2x_forward_cuda(ctx, dt, net->B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
+        return ptl_upsample2x_forward_cuda(ctx, dt, S->B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
                                            AT(act, vo[op->out]));
     }
     case PTL_OP_ATTN: {
         vdims d = dims_of(net, op->in);
-        return ptl_attention_forward_cuda(ctx, dt, net->B, d.h * d.w, op->heads, op->kd, op->hd, AT(act, vo[op->in]),
-                                          AT(net->attn.ptr, net->attn_off[i]), AT(act, vo[op->out]),
+        return ptl_attention_forward_cuda(ctx, dt, S->B, d.h * d.w, op->heads, op->kd, op->hd, AT(act, vo[op->in]),
+                                          AT(S->attn.ptr, S->attn_off[i]), AT(act, vo[op->out]),
                                           op->out2 >= 0 ? AT(act, vo[op->out2]) : NULL);
     }
     case PTL_OP_HEAD: {
         vdims d = dims_of(net, op->in);
-        return ptl_net_head_out_cuda(ctx->stream, dt, net->B, (int64_t)d.h * d.w, V[op->in].C, net->A,
-                                     net->level_off[op->level], AT(act, vo[op->in]),
-                                     net->out[op->branch][op->box ? 0 : 1].ptr);
+        return ptl_net_head_out_cuda(ctx->stream, dt, S->B, (int64_t)d.h * d.w, V[op->in].C, S->A,
+                                     S->level_off[op->level], AT(act, vo[op->in]),
+                                     S->out[op->branch][op->box ? 0 : 1].ptr);
     }
     }
 fail:
@@ -638,23 +690,24 @@ fail:
  * into grad(in): written directly by the first writer of that gradient, else through scratch. */
 static int conv_backward(ptl_network_cuda *net, ptl_cuda_ctx *ctx, int i, const void *dy, int want_input_grad)
 {
+    net_shape *const S = net->cur;
     const ptl_net_op *op = &net->ops[i];
     const size_t esz = net->esz;
-    const ptl_conv2d_plan *p = net->plans[i];
+    const ptl_conv2d_plan *p = S->plans[i];
     if (op->kind == PTL_OP_CONV_BIAS)
-        PTL_CHECK(ptl_conv2d_backward_bias_cuda(ctx, p, dy, AT(net->wgc.ptr, net->op_b[i]), net->ws.ptr,
-                                                net->ws_bytes));
-    PTL_CHECK(ptl_conv2d_backward_weight_cuda(ctx, p, AT(net->act.ptr, net->voff[op->in]), dy,
-                                              AT(net->wgc.ptr, net->op_w[i]), net->ws.ptr, net->ws_bytes));
+        PTL_CHECK(ptl_conv2d_backward_bias_cuda(ctx, p, dy, AT(net->wgc.ptr, net->op_b[i]), S->ws.ptr,
+                                                S->ws_bytes));
+    PTL_CHECK(ptl_conv2d_backward_weight_cuda(ctx, p, AT(S->act.ptr, S->voff[op->in]), dy,
+                                              AT(net->wgc.ptr, net->op_w[i]), S->ws.ptr, S->ws_bytes));
     /* the image gradient is computed only when the caller asks for it */
     if (op->no_dx || (op->in == net->input && !want_input_grad))
         return 0;
-    void *gin = AT(net->gact.ptr, net->goff[op->in]);
+    void *gin = AT(S->gact.ptr, S->goff[op->in]);
     const void *w = AT(net->wc.ptr, net->op_w[i]);
     if (net->gfirst[i] & 1u)
-        return ptl_conv2d_backward_input_cuda(ctx, p, dy, w, gin, net->ws.ptr, net->ws_bytes);
-    PTL_CHECK(ptl_conv2d_backward_input_cuda(ctx, p, dy, w, net->scratch.ptr, net->ws.ptr, net->ws_bytes));
-    return ptl_accumulate_cuda(ctx, net->dt, dims_of(net, op->in).m * op->cin, net->scratch.ptr, gin);
+        return ptl_conv2d_backward_input_cuda(ctx, p, dy, w, gin, S->ws.ptr, S->ws_bytes);
+    PTL_CHECK(ptl_conv2d_backward_input_cuda(ctx, p, dy, w, S->scratch.ptr, S->ws.ptr, S->ws_bytes));
+    return ptl_accumulate_cuda(ctx, net->dt, dims_of(net, op->in).m * op->cin, S->scratch.ptr, gin);
 fail:
     return -1;
 }
@@ -674,13 +727,14 @@ fail:
 static int backward_op(ptl_network_cuda *net, ptl_cuda_ctx *ctx, int i, const void *const d_out[2][2],
                        int want_input_grad)
 {
+    net_shape *const S = net->cur;
     const ptl_net_op *op = &net->ops[i];
     const size_t esz = net->esz;
     const ptl_dtype dt = net->dt;
-    const int64_t *vo = net->voff, *go = net->goff;
+    const int64_t *vo = S->voff, *go = S->goff;
     const ptl_net_value *V = net->values;
     const uint32_t first = net->gfirst[i];
-    void *act = net->act.ptr, *g = net->gact.ptr;
+    void *act = S->act.ptr, *g = S->gact.ptr;
     switch (op->kind) {
     case PTL_OP_CONV:
         PTL_CHECK(ptl_batchnorm_backward_cuda(
@@ -711,22 +765,22 @@ static int backward_op(ptl_network_cuda *net, ptl_cuda_ctx *ctx, int i, const vo
     }
     case PTL_OP_POOL: {
         vdims d = dims_of(net, op->in);
-        return ptl_maxpool5_backward_cuda(ctx, dt, net->B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
+        return ptl_maxpool5_backward_cuda(ctx, dt, S->B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
                                           AT(g, go[op->out]), AT(g, go[op->in]), !(first & 1u));
     }
     case PTL_OP_UP: {
         vdims d = dims_of(net, op->in);
-        return ptl_upsample2x_backward_cuda(ctx, dt, net->B, d.h, d.w, V[op->in].C, AT(g, go[op->out]),
+        return ptl_upsample2x_backward_cuda(ctx, dt, S->B, d.h, d.w, V[op->in].C, AT(g, go[op->out]),
                                             AT(g, go[op->in]), !(first & 1u));
     }
     case PTL_OP_ATTN: {
         vdims d = dims_of(net, op->in);
         void *gin = AT(g, go[op->in]);
-        void *dst = first & 1u ? gin : net->scratch.ptr;
-        PTL_CHECK(ptl_attention_backward_cuda(ctx, dt, net->B, d.h * d.w, op->heads, op->kd, op->hd,
-                                              AT(act, vo[op->in]), AT(net->attn.ptr, net->attn_off[i]),
+        void *dst = first & 1u ? gin : S->scratch.ptr;
+        PTL_CHECK(ptl_attention_backward_cuda(ctx, dt, S->B, d.h * d.w, op->heads, op->kd, op->hd,
+                                              AT(act, vo[op->in]), AT(S->attn.ptr, S->attn_off[i]),
                                               AT(g, go[op->out]), op->out2 >= 0 ? AT(g, go[op->out2]) : NULL, dst));
-        return first & 1u ? 0 : ptl_accumulate_cuda(ctx, dt, d.m * V[op->in].C, net->scratch.ptr, gin);
+        return first & 1u ? 0 : ptl_accumulate_cuda(ctx, dt, d.m * V[op->in].C, S->scratch.ptr, gin);
     }
     case PTL_OP_HEAD: {
         const float *src = d_out[op->branch][op->box ? 0 : 1];
@@ -736,8 +790,8 @@ static int backward_op(ptl_network_cuda *net, ptl_cuda_ctx *ctx, int i, const vo
                 PTL_CUDA_TRY(cudaMemsetAsync(AT(g, go[op->in]), 0, (size_t)d.m * V[op->in].C * esz, ctx->stream));
             return 0;
         }
-        return ptl_net_head_grad_cuda(ctx->stream, dt, net->B, (int64_t)d.h * d.w, V[op->in].C, net->A,
-                                      net->level_off[op->level], src, AT(g, go[op->in]), !(first & 1u));
+        return ptl_net_head_grad_cuda(ctx->stream, dt, S->B, (int64_t)d.h * d.w, V[op->in].C, S->A,
+                                      S->level_off[op->level], src, AT(g, go[op->in]), !(first & 1u));
     }
     }
 fail:
@@ -756,7 +810,7 @@ int ptl_network_cuda_forward(ptl_network_cuda *net, const void *images, int B, i
     net->fwd_training = net->training;
     PTL_CHECK(ptl_net_weight_cast_cuda(ctx->stream, net->dt, net->wtab.ptr, net->nw, net->wtotal, net->params.ptr,
                                        net->wc.ptr));
-    PTL_CUDA_TRY(cudaMemcpyAsync(AT(net->act.ptr, net->voff[net->input]), images, (size_t)B * H * W * 3 * esz,
+    PTL_CUDA_TRY(cudaMemcpyAsync(AT(net->cur->act.ptr, net->cur->voff[net->input]), images, (size_t)B * H * W * 3 * esz,
                                  cudaMemcpyDeviceToDevice, ctx->stream));
     for (int i = 0; i < net->nops; i++)
         PTL_CHECK(forward_op(net, ctx, i));
@@ -769,6 +823,7 @@ fail:
 
 int ptl_network_cuda_backward(ptl_network_cuda *net, const void *const d_out[2][2], void *d_images)
 {
+    net_shape *const S = net->cur;
     ptl_cuda_ctx *ctx;
     if (!net->have_forward)
         return ptl_set_error(PTL_ERR_RUNTIME, "network backward needs a successful forward of the same shape first");
@@ -779,7 +834,7 @@ int ptl_network_cuda_backward(ptl_network_cuda *net, const void *const d_out[2][
     for (int i = net->nops - 1; i >= 0; i--) {
         for (int k = net->zero_begin[i]; k < net->zero_begin[i + 1]; k++) {
             const int v = net->zero_list[k];
-            PTL_CUDA_TRY(cudaMemsetAsync(AT(net->gact.ptr, net->goff[v]), 0,
+            PTL_CUDA_TRY(cudaMemsetAsync(AT(S->gact.ptr, S->goff[v]), 0,
                                          (size_t)dims_of(net, v).m * net->values[v].C * esz, ctx->stream));
         }
         PTL_CHECK(backward_op(net, ctx, i, d_out, d_images != NULL));
@@ -787,8 +842,8 @@ int ptl_network_cuda_backward(ptl_network_cuda *net, const void *const d_out[2][
     PTL_CHECK(ptl_net_weight_grad_cuda(ctx->stream, net->dt, net->wtab.ptr, net->nw, net->wtotal, net->wgc.ptr,
                                        net->grads.ptr));
     if (d_images)
-        PTL_CUDA_TRY(cudaMemcpyAsync(d_images, AT(net->gact.ptr, net->goff[net->input]),
-                                     (size_t)net->B * net->H * net->W * 3 * esz, cudaMemcpyDeviceToDevice,
+        PTL_CUDA_TRY(cudaMemcpyAsync(d_images, AT(S->gact.ptr, S->goff[net->input]),
+                                     (size_t)S->B * S->H * S->W * 3 * esz, cudaMemcpyDeviceToDevice,
                                      ctx->stream));
     return 0;
 fail:
@@ -799,10 +854,11 @@ fail:
 static int capture(ptl_network_cuda *net, ptl_cuda_ctx *ctx, int bwd, const void *images,
                    const void *const d_out[2][2], ptl_cuda_graph **out)
 {
+    net_shape *const S = net->cur;
     if (ptl_cuda_graph_begin(ctx->stream))
         return -1;
     const int ok = (bwd ? ptl_network_cuda_backward(net, d_out, NULL)
-                        : ptl_network_cuda_forward(net, images, net->B, net->H, net->W)) == 0;
+                        : ptl_network_cuda_forward(net, images, S->B, S->H, S->W)) == 0;
     if (ptl_cuda_graph_end(ctx->stream, ok, out) || !ok)
         return -1;
     return 0;
@@ -811,26 +867,28 @@ static int capture(ptl_network_cuda *net, ptl_cuda_ctx *ctx, int bwd, const void
 int ptl_network_cuda_record(ptl_network_cuda *net, const void *images, int B, int H, int W,
                             const void *const d_out[2][2])
 {
+    net_shape *const S = net->cur;
     ptl_cuda_ctx *ctx;
-    if (!net->have_forward || net->B != B || net->H != H || net->W != W)
+    if (!net->have_forward || S->B != B || S->H != H || S->W != W)
         return ptl_set_error(PTL_ERR_RUNTIME, "network record: run one eager forward and backward of this shape "
                                               "first (the warm-up makes every plan and buffer)");
     if (ptl_cuda_ctx_get(net->rt, net->device, &ctx))
         return -1;
-    ptl_network_cuda_retire(net);
+    retire_slot(S);
     /* nothing runs: outputs, gradients and BN statistics stay those of the warm-up */
-    if (capture(net, ctx, 0, images, d_out, &net->rec_fwd) || capture(net, ctx, 1, images, d_out, &net->rec_bwd)) {
-        ptl_network_cuda_retire(net);
+    if (capture(net, ctx, 0, images, d_out, &S->rec_fwd) || capture(net, ctx, 1, images, d_out, &S->rec_bwd)) {
+        retire_slot(S);
         net->have_forward = 0;
         return -1;
     }
-    net->rec_training = net->training;
-    net->rec_scratch_gen = ptl_layers_cuda_scratch_generation(ctx);
+    S->rec_training = net->training;
+    S->rec_scratch_gen = ptl_layers_cuda_scratch_generation(ctx);
     return 0;
 }
 
 int ptl_network_cuda_replay(ptl_network_cuda *net, int part)
 {
+    net_shape *const S = net->cur;
     ptl_cuda_ctx *ctx;
     if (!ptl_network_cuda_recorded(net))
         return ptl_set_error(PTL_ERR_RUNTIME, "network replay: nothing recorded (or the recording was retired by "
@@ -842,23 +900,24 @@ int ptl_network_cuda_replay(ptl_network_cuda *net, int part)
         return -1;
     if (part != PTL_REPLAY_BACKWARD) {
         net->have_forward = 0;
-        if (ptl_cuda_graph_launch(net->rec_fwd, ctx->stream))
+        if (ptl_cuda_graph_launch(S->rec_fwd, ctx->stream))
             return -1;
-        net->fwd_training = net->rec_training;
+        net->fwd_training = S->rec_training;
         net->have_forward = 1;
     }
-    if (part != PTL_REPLAY_FORWARD && ptl_cuda_graph_launch(net->rec_bwd, ctx->stream))
+    if (part != PTL_REPLAY_FORWARD && ptl_cuda_graph_launch(S->rec_bwd, ctx->stream))
         return -1;
     return 0;
 }
 
 int ptl_network_cuda_recorded(ptl_network_cuda *net)
 {
+    net_shape *const S = net->cur;
     ptl_cuda_ctx *ctx;
-    if (net->rec_fwd && (ptl_cuda_ctx_get(net->rt, net->device, &ctx) ||
-                         ptl_layers_cuda_scratch_generation(ctx) != net->rec_scratch_gen))
-        ptl_network_cuda_retire(net); /* the shared layer scratch moved: the graphs point at freed memory */
-    return net->rec_fwd != NULL;
+    if (S->rec_fwd && (ptl_cuda_ctx_get(net->rt, net->device, &ctx) ||
+                       ptl_layers_cuda_scratch_generation(ctx) != S->rec_scratch_gen))
+        retire_slot(S); /* the shared layer scratch moved: the graphs point at freed memory */
+    return S->rec_fwd != NULL;
 }
 
 int ptl_network_cuda_zero_grad(ptl_network_cuda *net)
@@ -879,22 +938,25 @@ int ptl_network_cuda_have_forward(const ptl_network_cuda *net) { return net->hav
 
 float *ptl_network_cuda_output(ptl_network_cuda *net, int branch, int which)
 {
-    return net->out[branch & 1][which & 1].ptr;
+    return net->cur->out[branch & 1][which & 1].ptr;
 }
 
 void ptl_network_cuda_shape(const ptl_network_cuda *net, int *B, int *H, int *W, int64_t *A)
 {
-    *B = net->B;
-    *H = net->H;
-    *W = net->W;
-    *A = net->A;
+    *B = net->cur->B;
+    *H = net->cur->H;
+    *W = net->cur->W;
+    *A = net->cur->A;
 }
 
 void ptl_network_cuda_memory(const ptl_network_cuda *net, int64_t *fixed_bytes, int64_t *shape_bytes)
 {
     *fixed_bytes = (2 * net->nparams + net->nbuffers + net->nstats) * 4 + 2 * net->wtotal * (int64_t)net->esz;
     *shape_bytes = 0;
-    if (net->B)
-        *shape_bytes = (net->act_numel + net->gact_numel + net->attn_numel + net->max_value_numel) * (int64_t)net->esz +
-                       (int64_t)net->ws_bytes + 2 * (int64_t)net->B * net->A * (4 + net->nc) * 4;
+    for (int k = 0; k < NET_SHAPES; k++) {
+        const net_shape *s = &net->slot[k];
+        if (s->B)
+            *shape_bytes += (s->act_numel + s->gact_numel + s->attn_numel + s->max_value_numel) * (int64_t)net->esz +
+                            (int64_t)s->ws_bytes + 2 * (int64_t)s->B * s->A * (4 + net->nc) * 4;
+    }
 }

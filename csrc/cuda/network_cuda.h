@@ -13,8 +13,8 @@
  *
  * Hot path: forward and backward launch kernels on the device's stream only. All memory (per-shape
  * arenas, conv workspace, layer scratch) and all cuDNN plans (algorithm choice) are made by
- * ptl_network_cuda_prepare, which is a no-op when the shape is unchanged; every pointer a step uses is
- * then fixed, so a step can be captured in a CUDA graph. Activations get one slot per op output, as on
+ * ptl_network_cuda_prepare, which is a no-op when the shape is unchanged (or held in the other of the
+ * two shape slots); every pointer a step uses is then fixed, so a step can be captured in a CUDA graph. Activations get one slot per op output, as on
  * the CPU; activation gradients share slots whenever their lives in the backward do not overlap. */
 #ifndef PTL_CUDA_NETWORK_CUDA_H
 #define PTL_CUDA_NETWORK_CUDA_H
@@ -66,8 +66,10 @@ int ptl_network_cuda_backward(ptl_network_cuda *net, const void *const d_out[2][
  * forward, the backward or both, one launch each: same pointers (the caller keeps images and d_out
  * alive and in place, and writes the next d_out between the two), weights cast from the live
  * parameters, gradients added to the live flat gradient, BN running statistics updated as eagerly. A
- * change of shape, train/eval mode or conv options retires it, and so does a growth of the device's
- * shared layer scratch (conv2d.h) by another network. */
+ * change of train/eval mode or conv options retires it, and so does a growth of the device's shared
+ * layer scratch (conv2d.h) by another network. The executor keeps the buffers, plans and recording of
+ * the two most recently used shapes (a fit's full batches and its partial last batch), so switching
+ * between them costs nothing; a third shape takes the least recently used shape's place. */
 enum { PTL_REPLAY_BOTH = 0, PTL_REPLAY_FORWARD = 1, PTL_REPLAY_BACKWARD = 2 };
 int ptl_network_cuda_record(ptl_network_cuda *net, const void *images, int B, int H, int W,
                             const void *const d_out[2][2]);

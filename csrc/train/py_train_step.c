@@ -184,11 +184,11 @@ static PyObject *py_train_step(PyObject *module, PyObject *args, PyObject *kw)
     } else {
 #ifdef PTL_WITH_CUDA
         ptl_network_cuda *g = (ptl_network_cuda *)gpu;
-        int b, h, w;
-        int64_t a;
-        ptl_network_cuda_shape(g, &b, &h, &w, &a);
-        replay = ptl_network_cuda_recorded(g) && b == B && h == H && w == W;
-        rc = replay ? ptl_network_cuda_replay(g, PTL_REPLAY_FORWARD) : ptl_network_cuda_forward(g, img, B, H, W);
+        /* the shape's slot first (a partial batch in between keeps the full shape's recording) */
+        rc = ptl_network_cuda_prepare(g, B, H, W);
+        replay = rc == 0 && ptl_network_cuda_recorded(g);
+        if (rc == 0)
+            rc = replay ? ptl_network_cuda_replay(g, PTL_REPLAY_FORWARD) : ptl_network_cuda_forward(g, img, B, H, W);
 #else
         rc = -1;
 #endif

@@ -521,6 +521,10 @@ int main(int argc, char **argv)
         fails += run(cpu, g, 1, 64, 64, 1, 3); /* a new shape: buffers and plans remade */
         fails += run(cpu, g, 1, 64, 64, 1, 2); /* one-to-one gradient only */
         fails += run(cpu, g, 1, 64, 64, 0, 1); /* one-to-many gradient only, no image gradient */
+        fails += run(cpu, g, 2, 96, 128, 1, 3); /* back to the first shape: its slot, kept */
+        fails += run(cpu, g, 1, 32, 64, 1, 3);  /* a third shape takes the least recently used slot */
+        fails += run(cpu, g, 2, 96, 128, 0, 3);
+        fails += run(cpu, g, 1, 64, 64, 1, 3);  /* evicted before: made again */
     }
     ptl_network_cuda_free(g);
     ptl_network_free(cpu);
