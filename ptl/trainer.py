@@ -225,7 +225,8 @@ class Trainer:
         """Trains ``model`` on ``datamodule``; ``ckpt_path`` resumes from a checkpoint of this trainer.
         ``capture_network=True`` (CUDA): the first full-size step runs eagerly, then the network's forward
         and backward are recorded as CUDA graphs and replayed on every full-size step after it (the
-        objective, optimizer and EMA stay eager); the fit's results are bit-identical to an eager fit."""
+        objective, optimizer and EMA stay eager); the replayed network computes the bits of the eager one,
+        so the fit's results are those of an eager fit (docs/training.md)."""
         if capture_network and self.device == "cpu":
             raise ValueError("capture_network=True: graph replay needs accelerator='cuda'")
         self.capture_network = bool(capture_network)
