@@ -18,8 +18,9 @@ FILL = 114
 
 # ---- helpers ----------------------------------------------------------------------------------------
 
-def write_png(path, img):
-    """Minimal PNG writer: (H, W) gray, (H, W, 3) RGB or (H, W, 4) RGBA uint8."""
+def write_png(path, img, exif=None, exif_after_idat=False):
+    """Minimal PNG writer: (H, W) gray, (H, W, 3) RGB or (H, W, 4) RGBA uint8; `exif` adds an eXIf chunk
+    (before the image data unless exif_after_idat)."""
     img = np.ascontiguousarray(img, dtype=np.uint8)
     h, w = img.shape[:2]
     ct = 0 if img.ndim == 2 else {3: 2, 4: 6}[img.shape[2]]
@@ -30,8 +31,10 @@ def write_png(path, img):
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
+        ex = chunk(b"eXIf", exif) if exif is not None else b""
         f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, ct, 0, 0, 0))
-                + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+                + (b"" if exif_after_idat else ex) + chunk(b"IDAT", zlib.compress(raw))
+                + (ex if exif_after_idat else b"") + chunk(b"IEND", b""))
 
 
 def write_labels(path, rows):
@@ -189,6 +192,59 @@ def test_jpeg_grayscale_and_exif_orientation(tmp_path, coco256):
     np.testing.assert_array_equal(b[:, 80:560], np.rot90(a[80:560], k=-1))
     c, _, _ = vl.sample(2)
     assert (c[..., 0] == c[..., 1]).all() and (c[..., 1] == c[..., 2]).all() and c.std() > 10
+
+
+def _tiff_orientation(value, little_endian=False):
+    """A TIFF block with one IFD entry: Orientation (0x0112) SHORT = value."""
+    e = "<" if little_endian else ">"
+    return ((b"II\x2a\x00" if little_endian else b"MM\x00\x2a") + struct.pack(e + "I", 8) + struct.pack(e + "H", 1)
+            + struct.pack(e + "HHIHH", 0x0112, 3, 1, value, 0) + struct.pack(e + "I", 0))
+
+
+def test_png_exif_orientation(tmp_path):
+    """PNG's eXIf chunk (a TIFF block, either byte order) rotates/flips the decoded image like JPEG's APP1;
+    a chunk after the image data is ignored (the spec puts it before), so the probed size always matches
+    the decoded one."""
+    rng = np.random.default_rng(5)
+    img = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)  # h 48, w 64
+    v = tmp_path / "images/val"
+    write_png(str(v / "a.png"), img)
+    write_png(str(v / "b.png"), img, exif=_tiff_orientation(6))  # rotate 90 clockwise
+    write_png(str(v / "c.png"), img, exif=_tiff_orientation(3, little_endian=True))  # 180
+    write_png(str(v / "d.png"), img, exif=_tiff_orientation(8, little_endian=True))  # 90 counter-clockwise
+    write_png(str(v / "e.png"), img, exif=_tiff_orientation(6), exif_after_idat=True)
+    write_png(str(v / "f.png"), img, exif=_tiff_orientation(2))  # mirrored left-right
+    (tmp_path / "d.yaml").write_text("path: .\ntrain: images/val\nval: images/val\nnames: [x]\n")
+    d = data(str(tmp_path / "d.yaml"), rect_val=False)
+    assert [tuple(s) for s in d.shapes("val")] == [(48, 64), (64, 48), (48, 64), (64, 48), (48, 64), (48, 64)]
+    vl = d.val_loader()
+    a, b, c, dd, e, f = (vl.sample(i)[0] for i in range(6))  # letterboxed into 64 x 64, 8 pixels of padding
+    np.testing.assert_array_equal(a[8:56], img)
+    np.testing.assert_array_equal(b[:, 8:56], np.rot90(img, k=-1))
+    np.testing.assert_array_equal(c[8:56], img[::-1, ::-1])
+    np.testing.assert_array_equal(dd[:, 8:56], np.rot90(img, k=1))
+    np.testing.assert_array_equal(e, a)
+    np.testing.assert_array_equal(f[8:56], img[:, ::-1])
+
+
+def test_cmyk_jpeg_converted(tmp_path):
+    """A CMYK JPEG (Adobe, inverted, as Pillow and Photoshop write it) becomes RGB = (255 - C)(255 - K) / 255
+    per channel, computed from the decoded ink values."""
+    Image = pytest.importorskip("PIL.Image")
+    # two flat halves: JPEG's loss stays small and the left half has a hand-computed value
+    cmyk = np.zeros((64, 64, 4), np.uint8)
+    cmyk[:, :32] = (20, 200, 90, 40)
+    cmyk[:, 32:] = (230, 10, 130, 0)
+    v = tmp_path / "images/val"
+    v.mkdir(parents=True)
+    Image.fromarray(cmyk, mode="CMYK").save(str(v / "a.jpg"), quality=100, subsampling=0)
+    dec = np.asarray(Image.open(str(v / "a.jpg")).convert("CMYK")).astype(np.int64)  # the stored inks
+    want = ((255 - dec[..., :3]) * (255 - dec[..., 3:4]) + 127) // 255
+    (tmp_path / "d.yaml").write_text("path: .\ntrain: images/val\nval: images/val\nnames: [x]\n")
+    got = data(str(tmp_path / "d.yaml"), rect_val=False).val_loader().sample(0)[0].astype(np.int64)
+    assert got.shape == (64, 64, 3)
+    assert np.abs(got - want).max() <= 2, np.abs(got - want).max()
+    assert abs(int(got[32, 10, 0]) - (255 - 20) * (255 - 40) // 255) <= 3
 
 
 # ---- bad input --------------------------------------------------------------------------------------

@@ -62,13 +62,11 @@ static int detect(const unsigned char *b, size_t n)
     return FMT_UNKNOWN;
 }
 
-/* EXIF orientation from an APP1 payload ("Exif\0\0" + TIFF); 1 when absent or unreadable. */
-static int exif_orientation(const unsigned char *p, size_t n)
+/* The Orientation tag (1-8) of a TIFF-structured EXIF block; 1 when absent or unreadable. */
+static int tiff_orientation(const unsigned char *p, size_t n)
 {
-    if (n < 14 || memcmp(p, "Exif\0\0", 6) != 0)
+    if (n < 8)
         return 1;
-    p += 6;
-    n -= 6;
     int le;
     if (p[0] == 'I' && p[1] == 'I')
         le = 1;
@@ -96,6 +94,14 @@ static int exif_orientation(const unsigned char *p, size_t n)
     return 1;
 #undef RD16
 #undef RD32
+}
+
+/* EXIF orientation from a JPEG APP1 payload ("Exif\0\0" + TIFF). */
+static int exif_orientation(const unsigned char *p, size_t n)
+{
+    if (n < 14 || memcmp(p, "Exif\0\0", 6) != 0)
+        return 1;
+    return tiff_orientation(p + 6, n - 6);
 }
 
 /* ---- JPEG ---- */
@@ -245,7 +251,25 @@ static void png_warn(png_structp png, png_const_charp msg)
     (void)msg;
 }
 
-static int png_do(const unsigned char *buf, size_t len, int pixels, ptl_image *out, char *why, size_t whylen)
+/* PNG's eXIf chunk holds the TIFF block itself (libpng drops one that does not start with the byte-order
+ * mark). Only a chunk before the image data counts, as the PNG specification requires, so the header
+ * read alone (the probe) and a full decode agree. */
+static int png_orientation(png_structp png, png_infop info)
+{
+#ifdef PNG_eXIf_SUPPORTED
+    png_uint_32 n = 0;
+    png_bytep p = NULL;
+    if (png_get_eXIf_1(png, info, &n, &p) && p)
+        return tiff_orientation(p, n);
+#else
+    (void)png;
+    (void)info;
+#endif
+    return 1;
+}
+
+static int png_do(const unsigned char *buf, size_t len, int pixels, ptl_image *out, int *orient, char *why,
+                  size_t whylen)
 {
     char msg[200] = "";
     png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, msg, png_err, png_warn);
@@ -272,6 +296,7 @@ static int png_do(const unsigned char *buf, size_t len, int pixels, ptl_image *o
     }
     png_set_read_fn(png, &m, png_read_mem);
     png_read_info(png, info);
+    *orient = png_orientation(png, info);
     int w = (int)png_get_image_width(png, info), h = (int)png_get_image_height(png, info);
     out->w = w;
     out->h = h;
@@ -339,7 +364,7 @@ int ptl_image_probe(const char *path, int *w, int *h, char *why, size_t whylen)
             snprintf(why, whylen, "truncated PNG (no IEND chunk at the end)");
             goto done;
         }
-        if (png_do(buf, len, 0, &im, why, whylen) != 0)
+        if (png_do(buf, len, 0, &im, &orient, why, whylen) != 0)
             goto done;
         break;
     default:
@@ -409,7 +434,7 @@ int ptl_image_decode(const char *path, ptl_image *out)
             goto fail;
         break;
     case FMT_PNG:
-        if (png_do(buf, len, 1, out, why, sizeof why) != 0)
+        if (png_do(buf, len, 1, out, &orient, why, sizeof why) != 0)
             goto fail;
         break;
     default:
