@@ -196,6 +196,9 @@ static PyObject *py_train_step(PyObject *module, PyObject *args, PyObject *kw)
     Py_END_ALLOW_THREADS;
     if (rc)
         return ptl_raise(module);
+    /* Ctrl-C between stages (a CPU step can take seconds), never between the optimizer and the EMA */
+    if (PyErr_CheckSignals() < 0)
+        return NULL;
 
     /* objective: d total / d outputs into the plan's gradient tensors */
     if (!(outs = head_outputs(module, cap, cpu, gpu, B)))
@@ -230,6 +233,8 @@ static PyObject *py_train_step(PyObject *module, PyObject *args, PyObject *kw)
         ptl_raise(module);
         goto fail;
     }
+    if (PyErr_CheckSignals() < 0)
+        goto fail;
 
     /* optimizer step (clip, update, scaler, zero the gradients) and EMA, when due */
     if (optimize) {
