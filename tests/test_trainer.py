@@ -437,3 +437,42 @@ def test_cuda_capture_network_fit_equals_eager(coco256, tmp_path, precision, bat
         assert seen == (full * 2 if capture else [False] * len(full) * 2)
         assert not model._cuda.recorded
     assert digests[0] == digests[1]
+
+
+def test_fused_step_accumulates_parameter_gradients(coco256, tmp_path):
+    """Gradient accumulation through _C.train_step: two micro-batches without an optimizer step leave the
+    sum of their separate gradients (to float32 rounding: a kernel adds its partial sums into the live
+    gradient one by one, so the order of the additions differs), and the optimizer step zeroes them."""
+    from ptl.trainer import _Engine
+    data = small_data(coco256)
+    tr = small_trainer(tmp_path, max_epochs=1, enable_checkpointing=False)
+    model = ptl.Detector("yolo26n")
+    tr.model, tr.datamodule = model, data
+    eng = tr._engine = _Engine(tr, model, data)
+    data.set_epoch(0)
+    it = iter(eng.train_loader)
+    b1, b2 = next(it), next(it)
+    lrs, moms, wds = eng.opt.group_values()
+
+    def step(batch, optimize=False):
+        t = ptl.from_numpy(np.ascontiguousarray(batch.targets, dtype=np.float32))
+        ptl._C.train_step(eng._plan(batch), batch.images, t, 0.5, optimize, lrs, moms, wds, 0.999)
+        return model.flat_gradients.copy()
+
+    buf0 = model.flat_buffers.copy()
+    model.zero_grad()
+    g1 = step(b1)
+    model.zero_grad()
+    g2 = step(b2)
+    model.zero_grad()
+    model.flat_buffers[...] = buf0
+    step(b1)
+    g12 = step(b2)
+    assert np.count_nonzero(g1) > 0.9 * g1.size and not np.array_equal(g1, g2)
+    ref = g1.astype(np.float64) + g2
+    assert np.linalg.norm(g12 - ref) <= 1e-6 * np.linalg.norm(ref)
+    assert np.abs(g12 - ref).max() <= 1e-5 * np.abs(ref).max()
+    p0 = model.flat_parameters.copy()
+    assert not np.any(step(b1, optimize=True))  # the update zeroes the gradients after using them
+    assert not np.array_equal(model.flat_parameters, p0)
+    eng.close()
