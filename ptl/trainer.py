@@ -372,7 +372,7 @@ class Trainer:
         h = {"trainer": {k: getattr(self, k) for k in (
             "max_epochs", "max_steps", "precision", "accumulate_grad_batches", "gradient_clip_val",
             "limit_train_batches", "limit_val_batches", "check_val_every_n_epoch", "deterministic", "accelerator",
-            "seed")}}
+            "seed", "capture_network")}}
         if self._engine is not None:
             h["model"] = self._engine.model_hparams()
             h["data"] = self._engine.data_hparams()
