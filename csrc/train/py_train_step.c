@@ -11,6 +11,7 @@
 #include "../py.h"
 
 #include "../nn/network.h"
+#include "../objective/objective.h"
 #ifdef PTL_WITH_CUDA
 #include "../cuda/network_cuda.h"
 #endif
@@ -203,7 +204,7 @@ static PyObject *py_train_step(PyObject *module, PyObject *args, PyObject *kw)
     /* objective: d total / d outputs into the plan's gradient tensors */
     if (!(outs = head_outputs(module, cap, cpu, gpu, B)))
         goto fail;
-    const int64_t lshape[1] = {10};
+    const int64_t lshape[1] = {PTL_OBJ_NUM_LOSSES};
     if (!(losses = (PyObject *)ptl_tensor_empty(module, 1, lshape, PTL_FLOAT32, dev)))
         goto fail;
     if (!(okw = Py_BuildValue("{s:O}", "gains", gains)))
