@@ -28,7 +28,7 @@ fi
 for b in ${BENCHES-fit step network objective optimizer loader}; do
   echo "== $b"
   case $b in
-    fit) cmd="benchmarks/fit.py --json $OUT/fit.json" ;;
+    fit) cmd="benchmarks/fit.py --json $OUT/fit.json --logs $OUT/fit ${FIT_ARGS:-}" ;;
     step) cmd="benchmarks/profile_step.py --what step --no-profile --iters 64" ;;
     *) cmd="benchmarks/$b.py" ;;
   esac

@@ -191,7 +191,7 @@ class ModelCheckpoint(Callback):
         self.best_model_score = self.best_k_models[self.best_model_path]
 
     def on_validation_end(self, trainer, pl_module):
-        if not trainer.sanity_checking:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
             self._save(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer, pl_module):
@@ -230,6 +230,8 @@ class EarlyStopping(Callback):
         self.stopped_epoch = state.get("stopped_epoch", 0)
 
     def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
         metrics = trainer.callback_metrics
         if self.monitor not in metrics:
             raise KeyError("EarlyStopping(monitor=%r): metric not found; logged metrics: %s"

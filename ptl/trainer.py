@@ -73,6 +73,13 @@ class _PendingLosses:
         return self._a
 
 
+class _TrainerState:
+    """Lightning's ``trainer.state``: ``fn`` is the entry point running ("fit", "validate") or None."""
+
+    def __init__(self):
+        self.fn = None
+
+
 class _FitState:
     """What a checkpoint must restore besides tensors."""
 
@@ -163,6 +170,7 @@ class Trainer:
         self.logged_metrics = {}
         self.should_stop = False
         self.sanity_checking = False
+        self.state = _TrainerState()
         self.validated_this_epoch = False
         self.current_epoch_completed = 0
         self.num_training_batches = 0
@@ -232,6 +240,7 @@ class Trainer:
         self.capture_network = bool(capture_network)
         self.model, self.datamodule = model, datamodule
         self.should_stop = False
+        self.state.fn = "fit"
         self._configure_run_dir()
         if self.seed is not None:
             _random.seed_everything(self.seed)
@@ -252,15 +261,16 @@ class Trainer:
                     c.on_exception(self, model, exc)
                 except Exception:  # the original exception is the one to report
                     pass
-            self._teardown()
+            self._teardown("fit")
             raise
-        self._teardown()
+        self._teardown("fit")
         return self
 
-    def _teardown(self):
+    def _teardown(self, stage):
         try:
-            self._call("teardown", "fit")
+            self._call("teardown", stage)
         finally:
+            self.state.fn = None
             if self._engine is not None:
                 self._engine.close()
 
@@ -326,14 +336,24 @@ class Trainer:
 
     # ---------------------------------------------------------------------------- validate etc.
     def validate(self, model, datamodule):
-        """Validates ``model``'s current weights; returns ``[metrics dict]`` like Lightning."""
+        """Validates ``model``'s current weights; returns ``[metrics dict]`` like Lightning. Writes no file:
+        checkpoint and early-stopping callbacks act only while fitting, as in Lightning."""
         self.model, self.datamodule = model, datamodule
-        eng = _Engine(self, model, datamodule, for_fit=False)
+        self.state.fn = "validate"
+        self._engine = None
         try:
-            self._engine = eng
+            self._call("setup", "validate")
+            self._engine = _Engine(self, model, datamodule, for_fit=False)
             res = self._validation_loop()
-        finally:
-            eng.close()
+        except BaseException as exc:
+            for c in self.callbacks:
+                try:
+                    c.on_exception(self, model, exc)
+                except Exception:  # the original exception is the one to report
+                    pass
+            self._teardown("validate")
+            raise
+        self._teardown("validate")
         return [dict(res["logged"])]
 
     def predict(self, model, images_or_paths, conf=0.25, max_det=300, imgsz=640, batch_size=16):
@@ -487,6 +507,8 @@ class _Engine:
         self.grads = _as_tensor(model.flat_gradients)
         self.buffers = _as_tensor(model.flat_buffers)
         self._inputs = {}  # CUDA: per batch shape, the network input and the uint8 staging buffer
+        self.capture = False
+        self._plans = {}  # per batch shape: the fused step's fixed arguments
         if not for_fit:
             self.opt = None
             return
@@ -509,7 +531,6 @@ class _Engine:
         data.epochs = trainer.max_epochs_effective  # close_mosaic counts back from the fit's last epoch
         self.ema_model = None
         self.capture = bool(getattr(trainer, "capture_network", False)) and self.device != "cpu"
-        self._plans = {}  # per batch shape: the fused step's fixed arguments
 
     # -- hyperparameters
     def model_hparams(self):

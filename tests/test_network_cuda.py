@@ -391,16 +391,46 @@ def test_recording_rules():
     net.retire()
     assert not net.recorded
     # another network on the device growing the shared layer scratch (the EMA model validating a larger
-    # batch) moves it: the recording would point at freed memory, so it is retired
+    # batch) moves it: the recording would point at freed memory, so it is retired. The scratch is per
+    # device and only grows, and earlier tests in this process may have grown it past what any yolo26n
+    # shape needs, so the growth is forced: 256 MiB is far beyond every layer's need here.
     net.forward(img)
     net.backward(R)
     net.record(img, R)
     other = CudaNetwork(Detector("yolo26n", num_classes=80), "cuda", "bfloat16")
-    other.prepare(8, 640, 640)
+    other.prepare(1, 128, 128)  # fits in the scratch as it is: nothing moves
+    assert net.recorded
+    ptl._C.layer_cuda_reserve_scratch(0, 256 << 20)
     assert not net.recorded
     with pytest.raises(RuntimeError, match="layer scratch"):
         net.replay()
     ptl.cuda.synchronize()
+
+
+@pytest.mark.cuda
+def test_conv_plans_are_shared():
+    """A second network (the EMA model's) preparing a shape the first has prepared makes no conv plan (the
+    device's plan cache has them; a plan costs tens of ms of cuDNN heuristics); a new shape makes some, and
+    returning to an earlier shape after eviction from both networks' slots makes none."""
+    def made():
+        return ptl._C.layer_cuda_conv2d_plan_cache(0)[1]
+
+    net = CudaNetwork(Detector("yolo26n", num_classes=80), "cuda", "bfloat16")
+    net.prepare(3, 96, 160)  # shapes no other test uses
+    m0 = made()
+    other = CudaNetwork(Detector("yolo26n", num_classes=80), "cuda", "bfloat16")
+    other.prepare(3, 96, 160)
+    assert made() == m0
+    other.prepare(3, 160, 96)
+    m1 = made()
+    assert m1 > m0
+    for shape in ((3, 64, 64), (3, 64, 96), (3, 96, 160), (3, 160, 96)):
+        net.prepare(*shape)
+    m2 = made()
+    assert m2 > m1  # 64x64 and 64x96 are new; net's two slots now hold 96x160 and 160x96 again
+    net.prepare(3, 64, 64)
+    other.prepare(3, 64, 96)
+    assert made() == m2
 
 
 @pytest.mark.cuda
@@ -450,7 +480,7 @@ def test_bad_arguments():
 
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-HARNESS_SOURCES = ["tests/network_cuda_cpu/harness.c", "csrc/cuda/network_cuda.c", "csrc/nn/network.c",
+HARNESS_SOURCES = ["tests/network_cuda_cpu/harness.c", "csrc/cuda/network_cuda.c", "csrc/cuda/conv2d_plan_cache.c", "csrc/nn/network.c",
                    "csrc/nn/conv2d.c", "csrc/nn/batchnorm.c", "csrc/nn/activation.c", "csrc/nn/attention.c",
                    "csrc/nn/concat.c", "csrc/nn/elementwise.c", "csrc/nn/maxpool.c", "csrc/nn/upsample.c", "csrc/nn/cpu_check.c",
                    "csrc/error.c", "csrc/dtype.c"]

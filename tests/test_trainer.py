@@ -65,6 +65,28 @@ def test_hook_order_matches_lightning(coco256, tmp_path):
     assert tr.ap_per_class and set(tr.ap_per_class) <= set(small_data(coco256).names)
 
 
+def test_validate_alone(coco256, tmp_path):
+    """trainer.validate on a fresh trainer (default callbacks, with and without a logger): Lightning's
+    validation hooks in order, the metrics, no file written (checkpointing and early stopping act only
+    while fitting), and the same numbers as the validation the same weights get inside a fit."""
+    model = ptl.Detector("yolo26n")
+    for logger in (True, False):
+        rec, stop = Recorder(), cb.EarlyStopping(monitor="fitness", mode="max", patience=0)
+        tr = small_trainer(tmp_path / str(logger), callbacks=[rec, stop], logger=logger)
+        res = tr.validate(model, small_data(coco256))
+        assert rec.calls == ["setup", "on_validation_start", "on_validation_epoch_start",
+                             "on_validation_batch_start", "on_validation_batch_end", "on_validation_epoch_end",
+                             "on_validation_end", "teardown"]
+        assert set(res[0]) >= {"val/box_loss", "metrics/mAP50-95", "fitness"}
+        assert all(np.isfinite(v) for v in res[0].values())
+        assert stop.best_score is None and tr.state.fn is None
+        assert not os.path.exists(tmp_path / str(logger)) or not any(os.scandir(tmp_path / str(logger)))
+    tr = small_trainer(tmp_path / "fit", max_epochs=1, limit_train_batches=1, enable_checkpointing=False)
+    tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
+    again = small_trainer(tmp_path / "again").validate(tr._engine.ema_model, small_data(coco256))[0]
+    assert again == {k: tr.callback_metrics[k] for k in again}
+
+
 def test_fit_writes_artifacts_and_digests_repeat(coco256, tmp_path):
     """Issue 7: a CPU fit at 128 for 2 short epochs writes every artifact; two fits (with 1 and 3 loader
     threads) give one digest."""

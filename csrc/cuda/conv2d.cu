@@ -9,6 +9,7 @@ struct ptl_conv2d_plan {
     ptl_conv2d_desc d;
     ptl_dtype dt;
     int device;
+    int refs;
     cudnnTensorDescriptor_t xd, yd;
     cudnnFilterDescriptor_t wd;
     cudnnConvolutionDescriptor_t cf, cbd, cbf; /* one per direction: each carries its own math type */
@@ -262,9 +263,13 @@ static cudnnDataType_t cudnn_type(ptl_dtype dt)
     return dt == PTL_FLOAT32 ? CUDNN_DATA_FLOAT : dt == PTL_BFLOAT16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
 }
 
+extern "C" void ptl_conv2d_plan_retain(ptl_conv2d_plan *p) { __atomic_add_fetch(&p->refs, 1, __ATOMIC_RELAXED); }
+
+extern "C" int ptl_conv2d_plan_refs(const ptl_conv2d_plan *p) { return __atomic_load_n(&p->refs, __ATOMIC_ACQUIRE); }
+
 extern "C" void ptl_conv2d_plan_destroy(ptl_conv2d_plan *p)
 {
-    if (!p)
+    if (!p || __atomic_sub_fetch(&p->refs, 1, __ATOMIC_ACQ_REL) > 0)
         return;
     if (p->xd)
         cudnnDestroyTensorDescriptor(p->xd);
@@ -315,6 +320,7 @@ extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *
     p->d = *d;
     p->dt = dt;
     p->device = ctx->device;
+    p->refs = 1;
     ct = cudnn_type(dt);
     strict = dt == PTL_FLOAT32 && !o->allow_tf32;
     /* FMA math restricts float32 to true float32 kernels. Reduced precision asks for tensor cores

@@ -43,7 +43,19 @@ ptl_conv2d_plan_opts ptl_conv2d_plan_opts_default(void);
  * from ctx's allocator (and synchronises) here, at plan time. */
 int ptl_conv2d_plan_create(struct ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt,
                            const ptl_conv2d_plan_opts *opts, ptl_conv2d_plan **out);
+/* Plans are reference-counted: create hands out one reference, retain adds one, destroy drops one and
+ * frees the plan with the last (thread-safe). refs is the current count. */
+void ptl_conv2d_plan_retain(ptl_conv2d_plan *p);
 void ptl_conv2d_plan_destroy(ptl_conv2d_plan *p);
+int ptl_conv2d_plan_refs(const ptl_conv2d_plan *p);
+
+/* The plan for (d, dt, opts) from ctx's plan cache (conv2d_plan_cache.c): made on the first request,
+ * shared by every later one, so a shape seen before costs no cuDNN query. The caller owns one reference
+ * (drop it with ptl_conv2d_plan_destroy); the cache keeps unreferenced plans up to a bound. */
+int ptl_conv2d_plan_acquire(struct ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt,
+                            const ptl_conv2d_plan_opts *opts, ptl_conv2d_plan **out);
+/* How many plans ctx's cache holds, and how many it has made (for tests and benchmarks). */
+void ptl_conv2d_plan_cache_stats(struct ptl_cuda_ctx *ctx, int64_t *held, int64_t *made);
 
 const ptl_conv2d_desc *ptl_conv2d_plan_desc(const ptl_conv2d_plan *p);
 ptl_dtype ptl_conv2d_plan_dtype(const ptl_conv2d_plan *p);

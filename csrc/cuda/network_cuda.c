@@ -587,7 +587,7 @@ int ptl_network_cuda_prepare(ptl_network_cuda *net, int B, int H, int W)
             ptl_conv2d_desc d;
             vdims di = dims_of(net, op->in);
             PTL_CHECK(ptl_conv2d_init(&d, B, di.h, di.w, op->cin, op->cout, op->k, op->s, op->g));
-            PTL_CHECK(ptl_conv2d_plan_create(ctx, &d, net->dt, &net->opts, &net->cur->plans[i]));
+            PTL_CHECK(ptl_conv2d_plan_acquire(ctx, &d, net->dt, &net->opts, &net->cur->plans[i]));
             size_t s = ptl_conv2d_plan_workspace(net->cur->plans[i]);
             ws = s > ws ? s : ws;
         }

@@ -669,6 +669,20 @@ static PyObject *py_reserve_scratch(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* layer_cuda_conv2d_plan_cache(device_index) -> (plans held, plans made) by the device's plan cache. */
+static PyObject *py_conv2d_plan_cache(PyObject *m, PyObject *args)
+{
+    int index;
+    int64_t held = 0, made = 0;
+    ptl_cuda_ctx *ctx = NULL;
+    if (!PyArg_ParseTuple(args, "i:layer_cuda_conv2d_plan_cache", &index))
+        return NULL;
+    if (ptl_cuda_ctx_get(ptl_state(m)->rt, index, &ctx))
+        return ptl_raise(m);
+    ptl_conv2d_plan_cache_stats(ctx, &held, &made);
+    return Py_BuildValue("LL", (long long)held, (long long)made);
+}
+
 static PyMethodDef methods[] = {
     {"layer_cuda_conv2d_plan", (PyCFunction)(void (*)(void))py_conv2d_plan, METH_VARARGS | METH_KEYWORDS,
      "(x, w, stride, groups, deterministic=True, allow_tf32=False, find=False, workspace_limit=0) -> plan"},
@@ -696,6 +710,7 @@ static PyMethodDef methods[] = {
     {"layer_cuda_add", py_add, METH_VARARGS, "(a, b) -> a + b"},
     {"layer_cuda_accumulate", py_accumulate, METH_VARARGS, "(x, y); y += x"},
     {"layer_cuda_reserve_scratch", py_reserve_scratch, METH_VARARGS, "(device_index, bytes)"},
+    {"layer_cuda_conv2d_plan_cache", py_conv2d_plan_cache, METH_VARARGS, "(device_index) -> (held, made)"},
     {NULL, NULL, 0, NULL},
 };
 

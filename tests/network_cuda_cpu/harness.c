@@ -150,7 +150,9 @@ void ptl_cuda_graph_destroy(ptl_cuda_graph *g) { (void)g; }
 
 struct ptl_conv2d_plan {
     ptl_conv2d_desc d;
+    int refs;
 };
+static long plans_made, plans_live;
 
 ptl_conv2d_plan_opts ptl_conv2d_plan_opts_default(void)
 {
@@ -167,9 +169,20 @@ int ptl_conv2d_plan_create(struct ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, p
     if (!*out)
         return ptl_set_error(PTL_ERR_MEMORY, "out of memory");
     (*out)->d = *d;
+    (*out)->refs = 1;
+    plans_made++;
+    plans_live++;
     return 0;
 }
-void ptl_conv2d_plan_destroy(ptl_conv2d_plan *p) { free(p); }
+void ptl_conv2d_plan_retain(ptl_conv2d_plan *p) { p->refs++; }
+int ptl_conv2d_plan_refs(const ptl_conv2d_plan *p) { return p->refs; }
+void ptl_conv2d_plan_destroy(ptl_conv2d_plan *p)
+{
+    if (p && --p->refs == 0) {
+        plans_live--;
+        free(p);
+    }
+}
 /* a size that differs per plan, so that the network must size its workspace by the largest */
 size_t ptl_conv2d_plan_workspace(const ptl_conv2d_plan *p) { return 64 + (size_t)p->d.cout; }
 
@@ -524,9 +537,26 @@ int main(int argc, char **argv)
         fails += run(cpu, g, 2, 96, 128, 1, 3); /* back to the first shape: its slot, kept */
         fails += run(cpu, g, 1, 32, 64, 1, 3);  /* a third shape takes the least recently used slot */
         fails += run(cpu, g, 2, 96, 128, 0, 3);
-        fails += run(cpu, g, 1, 64, 64, 1, 3);  /* evicted before: made again */
+        fails += run(cpu, g, 1, 64, 64, 1, 3);  /* evicted before: buffers made again, plans from the cache */
+        /* a second network of shapes seen before (the EMA model's) makes no plan: the context's cache has them */
+        const long made = plans_made;
+        ptl_network_cuda *g2 = ptl_network_cuda_create(NULL, cpu, 0, PTL_FLOAT32);
+        fails += !g2 || run(cpu, g2, 2, 96, 128, 0, 3) || run(cpu, g2, 1, 32, 64, 1, 3);
+        ptl_network_cuda_free(g2);
+        if (plans_made != made) {
+            printf("%ld plans made again for shapes the cache holds\n", plans_made - made);
+            fails++;
+        }
     }
     ptl_network_cuda_free(g);
+    /* what the cache still holds: its own reference and nothing else */
+    int64_t held, made;
+    ptl_conv2d_plan_cache_stats(&the_ctx, &held, &made);
+    if (made != plans_made || held != plans_live) {
+        printf("plan cache: %lld held, %lld made; stand-ins: %ld live, %ld made\n", (long long)held,
+               (long long)made, plans_live, plans_made);
+        fails++;
+    }
     ptl_network_free(cpu);
     if (live_blocks)
         printf("%ld device blocks leaked\n", live_blocks);
