@@ -73,6 +73,8 @@ CONV_CASES = [
     (1, 7, 6, 4, 5, 3, 2, 1),       # stride 2
     (2, 6, 5, 4, 4, 3, 1, 4),       # depthwise
     (1, 7, 7, 8, 8, 3, 2, 8),       # depthwise stride 2
+    (2, 20, 20, 64, 64, 3, 1, 64),  # depthwise, a weight gradient reduced over many chunks
+    (1, 6, 6, 4, 4, 5, 1, 4),       # depthwise 5x5 (through cuDNN; the direct kernels are 3x3)
     (2, 4, 5, 6, 3, 1, 1, 1),       # 1x1
     (1, 5, 6, 4, 6, 3, 1, 2),       # general groups
     (1, 6, 5, 2, 3, 5, 1, 1),       # 5x5
@@ -144,13 +146,19 @@ def test_conv2d_float32_plans_are_true_float32_and_deterministic():
     # 1x1 stride-1 ungrouped convolutions run as cuBLAS GEMMs (no cuDNN algorithm)
     _, _, _, _, _, info1, _ = conv_setup((2, 8, 8, 32, 16, 1, 1, 1), "float32", rng)
     assert info1["algos"] == (-1, -1, -1) and info1["tensor_op"] == (False, False, False)
+    # depthwise 3x3 runs the direct kernels (no cuDNN algorithm, no heuristics query when planning)
+    _, _, _, _, _, info2, _ = conv_setup((2, 8, 8, 16, 16, 3, 1, 16), "float32", rng)
+    assert info2["algos"] == (-1, -1, -1) and info2["tensor_op"] == (False, False, False)
+    _, _, _, _, _, info3, _ = conv_setup((2, 8, 8, 16, 16, 5, 1, 16), "float32", rng)
+    assert min(info3["algos"]) >= 0
     # bf16 plans are free to use tensor cores; the TF32 opt-in too (no assertion on what cuDNN picks)
     C.layer_cuda_conv2d_plan(gpu(host(xg), "bfloat16"), gpu(host(wg), "bfloat16"), 1, 1)
     C.layer_cuda_conv2d_plan(xg, wg, 1, 1, allow_tf32=True)
 
 
 @pytest.mark.parametrize("dt", ["float32", "bfloat16"])
-@pytest.mark.parametrize("case", [(4, 40, 40, 32, 64, 3, 1, 1), (4, 80, 80, 64, 32, 1, 1, 1)])  # cuDNN, GEMM
+@pytest.mark.parametrize("case", [(4, 40, 40, 32, 64, 3, 1, 1), (4, 80, 80, 64, 32, 1, 1, 1),
+                                  (4, 40, 40, 64, 64, 3, 1, 64)])  # cuDNN, GEMM, depthwise
 def test_conv2d_reruns_are_bitwise_equal(case, dt):
     rng = np.random.default_rng(2)
     x, wt, xg, wg, plan, info, ws = conv_setup(case, dt, rng)

@@ -5,6 +5,10 @@
 #include "conv2d.h"
 #include "layers_common.cuh"
 
+/* depthwise kernels' size (see the depthwise section) */
+#define DW_K 3
+#define DW_TAPS (DW_K * DW_K)
+
 struct ptl_conv2d_plan {
     ptl_conv2d_desc d;
     ptl_dtype dt;
@@ -18,6 +22,8 @@ struct ptl_conv2d_plan {
     cudnnConvolutionBwdFilterAlgo_t abf;
     int tensor_op[3];
     int gemm;                    /* 1x1, stride 1, ungrouped: plain cuBLAS GEMMs instead of cuDNN */
+    int depthwise;               /* 3x3, groups == cin == cout: the direct kernels below instead of cuDNN */
+    ptl_colsum_geom dw_geom;     /* the depthwise weight gradient's reduction over output pixels */
     cublasComputeType_t gemm_ct; /* its compute type */
     size_t ws_f, ws_bd, ws_bf, ws_bias, ws;
     ptl_colsum_geom bias_geom;
@@ -362,6 +368,19 @@ extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *
         goto sizes;
     }
 
+    /* cuDNN 9's legacy heuristics take ~0.8 s per depthwise plan (benchmarks/validation.py; ~9 ms for an
+     * ungrouped one), several per network shape, and every rectangular validation batch is a new shape.
+     * Direct kernels need no query; in float32 they are true float32. */
+    if (d->k == DW_K && d->groups == d->cin && d->cin == d->cout) {
+        p->depthwise = 1;
+        p->af = (cudnnConvolutionFwdAlgo_t)-1;
+        p->abd = (cudnnConvolutionBwdDataAlgo_t)-1;
+        p->abf = (cudnnConvolutionBwdFilterAlgo_t)-1;
+        p->dw_geom = ptl_colsum_geometry((int64_t)d->n * d->ho * d->wo, d->cout, DW_TAPS);
+        p->ws_bf = ptl_colsum_part_bytes((int64_t)d->n * d->ho * d->wo, d->cout, DW_TAPS);
+        goto sizes;
+    }
+
     if (choose(p, ctx, o, strict, mt0))
         goto fail;
 
@@ -456,6 +475,123 @@ __global__ void bias_grad_finish(int c, int nchunks, const double *part, T *db)
         ptl_st(db + ch, (float)((double)ptl_ld(db + ch) + s));
 }
 
+/* ---------------------------------------------------------------- depthwise 3x3
+ * One thread per output (forward) or input (backward-input) element, the taps summed in float32 in
+ * row-major tap order; the weight gradient is a per-channel sum over output pixels of 9 products, by the
+ * deterministic column reduction (double partial sums, fixed order). Weights are OHWI with one input
+ * channel: w[ch * 9 + ky * 3 + kx]. */
+template <typename T, typename I>
+__global__ void dw_forward_kernel(I total, ptl_conv2d_desc d, const T *x, const T *w, T *y)
+{
+    const I stride = (I)gridDim.x * blockDim.x;
+    const int c = d.cout;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const int ch = (int)(i % c);
+        I pix = i / c;
+        const int ox = (int)(pix % d.wo);
+        pix /= d.wo;
+        const int oy = (int)(pix % d.ho);
+        const I b = pix / d.ho;
+        const T *wc = w + ch * DW_TAPS;
+        float acc = 0.0f;
+        for (int ky = 0; ky < DW_K; ky++) {
+            const int iy = oy * d.stride + ky - d.pad;
+            if (iy < 0 || iy >= d.h)
+                continue;
+            for (int kx = 0; kx < DW_K; kx++) {
+                const int ix = ox * d.stride + kx - d.pad;
+                if (ix >= 0 && ix < d.w)
+                    acc += ptl_ld(x + ((b * d.h + iy) * d.w + ix) * c + ch) * ptl_ld(wc + ky * DW_K + kx);
+            }
+        }
+        ptl_st(y + i, acc);
+    }
+}
+
+template <typename T, typename I>
+__global__ void dw_backward_input_kernel(I total, ptl_conv2d_desc d, const T *dy, const T *w, T *dx)
+{
+    const I stride = (I)gridDim.x * blockDim.x;
+    const int c = d.cin;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const int ch = (int)(i % c);
+        I pix = i / c;
+        const int ix = (int)(pix % d.w);
+        pix /= d.w;
+        const int iy = (int)(pix % d.h);
+        const I b = pix / d.h;
+        const T *wc = w + ch * DW_TAPS;
+        float acc = 0.0f;
+        for (int ky = 0; ky < DW_K; ky++) {
+            const int ty = iy + d.pad - ky; /* = oy * stride */
+            if (ty < 0 || ty % d.stride || ty / d.stride >= d.ho)
+                continue;
+            const int oy = ty / d.stride;
+            for (int kx = 0; kx < DW_K; kx++) {
+                const int tx = ix + d.pad - kx;
+                if (tx < 0 || tx % d.stride || tx / d.stride >= d.wo)
+                    continue;
+                acc += ptl_ld(dy + ((b * d.ho + oy) * d.wo + tx / d.stride) * c + ch) * ptl_ld(wc + ky * DW_K + kx);
+            }
+        }
+        ptl_st(dx + i, acc);
+    }
+}
+
+template <typename T>
+struct dw_grad_op {
+    static constexpr int K = DW_TAPS;
+    const T *x, *dy;
+    ptl_conv2d_desc d;
+    __device__ void operator()(int64_t r, int ch, double *acc) const
+    {
+        const int c = d.cout;
+        const int ox = (int)(r % d.wo);
+        const int64_t t = r / d.wo;
+        const int oy = (int)(t % d.ho);
+        const int64_t b = t / d.ho;
+        const double g = (double)ptl_ld(dy + r * c + ch);
+        for (int ky = 0; ky < DW_K; ky++) {
+            const int iy = oy * d.stride + ky - d.pad;
+            if (iy < 0 || iy >= d.h)
+                continue;
+            for (int kx = 0; kx < DW_K; kx++) {
+                const int ix = ox * d.stride + kx - d.pad;
+                if (ix >= 0 && ix < d.w)
+                    acc[ky * DW_K + kx] += g * (double)ptl_ld(x + ((b * d.h + iy) * d.w + ix) * c + ch);
+            }
+        }
+    }
+};
+
+template <typename T>
+__global__ void dw_grad_finish(int c, int nchunks, const double *part, T *dw)
+{
+    const int ch = ptl_colsum_finish_channel();
+    if (ch >= c)
+        return;
+    for (int q = 0; q < DW_TAPS; q++) {
+        const double s = ptl_colsum_finish(part, nchunks, c, q, ch);
+        if ((threadIdx.x & 31) == 0)
+            ptl_st(dw + ch * DW_TAPS + q, (float)((double)ptl_ld(dw + ch * DW_TAPS + q) + s));
+    }
+}
+
+/* Launches kernel<T, I> over `total` elements, with 32-bit indices when both activations' sizes fit. */
+#define DW_LAUNCH(fn, kernel, p, total, ...)                                                                      \
+    do {                                                                                                          \
+        if ((int64_t)(p)->d.n * (p)->d.h * (p)->d.w * (p)->d.cin < INT32_MAX &&                                   \
+            (int64_t)(p)->d.n * (p)->d.ho * (p)->d.wo * (p)->d.cout < INT32_MAX)                                  \
+            PTL_LAYER_DISPATCH(fn, (p)->dt,                                                                       \
+                               kernel<T, int><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>((int)(total),     \
+                                                                                                 __VA_ARGS__));   \
+        else                                                                                                      \
+            PTL_LAYER_DISPATCH(fn, (p)->dt,                                                                       \
+                               kernel<T, int64_t><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>((total),      \
+                                                                                                     __VA_ARGS__)); \
+        PTL_LAUNCH_CHECK(#kernel);                                                                                \
+    } while (0)
+
 extern "C" int ptl_conv2d_forward_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *x, const void *w,
                                        const void *bias, void *y, void *workspace, size_t workspace_bytes)
 {
@@ -467,6 +603,8 @@ extern "C" int ptl_conv2d_forward_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan 
         if (gemm(ctx, p, CUBLAS_OP_T, CUBLAS_OP_N, p->d.cout, (int)(total / p->d.cout), p->d.cin, w, p->d.cin, x,
                  p->d.cin, 0.0f, y, p->d.cout))
             return -1;
+    } else if (p->depthwise) {
+        DW_LAUNCH("conv2d_forward_cuda", dw_forward_kernel, p, total, p->d, (const T *)x, (const T *)w, (T *)y);
     } else {
         PTL_CUDNN_TRY(cudnnConvolutionForward(ctx->cudnn, &one, p->xd, x, p->wd, w, p->cf, p->af, workspace,
                                               workspace_bytes, &zero, p->yd, y));
@@ -496,6 +634,12 @@ extern "C" int ptl_conv2d_backward_input_cuda(ptl_cuda_ctx *ctx, const ptl_conv2
     if (p->gemm)
         return gemm(ctx, p, CUBLAS_OP_N, CUBLAS_OP_N, p->d.cin, p->d.n * p->d.h * p->d.w, p->d.cout, w, p->d.cin, dy,
                     p->d.cout, 0.0f, dx, p->d.cin);
+    if (p->depthwise) {
+        const int64_t total = (int64_t)p->d.n * p->d.h * p->d.w * p->d.cin;
+        DW_LAUNCH("conv2d_backward_input_cuda", dw_backward_input_kernel, p, total, p->d, (const T *)dy, (const T *)w,
+                  (T *)dx);
+        return 0;
+    }
     PTL_CUDNN_TRY(cudnnConvolutionBackwardData(ctx->cudnn, &one, p->wd, w, p->yd, dy, p->cbd, p->abd, workspace,
                                                workspace_bytes, &zero, p->xd, dx));
     return 0;
@@ -512,6 +656,20 @@ extern "C" int ptl_conv2d_backward_weight_cuda(ptl_cuda_ctx *ctx, const ptl_conv
     if (p->gemm)
         return gemm(ctx, p, CUBLAS_OP_N, CUBLAS_OP_T, p->d.cin, p->d.cout, p->d.n * p->d.h * p->d.w, x, p->d.cin, dy,
                     p->d.cout, 1.0f, dw, p->d.cin);
+    if (p->depthwise) {
+        const int64_t rows = (int64_t)p->d.n * p->d.ho * p->d.wo;
+        const int c = p->d.cout;
+        double *part = (double *)workspace;
+        PTL_LAYER_DISPATCH("conv2d_backward_weight_cuda", p->dt, {
+            ptl_colsum_launch(p->dw_geom, rows, c, dw_grad_op<T>{(const T *)x, (const T *)dy, p->d}, part,
+                              ctx->stream);
+            PTL_LAUNCH_CHECK("dw_grad_partials");
+            dw_grad_finish<T><<<ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, ctx->stream>>>(
+                c, p->dw_geom.nchunks, part, (T *)dw);
+            PTL_LAUNCH_CHECK("dw_grad_finish");
+        });
+        return 0;
+    }
     PTL_CUDNN_TRY(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, p->xd, x, p->yd, dy, p->cbf, p->abf, workspace,
                                                  workspace_bytes, &one, p->wd, dw));
     return 0;

@@ -4,7 +4,9 @@
  * A plan is made once per (shape, dtype): it holds the cuDNN descriptors and the algorithm of each
  * direction, chosen at plan time (heuristics, or a timed search with `find`), never during a step.
  * 1x1 stride-1 ungrouped convolutions (the many pointwise convs of the network) skip cuDNN and run as
- * cuBLAS GEMMs over the pixels, several times faster than cuDNN's heuristic picks for them.
+ * cuBLAS GEMMs over the pixels, several times faster than cuDNN's heuristic picks for them. 3x3
+ * depthwise convolutions (groups == cin == cout) run direct kernels: planning them through cuDNN 9's
+ * legacy heuristics costs ~0.8 s each.
  * The executing calls allocate nothing and never synchronise; they need a caller-owned device
  * workspace of at least ptl_conv2d_plan_workspace(plan) bytes.
  *
