@@ -1,6 +1,7 @@
 """Built-in callbacks against a stand-in trainer (no fitting)."""
 import io
 import os
+import types
 
 import pytest
 
@@ -16,6 +17,7 @@ class FakeTrainer:
         self.global_step = 0
         self.should_stop = False
         self.sanity_checking = False
+        self.state = types.SimpleNamespace(fn="fit")  # checkpointing and early stopping act only while fitting
         self.validated_this_epoch = True
         self.num_training_batches = 4
         self.max_epochs_effective = 10
