@@ -244,7 +244,8 @@ class Trainer:
         self._configure_run_dir()
         if self.seed is not None:
             _random.seed_everything(self.seed)
-        try:
+
+        def run():
             self._call("setup", "fit")
             self._engine = _Engine(self, model, datamodule)
             if ckpt_path is not None:
@@ -255,16 +256,24 @@ class Trainer:
             self._fit_loop()
             self._call("on_train_end")
             self._call("on_fit_end")
+        self._guarded("fit", model, run)
+        return self
+
+    def _guarded(self, stage, model, body):
+        """Runs body(); an exception fires every callback's on_exception and is re-raised (the original, even
+        when a callback's handler fails); teardown runs either way."""
+        try:
+            result = body()
         except BaseException as exc:
             for c in self.callbacks:
                 try:
                     c.on_exception(self, model, exc)
-                except Exception:  # the original exception is the one to report
+                except Exception:
                     pass
-            self._teardown("fit")
+            self._teardown(stage)
             raise
-        self._teardown("fit")
-        return self
+        self._teardown(stage)
+        return result
 
     def _teardown(self, stage):
         try:
@@ -341,20 +350,12 @@ class Trainer:
         self.model, self.datamodule = model, datamodule
         self.state.fn = "validate"
         self._engine = None
-        try:
+
+        def run():
             self._call("setup", "validate")
             self._engine = _Engine(self, model, datamodule, for_fit=False)
-            res = self._validation_loop()
-        except BaseException as exc:
-            for c in self.callbacks:
-                try:
-                    c.on_exception(self, model, exc)
-                except Exception:  # the original exception is the one to report
-                    pass
-            self._teardown("validate")
-            raise
-        self._teardown("validate")
-        return [dict(res["logged"])]
+            return self._validation_loop()
+        return [dict(self._guarded("validate", model, run)["logged"])]
 
     def predict(self, model, images_or_paths, conf=0.25, max_det=300, imgsz=640, batch_size=16):
         """Detections of the one-to-one head (spec §8.2, eval mode).

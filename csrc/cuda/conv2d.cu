@@ -22,9 +22,9 @@ struct ptl_conv2d_plan {
     cudnnConvolutionBwdFilterAlgo_t abf;
     int tensor_op[3];
     int gemm;                    /* 1x1, stride 1, ungrouped: plain cuBLAS GEMMs instead of cuDNN */
+    cublasComputeType_t gemm_ct; /* its compute type */
     int depthwise;               /* 3x3, groups == cin == cout: the direct kernels below instead of cuDNN */
     ptl_colsum_geom dw_geom;     /* the depthwise weight gradient's reduction over output pixels */
-    cublasComputeType_t gemm_ct; /* its compute type */
     size_t ws_f, ws_bd, ws_bf, ws_bias, ws;
     ptl_colsum_geom bias_geom;
 };

@@ -1,6 +1,6 @@
 /* The per-device cache of convolution plans (see ptl_conv2d_plan_acquire in conv2d.h). Making a plan asks
- * cuDNN's legacy heuristics for three directions, which costs tens of milliseconds per convolution on
- * cuDNN 9 (about 12 s for yolo26n's plans at batch 8, 640: benchmarks/validation.py). Validation's
+ * cuDNN's legacy heuristics for three directions, 6-9 ms per convolution on cuDNN 9 (0.1 s per yolo26n
+ * shape at batch 8, 640, 5 s before the depthwise ones left cuDNN: benchmarks/validation.py). Validation's
  * rectangular batches and a fit's partial last batch revisit the same few shapes every epoch, and the
  * EMA model's network needs the same plans as the trained one, so a plan is made once per key per
  * process. Keyed by the whole descriptor, dtype and options: the heuristics are a function of these, so
