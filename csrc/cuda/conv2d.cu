@@ -480,27 +480,18 @@ __global__ void bias_grad_finish(int c, int nchunks, const double *part, T *db)
  * row-major tap order; the weight gradient is a per-channel sum over output pixels of 9 products, by the
  * deterministic column reduction (double partial sums, fixed order). Weights are OHWI with one input
  * channel: w[ch * 9 + ky * 3 + kx]. */
-/* Element i of an NHWC tensor with c channels, width w and height h: its channel, column, row and image. */
-template <typename I>
-__device__ __forceinline__ void nhwc_index(I i, int c, int w, int h, int &ch, int &x, int &y, I &b)
-{
-    ch = (int)(i % c);
-    I pix = i / c;
-    x = (int)(pix % w);
-    pix /= w;
-    y = (int)(pix % h);
-    b = pix / h;
-}
-
 template <typename T, typename I>
 __global__ void dw_forward_kernel(I total, ptl_conv2d_desc d, const T *x, const T *w, T *y)
 {
     const I stride = (I)gridDim.x * blockDim.x;
     const int c = d.cout;
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        int ch, ox, oy;
-        I b;
-        nhwc_index(i, c, d.wo, d.ho, ch, ox, oy, b);
+        const int ch = (int)(i % c);
+        I pix = i / c;
+        const int ox = (int)(pix % d.wo);
+        pix /= d.wo;
+        const int oy = (int)(pix % d.ho);
+        const I b = pix / d.ho;
         const T *wc = w + ch * DW_TAPS;
         float acc = 0.0f;
         for (int ky = 0; ky < DW_K; ky++) {
@@ -523,9 +514,12 @@ __global__ void dw_backward_input_kernel(I total, ptl_conv2d_desc d, const T *dy
     const I stride = (I)gridDim.x * blockDim.x;
     const int c = d.cin;
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        int ch, ix, iy;
-        I b;
-        nhwc_index(i, c, d.w, d.h, ch, ix, iy, b);
+        const int ch = (int)(i % c);
+        I pix = i / c;
+        const int ix = (int)(pix % d.w);
+        pix /= d.w;
+        const int iy = (int)(pix % d.h);
+        const I b = pix / d.h;
         const T *wc = w + ch * DW_TAPS;
         float acc = 0.0f;
         for (int ky = 0; ky < DW_K; ky++) {
