@@ -11,6 +11,27 @@
 
 #include <string.h>
 
+/* The taps that reach input pixel (iy, ix): for each, its index ky * k + kx and the output pixel
+ * oy * wo + ox it feeds, in row-major tap order (the order the input gradient sums in). tap and opix
+ * hold k * k entries; returns the count. */
+static int conv_input_taps(const ptl_conv2d_desc *d, int iy, int ix, int *tap, int64_t *opix)
+{
+    int n = 0;
+    for (int ky = 0; ky < d->k; ky++) {
+        const int ty = iy + d->pad - ky;
+        if (ty < 0 || ty % d->stride || ty / d->stride >= d->ho)
+            continue;
+        for (int kx = 0; kx < d->k; kx++) {
+            const int tx = ix + d->pad - kx;
+            if (tx < 0 || tx % d->stride || tx / d->stride >= d->wo)
+                continue;
+            tap[n] = ky * d->k + kx;
+            opix[n++] = (int64_t)(ty / d->stride) * d->wo + tx / d->stride;
+        }
+    }
+    return n;
+}
+
 #define PTL_CONV2D_BODY
 #define T float
 #define F(name) name##_f32
@@ -217,51 +238,40 @@ static void F(conv_bwd_input)(const ptl_conv2d_desc *d, const void *dyv, const v
 {
     const T *dy = dyv, *wt = wv;
     T *dx = dxv;
-    const int h = d->h, w = d->w, cin = d->cin, cout = d->cout, k = d->k, s = d->stride, pad = d->pad;
-    const int ho = d->ho, wo = d->wo, cig = cin / d->groups, cog = cout / d->groups;
+    const int h = d->h, w = d->w, cin = d->cin, cout = d->cout, k = d->k;
+    const int cig = cin / d->groups, cog = cout / d->groups;
+    const int64_t kk = (int64_t)k * k, opix_per_image = (int64_t)d->ho * d->wo;
     const int depthwise = cig == 1 && cog == 1;
     const int64_t rows = (int64_t)d->n * h;
-    const int64_t work = (int64_t)d->n * ho * wo * cout * cig * k * k;
+    const int64_t work = (int64_t)d->n * d->ho * d->wo * cout * cig * kk;
 #pragma omp parallel for schedule(static) if (work > PAR_MIN_WORK)
     for (int64_t r = 0; r < rows; r++) {
         const int b = (int)(r / h), iy = (int)(r % h);
+        int tap[kk];
+        int64_t opix[kk];
         for (int ix = 0; ix < w; ix++) {
             T *dxp = dx + (r * w + ix) * cin;
             memset(dxp, 0, sizeof(T) * cin);
-            for (int ky = 0; ky < k; ky++) {
-                const int ty = iy + pad - ky;
-                if (ty < 0 || ty % s)
-                    continue;
-                const int oy = ty / s;
-                if (oy >= ho)
-                    continue;
-                for (int kx = 0; kx < k; kx++) {
-                    const int tx = ix + pad - kx;
-                    if (tx < 0 || tx % s)
-                        continue;
-                    const int ox = tx / s;
-                    if (ox >= wo)
-                        continue;
-                    const T *dyp = dy + (((int64_t)b * ho + oy) * wo + ox) * cout;
-                    if (depthwise) {
-                        const T *wq = wt + ky * k + kx;
-                        for (int c = 0; c < cin; c++)
-                            dxp[c] += dyp[c] * wq[(int64_t)c * k * k];
-                    } else if (d->groups == 1) {
-                        const int64_t wstride = (int64_t)k * k * cin;
-                        const T *w0 = wt + ((int64_t)ky * k + kx) * cin;
-                        int co = 0;
-                        for (; co + 8 <= cout; co += 8)
-                            F(axpy8)(dxp, dyp + co, w0 + co * wstride, wstride, cin);
-                        for (; co + 4 <= cout; co += 4)
-                            F(axpy4)(dxp, dyp + co, w0 + co * wstride, wstride, cin);
-                        for (; co < cout; co++)
-                            F(axpy)(dxp, dyp[co], w0 + co * wstride, cin);
-                    } else {
-                        for (int co = 0; co < cout; co++)
-                            F(axpy)(dxp + (co / cog) * cig, dyp[co], wt + (((int64_t)co * k + ky) * k + kx) * cig,
-                                    cig);
-                    }
+            const int nt = conv_input_taps(d, iy, ix, tap, opix);
+            for (int j = 0; j < nt; j++) {
+                const T *dyp = dy + (b * opix_per_image + opix[j]) * cout;
+                if (depthwise) {
+                    const T *wq = wt + tap[j];
+                    for (int c = 0; c < cin; c++)
+                        dxp[c] += dyp[c] * wq[(int64_t)c * kk];
+                } else if (d->groups == 1) {
+                    const int64_t wstride = kk * cin;
+                    const T *w0 = wt + (int64_t)tap[j] * cin;
+                    int co = 0;
+                    for (; co + 8 <= cout; co += 8)
+                        F(axpy8)(dxp, dyp + co, w0 + co * wstride, wstride, cin);
+                    for (; co + 4 <= cout; co += 4)
+                        F(axpy4)(dxp, dyp + co, w0 + co * wstride, wstride, cin);
+                    for (; co < cout; co++)
+                        F(axpy)(dxp, dyp[co], w0 + co * wstride, cin);
+                } else {
+                    for (int co = 0; co < cout; co++)
+                        F(axpy)(dxp + (co / cog) * cig, dyp[co], wt + ((int64_t)co * kk + tap[j]) * cig, cig);
                 }
             }
         }
@@ -274,39 +284,28 @@ static void F(conv_bwd_input_t)(const ptl_conv2d_desc *d, const void *dyv, const
 {
     const T *dy = dyv, *wt = wv;
     T *wtt = wsv, *dx = dxv;
-    const int h = d->h, w = d->w, cin = d->cin, cout = d->cout, k = d->k, s = d->stride, pad = d->pad;
-    const int ho = d->ho, wo = d->wo;
+    const int h = d->h, w = d->w, cin = d->cin, cout = d->cout, k = d->k;
+    const int64_t kk = (int64_t)k * k, opix_per_image = (int64_t)d->ho * d->wo;
     const int64_t rows = (int64_t)d->n * h;
-    const int64_t work = (int64_t)d->n * ho * wo * cout * cin * k * k;
+    const int64_t work = (int64_t)d->n * d->ho * d->wo * cout * cin * kk;
     for (int co = 0; co < cout; co++)
-        for (int t = 0; t < k * k; t++)
+        for (int t = 0; t < kk; t++)
             for (int ci = 0; ci < cin; ci++)
-                wtt[((int64_t)t * cin + ci) * cout + co] = wt[((int64_t)co * k * k + t) * cin + ci];
+                wtt[((int64_t)t * cin + ci) * cout + co] = wt[((int64_t)co * kk + t) * cin + ci];
 #pragma omp parallel for schedule(static) if (work > PAR_MIN_WORK)
     for (int64_t r = 0; r < rows; r++) {
         const int b = (int)(r / h), iy = (int)(r % h);
+        int tap[kk];
+        int64_t opix[kk];
         for (int ix = 0; ix < w; ix++) {
             T *dxp = dx + (r * w + ix) * cin;
             memset(dxp, 0, sizeof(T) * cin);
-            for (int ky = 0; ky < k; ky++) {
-                const int ty = iy + pad - ky;
-                if (ty < 0 || ty % s)
-                    continue;
-                const int oy = ty / s;
-                if (oy >= ho)
-                    continue;
-                for (int kx = 0; kx < k; kx++) {
-                    const int tx = ix + pad - kx;
-                    if (tx < 0 || tx % s)
-                        continue;
-                    const int ox = tx / s;
-                    if (ox >= wo)
-                        continue;
-                    const T *dyp = dy + (((int64_t)b * ho + oy) * wo + ox) * cout;
-                    const T *wq = wtt + ((int64_t)ky * k + kx) * cin * cout;
-                    for (int ci = 0; ci < cin; ci++)
-                        dxp[ci] += F(dot)(dyp, wq + (int64_t)ci * cout, cout);
-                }
+            const int nt = conv_input_taps(d, iy, ix, tap, opix);
+            for (int j = 0; j < nt; j++) {
+                const T *dyp = dy + (b * opix_per_image + opix[j]) * cout;
+                const T *wq = wtt + (int64_t)tap[j] * cin * cout;
+                for (int ci = 0; ci < cin; ci++)
+                    dxp[ci] += F(dot)(dyp, wq + (int64_t)ci * cout, cout);
             }
         }
     }
