@@ -36,7 +36,7 @@ def network_step(args):
 
 def train_step(args):
     """The Trainer's own step over real coco256 batches (the loader runs ahead in its threads)."""
-    from ptl.trainer import _Engine
+    from ptl.engine import Engine as _Engine
     prec = {"bfloat16": "bf16-mixed", "float32": "32-true"}[args.dtype]
     trainer = ptl.Trainer(max_epochs=100, precision=prec, accelerator="cuda", enable_progress_bar=False,
                           enable_checkpointing=False, logger=False,

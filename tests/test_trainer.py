@@ -404,7 +404,7 @@ def _separate_calls_step(eng, batch, epoch, i):
 def test_fused_step_equals_separate_calls(coco256, tmp_path):
     """_C.train_step (one call per step) computes the bits of the separate calls it replaces: losses,
     weights, optimizer state and EMA after steps with and without an optimizer update."""
-    from ptl.trainer import _Engine
+    from ptl.engine import Engine as _Engine
     runs = []
     for fused in (True, False):
         data = small_data(coco256)
@@ -465,7 +465,7 @@ def test_fused_step_accumulates_parameter_gradients(coco256, tmp_path):
     """Gradient accumulation through _C.train_step: two micro-batches without an optimizer step leave the
     sum of their separate gradients (to float32 rounding: a kernel adds its partial sums into the live
     gradient one by one, so the order of the additions differs), and the optimizer step zeroes them."""
-    from ptl.trainer import _Engine
+    from ptl.engine import Engine as _Engine
     data = small_data(coco256)
     tr = small_trainer(tmp_path, max_epochs=1, enable_checkpointing=False)
     model = ptl.Detector("yolo26n")

@@ -1,0 +1,334 @@
+"""The training machinery of one fit (``Engine``): the model's flat buffers, optimizer, schedule, EMA,
+loaders, the fused C step per batch and validation of the EMA weights. ``ptl.Trainer`` drives it."""
+import numpy as np
+
+from . import _C
+from . import metrics as _metrics
+from . import optim as _optim
+from .objective import num_anchors, o2m_weight
+from .objective import objective as _objective
+
+PRECISIONS = {"32-true": "float32", "32": "float32", 32: "float32", "16-mixed": "float16", "16": "float16",
+              16: "float16", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}
+ITEM = slice(7, 10)  # the o2o loss items (box, cls, l1) of the objective's losses vector
+
+class LossValue:
+    """One loss of one training batch, read back from the device only when asked (``float(v)`` or
+    ``v.item()``): handing it to callbacks costs no host-device synchronisation."""
+
+    __slots__ = ("_losses", "_index")
+
+    def __init__(self, losses, index):
+        self._losses, self._index = losses, index
+
+    def item(self):
+        return float(self._losses.array()[self._index])
+
+    __float__ = item
+
+    def __format__(self, spec):
+        return format(self.item(), spec)
+
+    def __repr__(self):
+        return "LossValue(%r)" % self.item()
+
+
+class _PendingLosses:
+    """The objective's losses vector of one batch (a device tensor on CUDA), converted once."""
+
+    __slots__ = ("_t", "_a")
+
+    def __init__(self, t):
+        self._t, self._a = t, None
+
+    def array(self):
+        if self._a is None:
+            t = self._t
+            self._a = np.asarray(t.numpy() if isinstance(t, _C.Tensor) else t, np.float32)
+            self._t = None
+        return self._a
+
+
+
+def _limit(value, total, name):
+    if value is None:
+        return total
+    if isinstance(value, bool):
+        raise TypeError("%s: expected an int or a float fraction, got %r" % (name, value))
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("%s: expected >= 0, got %d" % (name, value))
+        return min(value, total)
+    if isinstance(value, float):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError("%s: a float must be a fraction in [0, 1], got %r" % (name, value))
+        return int(total * value) if value < 1.0 else total
+    raise TypeError("%s: expected an int or a float fraction, got %r" % (name, value))
+
+
+
+class Engine:
+    """The training machinery of one fit: model buffers, objective, optimizer, EMA, schedule, loaders."""
+
+    def __init__(self, trainer, model, data, for_fit=True):
+        self.trainer, self.model, self.data = trainer, model, data
+        self.device = trainer.device
+        self.compute = PRECISIONS[trainer.precision]
+        if self.device == "cpu" and self.compute != "float32":
+            raise ValueError("precision: %r needs CUDA; the CPU trains in '32-true'" % trainer.precision)
+        if data.num_classes != model.num_classes:
+            raise ValueError("datamodule: %d classes in %s but the model has %d" % (
+                data.num_classes, data.cfg.get("yaml", "data.yaml"), model.num_classes))
+        self.train_loader = data.train_loader() if for_fit else None
+        try:
+            self.val_loader = data.val_loader()
+        except (ValueError, KeyError):
+            if not for_fit:
+                raise
+            self.val_loader = None
+        # limit_val_batches=0 turns validation off, as in Lightning
+        self.has_val = self.val_loader is not None and (
+            not for_fit or _limit(trainer.limit_val_batches, len(self.val_loader), "limit_val_batches") > 0)
+        self.ptable = model.parameter_table()
+        self.btable = model.buffer_table()
+        if self.device != "cpu":
+            model.to(self.device, dtype=self.compute)
+        self.params = _as_tensor(model.flat_parameters)
+        self.grads = _as_tensor(model.flat_gradients)
+        self.buffers = _as_tensor(model.flat_buffers)
+        self._inputs = {}  # CUDA: per batch shape, the network input and the uint8 staging buffer
+        self.capture = False
+        self._plans = {}  # per batch shape: the fused step's fixed arguments
+        if not for_fit:
+            self.opt = None
+            return
+        nb = len(self.train_loader)
+        trainer.num_training_batches = _limit(trainer.limit_train_batches, nb, "limit_train_batches")
+        if trainer.num_training_batches == 0:
+            raise ValueError("limit_train_batches: no training batch left to run")
+        hp = dict(getattr(model, "hparams", None) or {})
+        self.cfg = _optim.OptimConfig(epochs=trainer.max_epochs_effective, batch=data.batch_size,
+                                      nc=model.num_classes, n_train_images=self.train_loader.num_images,
+                                      max_norm=trainer.gradient_clip_val or 0.0,
+                                      **{k: v for k, v in hp.items() if k in _optim.OptimConfig.__dataclass_fields__})
+        model.zero_grad()
+        model.train()
+        self.opt, self.schedule = _optim.build_optimizer(
+            self.params, self.grads, self.ptable, self.cfg, trainer.num_training_batches,
+            scaler=self.compute == "float16",
+            bn_buffers=self.buffers, bn_table=self.btable)
+        self.fixed_accumulate = trainer.accumulate_grad_batches
+        data.epochs = trainer.max_epochs_effective  # close_mosaic counts back from the fit's last epoch
+        self.ema_model = None
+        self.capture = bool(getattr(trainer, "capture_network", False)) and self.device != "cpu"
+
+    # -- hyperparameters
+    def model_hparams(self):
+        h = {"model": self.model.model_name, "num_classes": self.model.num_classes}
+        if getattr(self, "cfg", None) is not None:
+            h.update({k: getattr(self.cfg, k) for k in self.cfg.__dataclass_fields__})
+            name, lr0, mom, wbl = _optim.choose_optimizer(self.cfg)
+            h["resolved_optimizer"] = {"name": name, "lr0": lr0, "momentum": mom, "warmup_bias_lr": wbl}
+        h["box"], h["cls"], h["dfl"] = self.model.loss_gains
+        return h
+
+    def data_hparams(self):
+        d = self.data
+        return {"data": d.cfg.get("yaml"), "imgsz": d.imgsz, "batch_size": d.batch_size, "workers": d.workers,
+                "cache": d.cache, "seed": d.seed, **d.hyp}
+
+    # -- one batch
+    def _due(self, ni):
+        if self.fixed_accumulate is not None:
+            return ni - self.schedule.last_opt_step >= self.fixed_accumulate
+        return self.schedule.due(ni)
+
+    def train_step(self, batch, epoch, i):
+        """One batch: the schedule's values here, then one C call (upload, forward, objective, backward,
+        and the optimizer step + EMA when the accumulation says so). Returns the losses vector (a device
+        tensor on CUDA: nothing waits for it)."""
+        st = self.trainer._state
+        ni = st.batches_seen
+        self.schedule.apply(self.opt, epoch, i)
+        due = self._due(ni)
+        ema = self.opt.ema
+        decay = ema.decay(ema.updates + 1) if due and ema is not None else 0.0
+        lrs, momenta, wds = self.opt.group_values()
+        targets = _C.from_numpy(np.ascontiguousarray(batch.targets, dtype=np.float32))
+        losses = _C.train_step(self._plan(batch), batch.images, targets,
+                               o2m_weight(epoch, self.trainer.max_epochs_effective), due, lrs, momenta, wds, decay)
+        if due:
+            if ema is not None:
+                ema.updates += 1
+            self.schedule.stepped(ni)
+            st.global_step += 1
+        st.batches_seen += 1
+        return losses  # on CUDA a device tensor, read back later (one batch behind)
+
+    def _plan(self, batch):
+        """The fused step's arguments that stay fixed for a batch shape (see csrc/train/py_train_step.c)."""
+        shape = tuple(batch.images.shape)
+        plan = self._plans.get(shape)
+        if plan is not None:
+            return plan
+        b, h, w, _ = shape
+        na, nc = num_anchors((h, w)), self.model.num_classes
+        dev = self.device
+        if dev == "cpu":
+            net, staging = self.model._net, None
+            inp = _C.empty(shape, dtype="float32")
+        else:
+            net = self.model._cuda._h
+            inp, staging = self._input_buffers(shape)
+        grads = tuple(_C.empty((b, na, k), dtype="float32", device=dev) for k in (4, nc, 4, nc))
+        ema = self.opt.ema
+        plan = {"net": net, "input": inp, "staging": staging, "grads": grads, "gains": self.model.loss_gains,
+                "scale_from": (self.opt.scalars, _optim.SCALE_INDEX) if self.opt.scaler else None,
+                "optim": self.opt.step_kwargs(),
+                "ema": None if ema is None else [(ema.params, self.params)] + (
+                    [(ema.bn, self.buffers)] if ema.bn is not None else []),
+                "record": self.capture and b == self.data.batch_size}
+        self._plans[shape] = plan
+        return plan
+
+    def _input_buffers(self, shape):
+        """CUDA: the network input (compute dtype) and the uint8 upload buffer for a batch shape."""
+        if shape not in self._inputs:
+            self._inputs[shape] = (_C.empty(shape, dtype=self.model.compute_dtype, device=self.device),
+                                   _C.empty((int(np.prod(shape)),), dtype="uint8", device=self.device))
+        return self._inputs[shape]
+
+    def end_epoch(self):
+        pass
+
+    def _images(self, batch):
+        """The batch's images as the model takes them: the uint8 array on the CPU; on CUDA a device tensor
+        in the compute dtype, uploaded and normalised asynchronously into a buffer kept per shape."""
+        if self.device == "cpu":
+            return batch.images
+        dst, staging = self._input_buffers(tuple(batch.images.shape))
+        batch.upload(dst, staging)
+        return dst
+
+    # -- validation on the EMA weights
+    def _eval_model(self):
+        from .model import Detector
+        if self.opt is None or self.opt.ema is None:
+            return self.model
+        if self.ema_model is None:
+            self.ema_model = Detector(self.model.model_name, num_classes=self.model.num_classes)
+            if self.device != "cpu":
+                self.ema_model.to(self.device, dtype=self.model.compute_dtype)
+        _assign(self.ema_model.flat_parameters, self.opt.ema.params)
+        if self.opt.ema.bn is not None:
+            _assign(self.ema_model.flat_buffers, self.opt.ema.bn)
+        return self.ema_model
+
+    def validate(self, trainer):
+        model = self._eval_model()
+        was = model.training
+        model.eval()
+        names = self.data.names
+        met = _metrics.DetectionMetrics(names)
+        loss_sum, nb = np.zeros(3), 0
+        total = len(self.val_loader)
+        limit = _limit(trainer.limit_val_batches, total, "limit_val_batches")
+        try:
+            for j, batch in enumerate(self.val_loader):
+                if j >= limit:
+                    break
+                trainer._call("on_validation_batch_start", batch, j)
+                out = model.forward(self._images(batch))
+                h, w = batch.images.shape[1:3]
+                res = _objective((*out["one2many"], *out["one2one"]), batch.targets, img_size=(h, w),
+                                 num_classes=self.model.num_classes, o2m_weight=0.8,
+                                 gains=self.model.loss_gains)
+                lv = res["losses"].numpy() if isinstance(res["losses"], _C.Tensor) else np.asarray(res["losses"])
+                loss_sum += lv[ITEM]
+                nb += 1
+                dets = _metrics.postprocess(out["one2one"][0], out["one2one"][1], (h, w), conf=0.001)
+                _update_metrics(met, dets, batch, h, w)
+                trainer._call("on_validation_batch_end", None, batch, j)
+        finally:
+            model.train(was)
+        r = met.compute()
+        mean = loss_sum / max(nb, 1)
+        logged = {"val/box_loss": mean[0], "val/cls_loss": mean[1], "val/l1_loss": mean[2],
+                  "metrics/precision": r["precision"], "metrics/recall": r["recall"], "metrics/mAP50": r["mAP50"],
+                  "metrics/mAP50-95": r["mAP50-95"], "fitness": r["fitness"]}
+        return {"logged": {k: float(v) for k, v in logged.items()}, "ap_per_class": r.get("ap_per_class", {})}
+
+    # -- state
+    def state_tensors(self):
+        t = {"model." + k: v for k, v in self.model.state_dict().items()}
+        t.update({"optim." + k: v for k, v in self.opt.state_dict().items()})
+        if self.opt.ema is not None:
+            t.update(self.opt.ema.state_dict(self.opt.specs, self.opt.bn_specs))
+        t.update(self.schedule.state_dict())
+        t["trainer.grads"] = self.grads.numpy()
+        return t
+
+    def load_state_tensors(self, t):
+        def strip(prefix):
+            return {k[len(prefix):]: v for k, v in t.items() if k.startswith(prefix)}
+        self.model.load_state_dict(strip("model."), strict=True)
+        self.opt.load_state_dict(strip("optim."))
+        if self.opt.ema is not None:
+            self.opt.ema.load_state_dict({k: v for k, v in t.items() if k.startswith("ema.")}, self.opt.specs,
+                                         self.opt.bn_specs)
+        self.schedule.load_state_dict(t)
+        _assign(self.model.flat_gradients, np.asarray(t["trainer.grads"], np.float32).reshape(-1))
+
+    def digest_parts(self):
+        model = self.model.state_dict()
+        out = {"model": _optim.digest(model)}
+        if self.opt is not None:
+            out["optimizer"] = _optim.digest(self.opt.state_dict())
+            out["schedule"] = _optim.digest(self.schedule.state_dict())
+            out["ema"] = _optim.digest(self.opt.ema.state_dict(self.opt.specs, self.opt.bn_specs)
+                                       if self.opt.ema is not None else {})
+        return out
+
+    def close(self):
+        cuda_net = getattr(self.model, "_cuda", None)
+        if self.capture and cuda_net is not None:
+            cuda_net.retire()  # a fit's recording ends with it (its graphs' memory goes back)
+        self._plans.clear()
+        for name in ("train_loader", "val_loader"):
+            loader = getattr(self, name, None)
+            close = getattr(loader, "close", None)
+            if close is not None:
+                close()
+
+
+def _as_tensor(flat):
+    """A ptl.Tensor over a flat model buffer (zero-copy for the CPU network's NumPy views)."""
+    return flat if isinstance(flat, _C.Tensor) else _C.from_numpy(flat)
+
+
+def _assign(dst, src):
+    """Copies a flat buffer (ptl.Tensor or NumPy) into another, across devices."""
+    if isinstance(src, np.ndarray):
+        src = _C.from_numpy(np.ascontiguousarray(src))
+    if isinstance(dst, np.ndarray):
+        dst[:] = src.numpy().reshape(dst.shape)
+    else:
+        _C._optim_copy(dst, src)
+
+
+def _update_metrics(met, dets, batch, h, w):
+    """Adds one batch's detections and ground truth, both mapped back to the original images."""
+    targets = np.asarray(batch.targets, np.float64).reshape(-1, 6)
+    meta = np.asarray(batch.meta, np.float64)
+    for k, det in enumerate(dets):
+        h0, w0, gy, gx, pl, pt = meta[k]
+        rows = targets[targets[:, 0] == k]
+        gt = np.empty((len(rows), 4))
+        gt[:, 0] = (rows[:, 2] - rows[:, 4] / 2) * w
+        gt[:, 1] = (rows[:, 3] - rows[:, 5] / 2) * h
+        gt[:, 2] = (rows[:, 2] + rows[:, 4] / 2) * w
+        gt[:, 3] = (rows[:, 3] + rows[:, 5] / 2) * h
+        gt = _metrics.scale_boxes(gt, (gx, gy), (pl, pt), (h0, w0))
+        pb = _metrics.scale_boxes(det[:, :4], (gx, gy), (pl, pt), (h0, w0))
+        met.update(pb, det[:, 4], det[:, 5].astype(np.int64), gt, rows[:, 1].astype(np.int64))
+
