@@ -50,10 +50,18 @@ def pytest_collection_modifyitems(config, items):
         has_torch = True
     except ImportError:
         has_torch = False
+    try:
+        import ultralytics  # noqa: F401
+        has_ultralytics = True
+    except ImportError:
+        has_ultralytics = False
     skip_cuda = pytest.mark.skip(reason="no CUDA device")
+    skip_ultralytics = pytest.mark.skip(reason="ultralytics not installed")
     skip_torch = pytest.mark.skip(reason="torch not installed")
     for item in items:
         if "cuda" in item.keywords and not has_cuda:
             item.add_marker(skip_cuda)
         if "torchref" in item.keywords and not has_torch:
             item.add_marker(skip_torch)
+        if "ultralytics" in item.keywords and not has_ultralytics:
+            item.add_marker(skip_ultralytics)
