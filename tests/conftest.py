@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import pathlib
 import sys
@@ -45,16 +46,9 @@ def pytest_collection_modifyitems(config, items):
     import ptl
 
     has_cuda = ptl.cuda.is_available()
-    try:
-        import torch  # noqa: F401
-        has_torch = True
-    except ImportError:
-        has_torch = False
-    try:
-        import ultralytics  # noqa: F401
-        has_ultralytics = True
-    except ImportError:
-        has_ultralytics = False
+    # found, not imported: importing torch or ultralytics here would cost every run seconds
+    has_torch = importlib.util.find_spec("torch") is not None
+    has_ultralytics = importlib.util.find_spec("ultralytics") is not None
     skip_cuda = pytest.mark.skip(reason="no CUDA device")
     skip_ultralytics = pytest.mark.skip(reason="ultralytics not installed")
     skip_torch = pytest.mark.skip(reason="torch not installed")
