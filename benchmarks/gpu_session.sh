@@ -29,6 +29,7 @@ for b in ${BENCHES-fit step network objective optimizer loader}; do
   echo "== $b"
   case $b in
     fit) cmd="benchmarks/fit.py --json $OUT/fit.json --logs $OUT/fit ${FIT_ARGS:-}" ;;
+    fitp) cmd="benchmarks/fit_protocol.py --json $OUT/fitp.json --logs $OUT/fitp ${FITP_ARGS:-}" ;;
     step) cmd="benchmarks/profile_step.py --what step --no-profile --iters 64" ;;
     *) cmd="benchmarks/$b.py" ;;
   esac
