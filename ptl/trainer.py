@@ -186,6 +186,7 @@ class Trainer:
             self._call("on_fit_start")
             self._call("on_train_start")
             self._fit_loop()
+            self._engine.adopt_ema()  # the model now holds what validation and the best checkpoint measured
             self._call("on_train_end")
             self._call("on_fit_end")
         self._guarded("fit", model, run)
@@ -335,6 +336,14 @@ class Trainer:
     def save_checkpoint(self, path):
         """Writes the full training state to ``path`` (atomically: a crash leaves any previous file)."""
         _checkpoint.save(self, path)
+
+    def save_weights(self, path):
+        """Writes the fit's EMA weights (what validation measured) as a weights-only ``.safetensors`` that
+        ``Detector.load`` reads (atomically)."""
+        from .weights import write_weights
+        model = self.model
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        write_weights(path, self._engine.ema_state_dict(), model.model_name, model.num_classes, model.names)
 
     def _restore(self, path):
         _checkpoint.restore(self, path)
