@@ -354,9 +354,9 @@ class Detector:
             return None
         return np.ascontiguousarray(g.transpose(0, 3, 1, 2)) if self._layout == "nchw" else g
 
-    def predict(self, images, conf: float = 0.25, max_det: int = 300) -> list:
-        """Detections from the one-to-one head (spec §8.2: top-k, no NMS), eval mode. Returns per image
-        {"boxes": (k, 4) xyxy pixels, "scores": (k,), "classes": (k,) int64}, score descending."""
+    def _detect(self, images, conf: float = 0.25, max_det: int = 300) -> list:
+        """Per image of a network-ready batch, the one-to-one head's detections (spec §8.2: top-k, no NMS),
+        eval mode: (k, 6) float32 rows x1, y1, x2, y2 (input pixels), score, class, score descending."""
         x = self._images(images)
         was = self.training
         self.eval()
@@ -373,12 +373,27 @@ class Detector:
             s1 = _C.tensor(np.ascontiguousarray(s1, dtype=np.float32))
         out, count = _C.postprocess(b1, s1, H, W, int(max_det), float(conf))
         out, count = out.numpy(), count.numpy()
-        res = []
-        for i in range(out.shape[0]):
-            rows = out[i, :int(count[i])]
-            res.append({"boxes": rows[:, :4].copy(), "scores": rows[:, 4].copy(),
-                        "classes": rows[:, 5].astype(np.int64)})
-        return res
+        return [out[i, :int(count[i])].copy() for i in range(out.shape[0])]
+
+    def predict(self, source, conf: float = 0.25, max_det: int = 300, **kw) -> list:
+        """Detections of the one-to-one head (spec §8.2: top-k, no NMS, eval mode), one
+        :class:`ptl.predict.Results` per image: ``boxes`` (k, 4) xyxy, ``scores`` (k,), ``classes`` (k,)
+        (``res["boxes"]`` also works), score descending, plus ``path`` and ``orig_shape``.
+
+        ``source``: a network-ready batch ((N, H, W, 3) uint8 or (N, 3, H, W) float in [0, 1], boxes in its
+        pixels), or image files, folders, globs, ``.txt`` lists and (H, W, 3) arrays, letterboxed to
+        ``imgsz`` (boxes in each image's pixels). Keywords of :func:`ptl.predict.predict`: ``imgsz``,
+        ``batch_size``, ``save`` (annotated images), ``save_txt`` (YOLO labels), ``save_conf``, ``project``,
+        ``name`` (files go to ``<project>/runs/<name>/version_N``)."""
+        from .predict import predict
+        return predict(self, source, conf=conf, max_det=max_det, **kw)
+
+    def export(self, path, imgsz=640, batch: int = 1, dynamic: bool = False, half: bool = False,
+               max_det: int = 300):
+        """Writes this model as an end-to-end ONNX graph, output (N, max_det, 6) = x1, y1, x2, y2, score,
+        class (:mod:`ptl.export`; needs the ``onnx`` package). Returns the path."""
+        from .export import export_onnx
+        return export_onnx(self, path, imgsz=imgsz, batch=batch, dynamic=dynamic, half=half, max_det=max_det)
 
     def anchors(self, height: int, width: int):
         """Anchor centres (A, 2) in grid units and per-anchor strides (A,), P3 then P4 then P5 (§2)."""
