@@ -9,10 +9,10 @@ that accepts only the opcodes in ``ALLOWED_OPCODES``. Every class or function re
 inert :class:`Ref`, and "calling" one builds an inert :class:`Instance` that records its arguments
 and state. The only references given a meaning are the ones that rebuild tensors (turned into NumPy
 arrays from the storages: float16, float32, float64, bfloat16 (as float32), integer and bool) and a
-few plain containers (``OrderedDict``, ``set``). References outside the modules an Ultralytics
-checkpoint uses (``torch``, ``ultralytics``, ``collections``, ``numpy``, harmless ``builtins``, ...)
-are refused with an error naming the file, so a crafted pickle that would call ``os.system`` under
-``pickle.load`` is reported, never run.
+few plain containers (``OrderedDict``, ``set``, ``frozenset``, protocol 2's latin-1 ``bytes``).
+References outside the modules an Ultralytics checkpoint uses (``torch``, ``ultralytics``,
+``collections``, ``numpy``, harmless ``builtins``, ...) are refused with an error naming the file, so a
+crafted pickle that would call ``os.system`` under ``pickle.load`` is reported, never run.
 
 :func:`load_ultralytics` reads an Ultralytics detection checkpoint: the ``ema`` entry when present
 (training checkpoints), else ``model`` (released weights), its ``state_dict`` (names exactly as
@@ -27,8 +27,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-__all__ = ["CheckpointError", "Ref", "Instance", "read_pt", "load_ultralytics", "UltralyticsCheckpoint",
-           "ALLOWED_OPCODES"]
+__all__ = ["CheckpointError", "Ref", "Instance", "read_pt", "load_ultralytics", "checkpoint_from_tree",
+           "UltralyticsCheckpoint", "ALLOWED_OPCODES"]
 
 
 class CheckpointError(ValueError):
@@ -199,6 +199,18 @@ def _set(path, args):
         return list(items)
 
 
+def _frozenset(path, args):
+    items = _set(path, args)
+    return frozenset(items) if isinstance(items, set) else tuple(items)
+
+
+def _latin1(path, args):
+    """Protocol 2's bytes: _codecs.encode(text, 'latin1')."""
+    if len(args) == 2 and isinstance(args[0], str) and args[1] in ("latin1", "latin-1"):
+        return args[0].encode("latin-1")
+    raise CheckpointError("%s: unsupported _codecs.encode%r" % (path, args[1:]))
+
+
 # The only references a checkpoint may call for real: they build arrays or plain containers.
 _CALLS = {
     "torch._utils._rebuild_tensor_v2": _rebuild_tensor_v2,
@@ -208,6 +220,9 @@ _CALLS = {
     "collections.OrderedDict": _ordered_dict,
     "builtins.set": _set,
     "__builtin__.set": _set,
+    "builtins.frozenset": _frozenset,
+    "__builtin__.frozenset": _frozenset,
+    "_codecs.encode": _latin1,
     "torch.Size": lambda path, args: tuple(args[0]) if args else (),
 }
 
@@ -225,10 +240,6 @@ def _check_ref(path, module, name):
                               "needs (a pickle can run code through such references; nothing was run)"
                               % (path, module, name))
     return Ref(module, name)
-
-
-class _Mark:
-    pass
 
 
 def _interpret(path, data, archive):
@@ -459,7 +470,11 @@ def _scale_of(path, model):
 def load_ultralytics(path):
     """Reads an Ultralytics YOLO26 detection checkpoint (see the module doc)."""
     path = os.fspath(path)
-    top = read_pt(path)
+    return checkpoint_from_tree(path, read_pt(path))
+
+
+def checkpoint_from_tree(path, top):
+    """The :class:`UltralyticsCheckpoint` in the object tree ``top`` that :func:`read_pt` read from ``path``."""
     if not isinstance(top, dict) or not ({"model", "ema"} & set(top)):
         raise CheckpointError("%s: not an Ultralytics checkpoint (expected a dict with 'model' or 'ema', got %s)"
                               % (path, type(top).__name__ if not isinstance(top, Instance) else top.cls.qualname))

@@ -12,8 +12,8 @@
 ``intersect_dicts`` does: a tensor is copied when its name and shape match; every other one is
 listed. Counts follow Ultralytics' ``Transferred a/b items`` line, whose totals include each
 BatchNorm's ``num_batches_tracked`` counter (ptl does not store it, spec §1.1): a counter counts as
-transferred when the source holds it, or, for ptl files (which never do), when its BatchNorm's
-running mean was transferred.
+transferred when the source holds it, or, for ptl files (which never do), when the source has that
+BatchNorm (a counter is a scalar, so its shape always matches, as in Ultralytics' count).
 """
 import json
 import os
@@ -28,7 +28,7 @@ _NBT = ".num_batches_tracked"
 
 class WeightsFile:
     """``tensors`` (name -> array), ``scale`` (or None), ``num_classes`` (or None), ``names`` (list or
-    None), ``kind`` ("ultralytics", "weights", "training checkpoint") and ``path``."""
+    None), ``kind`` ("ultralytics", "weights file", "training checkpoint") and ``path``."""
 
     def __init__(self, path, kind, tensors, scale=None, num_classes=None, names=None):
         self.path, self.kind, self.tensors = path, kind, tensors
@@ -78,7 +78,7 @@ def read_weights(path):
                            hp.get("names"))
     names = json.loads(meta["names"]) if "names" in meta else None
     nc = int(meta["num_classes"]) if "num_classes" in meta else None
-    return WeightsFile(path, "weights", tensors, _scale(meta.get("model")), nc, names)
+    return WeightsFile(path, "weights file", tensors, _scale(meta.get("model")), nc, names)
 
 
 class Transfer:
@@ -153,6 +153,6 @@ def plan_transfer(index, state, source="state_dict"):
     missing = [k for k in index if k not in arrays and k not in {m[0] for m in mismatched}]
     if given_counters:
         nbt = len(given_counters)
-    else:
-        nbt = sum(1 for c in counters if c[:-len("num_batches_tracked")] + "running_mean" in arrays)
+    else:  # a ptl file: the counter Ultralytics' file would hold for each of its BatchNorms (always shape ())
+        nbt = sum(1 for c in counters if c[:-len("num_batches_tracked")] + "running_mean" in state)
     return Transfer(source, arrays, mismatched, missing, unexpected, len(arrays) + nbt, len(index) + len(counters))
