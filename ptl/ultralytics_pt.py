@@ -23,6 +23,7 @@ import os
 import pickletools
 import re
 import zipfile
+import zlib
 from collections import OrderedDict
 
 import numpy as np
@@ -131,7 +132,7 @@ class _Archive:
             return self.zf.read(name)
         except KeyError:
             raise CheckpointError("%s: %s is missing from the archive" % (self.path, name)) from None
-        except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError) as e:
             raise CheckpointError("%s: %s cannot be read (truncated or corrupt file: %s)" % (self.path, name, e)) \
                 from None
 
