@@ -80,11 +80,13 @@ class ModelCheckpoint(Callback):
     ``monitor`` names a metric of ``trainer.callback_metrics`` (None: keep the latest only),
     ``mode`` "min"/"max", ``save_top_k`` how many best to keep (-1 all, 0 none), ``save_last`` also
     writes ``last.ckpt``. ``filename`` is a template such as ``"{epoch}-{step}-{metrics/mAP50-95:.4f}"``
-    (metric names may contain "/" and "-"; the ``.ckpt`` suffix is added).
+    (metric names may contain "/" and "-"; the ``.ckpt`` suffix is added). ``save_weights``: beside the
+    full training checkpoints, ``<run>/weights/best.safetensors`` (whenever the best checkpoint changes)
+    and ``last.safetensors`` (with ``save_last``) hold the EMA weights alone, for ``Detector.load``.
     """
 
     def __init__(self, dirpath=None, filename=None, monitor=None, mode="min", save_top_k=1, save_last=None,
-                 every_n_epochs=1, monitor_optional=False):
+                 every_n_epochs=1, monitor_optional=False, save_weights=True):
         self.dirpath = None if dirpath is None else os.fspath(dirpath)
         self.filename = filename or "epoch={epoch}-step={step}"
         self.monitor = monitor
@@ -95,6 +97,7 @@ class ModelCheckpoint(Callback):
         self.save_last = save_last
         self.every_n_epochs = every_n_epochs
         self.monitor_optional = monitor_optional  # the trainer's default: skip top-k when nothing validates
+        self.save_weights = save_weights
         self.best_k_models = {}  # path -> score
         self.best_model_path = ""
         self.best_model_score = None
@@ -158,6 +161,7 @@ class ModelCheckpoint(Callback):
                         del self.best_k_models[old]
                 self.best_k_models[path] = None
                 self.best_model_path = path
+                self._save_weights(trainer, "best")
             elif self.monitor not in metrics and self.monitor_optional:
                 pass
             else:
@@ -171,6 +175,11 @@ class ModelCheckpoint(Callback):
             path = os.path.join(d, "last.ckpt")
             trainer.save_checkpoint(path)
             self.last_model_path = path
+            self._save_weights(trainer, "last")
+
+    def _save_weights(self, trainer, which):
+        if self.save_weights:
+            trainer.save_weights(os.path.join(trainer.log_dir, "weights", which + ".safetensors"))
 
     def _update_top_k(self, trainer, d, metrics, epoch, step, score):
         full = self.save_top_k != -1 and len(self.best_k_models) >= self.save_top_k
@@ -189,6 +198,8 @@ class ModelCheckpoint(Callback):
         pick = min if self.mode == "min" else max
         self.best_model_path = pick(self.best_k_models, key=lambda p: self.best_k_models[p])
         self.best_model_score = self.best_k_models[self.best_model_path]
+        if self.best_model_path == path:
+            self._save_weights(trainer, "best")
 
     def on_validation_end(self, trainer, pl_module):
         if not trainer.sanity_checking and trainer.state.fn == "fit":

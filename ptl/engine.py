@@ -119,6 +119,7 @@ class Engine:
             bn_buffers=self.buffers, bn_table=self.btable)
         self.fixed_accumulate = trainer.accumulate_grad_batches
         data.epochs = trainer.max_epochs_effective  # close_mosaic counts back from the fit's last epoch
+        model.names = data.names  # the classes it learns (predictions and weight files carry them)
         self.ema_model = None
         self.capture = bool(getattr(trainer, "capture_network", False)) and self.device != "cpu"
 
@@ -130,6 +131,7 @@ class Engine:
             name, lr0, mom, wbl = _optim.choose_optimizer(self.cfg)
             h["resolved_optimizer"] = {"name": name, "lr0": lr0, "momentum": mom, "warmup_bias_lr": wbl}
         h["box"], h["cls"], h["dfl"] = self.model.loss_gains
+        h["names"] = self.model.names
         return h
 
     def data_hparams(self):
@@ -223,6 +225,29 @@ class Engine:
         if self.opt.ema.bn is not None:
             _assign(self.ema_model.flat_buffers, self.opt.ema.bn)
         return self.ema_model
+
+    # -- what a fit leaves behind: the EMA weights (those validation measured)
+    def ema_state_dict(self):
+        """name -> array of the weights validation uses: the EMA's parameters and BN statistics (the model's
+        own weights when the fit keeps no EMA)."""
+        ema = self.opt.ema if self.opt is not None else None
+        if ema is None:
+            return self.model.state_dict()
+        out = {}
+        for flat, table in ((ema.params, self.ptable), (ema.bn, self.btable if ema.bn is not None else ())):
+            arr = flat.numpy() if isinstance(flat, _C.Tensor) else np.asarray(flat)
+            for name, off, shape in table:
+                out[name] = arr[off:off + int(np.prod(shape))].reshape(shape).copy()
+        return {k: out[k] if k in out else v for k, v in self.model.state_dict().items()}
+
+    def adopt_ema(self):
+        """Copies the EMA weights into the model (as Ultralytics' final model is its EMA)."""
+        ema = self.opt.ema if self.opt is not None else None
+        if ema is None:
+            return
+        _assign(self.model.flat_parameters, ema.params)
+        if ema.bn is not None:
+            _assign(self.model.flat_buffers, ema.bn)
 
     def validate(self, trainer):
         model = self._eval_model()

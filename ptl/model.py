@@ -10,6 +10,7 @@ torch state_dict loads unchanged.
 """
 from __future__ import annotations
 
+import os
 import re
 from collections import OrderedDict
 
@@ -43,10 +44,14 @@ class Detector:
     ``dtype="float64"`` builds a float64 CPU network (for gradient checks); training uses float32.
     The network starts in training mode (BatchNorm normalises with batch statistics).
     ``hparams`` overrides training hyperparameters (see :attr:`hparams`), the loss gains included.
+    ``weights`` (a path: Ultralytics ``.pt``, ptl ``.safetensors`` or training checkpoint) starts from
+    those weights, copying every tensor whose name and shape match (:meth:`load_weights`); ``names``
+    are the class names (a list of ``num_classes`` strings; default "0", "1", ...).
     """
 
     def __init__(self, model: str | None = "yolo26n", num_classes: int = 80, *, scale: str | None = None,
-                 seed: int = 0, dtype: str = "float32", hparams: dict | None = None):
+                 seed: int = 0, dtype: str = "float32", hparams: dict | None = None, weights=None,
+                 names=None):
         self.scale = _parse_scale(None if scale is not None else model, scale)
         if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 1:
             raise ValueError(f"num_classes: expected a positive int, got {num_classes!r}")
@@ -66,6 +71,9 @@ class Detector:
         self.device = "cpu"
         self._cuda = None  # the CUDA executor while the model lives on a GPU
         self._layout = "nchw"  # layout of the last forward's images, for input gradients
+        self.names = names
+        if weights is not None:  # weights: start from a file, transferring what matches (ptl.weights)
+            self.load_weights(weights)
 
     # ------------------------------------------------------------------------- hyperparameters
     HPARAMS = ("optimizer", "lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum",
@@ -94,6 +102,24 @@ class Detector:
     @property
     def model_name(self) -> str:
         return "yolo26" + self.scale
+
+    @property
+    def names(self) -> list:
+        """Class names, one per class (what predictions are labelled with; set from the data by ``fit``)."""
+        return list(self._names)
+
+    @names.setter
+    def names(self, value) -> None:
+        if value is None:
+            value = [str(i) for i in range(self.num_classes)]
+        elif isinstance(value, dict):
+            if sorted(value) != list(range(self.num_classes)):
+                raise ValueError("names: expected ids 0..%d, got %s" % (self.num_classes - 1, sorted(value)))
+            value = [value[i] for i in range(self.num_classes)]
+        value = [str(v) for v in value]
+        if len(value) != self.num_classes:
+            raise ValueError("names: expected %d class names, got %d" % (self.num_classes, len(value)))
+        self._names = value
 
     @property
     def loss_gains(self) -> tuple:
@@ -201,65 +227,84 @@ class Detector:
             out[name] = src[off:off + n].reshape(shape).copy()
         return out
 
-    def load_state_dict(self, state, strict: bool = True) -> None:
-        """Copies tensors by name. Every check runs before anything is written.
+    def load_state_dict(self, state, strict: bool = True, *, source: str = "state_dict", verbose: bool = True):
+        """Copies tensors by name (``*.num_batches_tracked`` is accepted and ignored). Every check runs before
+        anything is written, so the model is unchanged on error. Returns a :class:`ptl.weights.Transfer`.
 
-        strict: missing or unexpected keys raise KeyError listing them (``*.num_batches_tracked`` is
-        always accepted and ignored). A value of the wrong shape raises ValueError (strict or not).
+        strict: missing or unexpected keys raise KeyError listing them; a value of the wrong shape raises
+        ValueError. Not strict (a transfer, e.g. to another class count): every tensor whose name and shape
+        match is copied, the others keep the model's values, and ``Transferred a/b items from <source>``
+        with the list of what was left out goes to stderr (``verbose``); ValueError when nothing matches.
         """
-        items = {}
-        unexpected = []
-        for k, v in dict(state).items():
-            if k.endswith(".num_batches_tracked"):
-                continue
-            if k not in self._index:
-                unexpected.append(k)
-                continue
-            items[k] = v
-        missing = [k for k in self._index if k not in items]
-        if strict and (missing or unexpected):
-            raise KeyError(f"load_state_dict: missing keys {missing} ; unexpected keys {unexpected}")
-        bad = []
-        arrays = {}
-        for k, v in items.items():
-            if isinstance(v, tuple) and len(v) == 2 and v[1] == "BF16":  # ptl.io's bfloat16 form
-                from .io import bf16_to_float32
-                v = bf16_to_float32(v[0])
-            a = np.asarray(v.numpy() if hasattr(v, "numpy") and not isinstance(v, np.ndarray) else v)
-            shape = self._index[k][2]
-            if tuple(a.shape) != shape:
-                bad.append(f"{k}: got {tuple(a.shape)}, expected {shape}")
-                continue
-            if not np.issubdtype(a.dtype, np.floating) and not np.issubdtype(a.dtype, np.integer):
-                bad.append(f"{k}: dtype {a.dtype} is not numeric")
-                continue
-            arrays[k] = a
-        if bad:
-            raise ValueError("load_state_dict: mis-shaped values: " + "; ".join(bad))
+        from .weights import plan_transfer
+        plan = plan_transfer(self._index, state, source)
+        if strict and (plan.missing or plan.unexpected):
+            raise KeyError(f"load_state_dict: missing keys {plan.missing} ; unexpected keys {plan.unexpected}")
+        if strict and plan.mismatched:
+            raise ValueError("load_state_dict: mis-shaped values: " + "; ".join(
+                f"{k}: got {a}, expected {b}" for k, a, b in plan.mismatched))
+        if not plan.arrays and self._index:
+            raise ValueError(f"load_state_dict: no tensor of {source} matches this {self.model_name} model "
+                             f"(name and shape): {_layout_gaps(plan)}")
         if self._cuda is not None:  # keys a non-strict load leaves out keep the device's values
             self._cuda.to_cpu(grads=False)
-        for k, a in arrays.items():
+        for k, a in plan.arrays.items():
             is_buf, off, shape = self._index[k]
             dst = self._buffers if is_buf else self._params
             dst[off:off + a.size] = a.reshape(-1)
         if self._cuda is not None:
             self._cuda.from_cpu()
+        if not strict and verbose:
+            plan.report()
+        return plan
+
+    def load_weights(self, path, strict: bool = False, verbose: bool = True):
+        """Loads a weight file into this model (:func:`ptl.weights.read_weights`: Ultralytics ``.pt``, ptl
+        ``.safetensors``, training checkpoint), by name and shape unless ``strict``; takes the file's class
+        names when every tensor matched. Returns the :class:`ptl.weights.Transfer`."""
+        from .weights import read_weights
+        wf = read_weights(path)
+        try:
+            plan = self.load_state_dict(wf.tensors, strict=strict, source=os.path.basename(os.fspath(path)),
+                                        verbose=verbose)
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{os.fspath(path)}: does not fit {self.model_name} with {self.num_classes} classes: "
+                             f"{e.args[0] if e.args else e}") from None
+        if wf.names is not None and wf.num_classes == self.num_classes and not plan.mismatched:
+            self.names = wf.names
+        return plan
 
     # ---------------------------------------------------------------------------- save / load
     def save(self, path) -> None:
-        """Writes the state_dict as .safetensors (through ptl.io), with scale and classes as metadata."""
-        io = _io()
-        io.save_safetensors(path, self.state_dict(),
-                            metadata={"model": self.model_name, "num_classes": str(self.num_classes)})
+        """Writes the state_dict as .safetensors (through ptl.io), with scale, classes and names as metadata."""
+        from .weights import write_weights
+        write_weights(path, self.state_dict(), self.model_name, self.num_classes, self.names)
 
     @classmethod
     def load(cls, path, **kw) -> "Detector":
-        io = _io()
-        tensors, meta = _load_with_metadata(io, path)
-        model = kw.pop("model", None) or (meta or {}).get("model", "yolo26n")
-        nc = kw.pop("num_classes", None) or int((meta or {}).get("num_classes", 80))
-        det = cls(model, num_classes=nc, **kw)
-        det.load_state_dict(tensors, strict=True)
+        """A detector from a weight file: ``Detector.save``'s ``.safetensors``, ``<run>/weights/*.safetensors``,
+        a training checkpoint (its EMA weights) or an Ultralytics ``.pt`` (no torch needed). Scale, class count
+        and names come from the file; ``model=`` / ``num_classes=`` override them, and then the tensors that
+        still fit are transferred (:meth:`load_weights`). Other keywords go to the constructor."""
+        from .weights import plan_transfer, read_weights
+        wf = read_weights(path)
+        where = os.fspath(path)
+        model = kw.pop("model", None) or wf.model_name
+        if model is None:
+            raise ValueError(f"{where}: the file does not say which model it holds; pass model='yolo26n' etc.")
+        nc = kw.pop("num_classes", None) or wf.num_classes
+        if nc is None:
+            raise ValueError(f"{where}: the file does not say how many classes it has; pass num_classes=")
+        names = kw.pop("names", None)
+        det = cls(model, num_classes=nc, names=names, **kw)
+        same = det.model_name == wf.model_name and nc == wf.num_classes
+        plan = plan_transfer(det._index, wf.tensors)
+        if same and not plan.complete:  # the file says it is this model, but its tensors are not
+            kind = "an Ultralytics YOLO26 detection model" if wf.kind == "ultralytics" else f"a ptl {wf.kind}"
+            raise ValueError(f"{where}: not {kind} of the {det.model_name} layout: " + _layout_gaps(plan))
+        det.load_state_dict(wf.tensors, strict=same, source=os.path.basename(where))
+        if names is None and wf.names is not None and nc == wf.num_classes:
+            det.names = wf.names
         return det
 
     # -------------------------------------------------------------------------------- forward
@@ -309,9 +354,9 @@ class Detector:
             return None
         return np.ascontiguousarray(g.transpose(0, 3, 1, 2)) if self._layout == "nchw" else g
 
-    def predict(self, images, conf: float = 0.25, max_det: int = 300) -> list:
-        """Detections from the one-to-one head (spec §8.2: top-k, no NMS), eval mode. Returns per image
-        {"boxes": (k, 4) xyxy pixels, "scores": (k,), "classes": (k,) int64}, score descending."""
+    def _detect(self, images, conf: float = 0.25, max_det: int = 300) -> list:
+        """Per image of a network-ready batch, the one-to-one head's detections (spec §8.2: top-k, no NMS),
+        eval mode: (k, 6) float32 rows x1, y1, x2, y2 (input pixels), score, class, score descending."""
         x = self._images(images)
         was = self.training
         self.eval()
@@ -328,12 +373,27 @@ class Detector:
             s1 = _C.tensor(np.ascontiguousarray(s1, dtype=np.float32))
         out, count = _C.postprocess(b1, s1, H, W, int(max_det), float(conf))
         out, count = out.numpy(), count.numpy()
-        res = []
-        for i in range(out.shape[0]):
-            rows = out[i, :int(count[i])]
-            res.append({"boxes": rows[:, :4].copy(), "scores": rows[:, 4].copy(),
-                        "classes": rows[:, 5].astype(np.int64)})
-        return res
+        return [out[i, :int(count[i])].copy() for i in range(out.shape[0])]
+
+    def predict(self, source, conf: float = 0.25, max_det: int = 300, **kw) -> list:
+        """Detections of the one-to-one head (spec §8.2: top-k, no NMS, eval mode), one
+        :class:`ptl.predict.Results` per image: ``boxes`` (k, 4) xyxy, ``scores`` (k,), ``classes`` (k,)
+        (``res["boxes"]`` also works), score descending, plus ``path`` and ``orig_shape``.
+
+        ``source``: a network-ready batch ((N, H, W, 3) uint8 or (N, 3, H, W) float in [0, 1], boxes in its
+        pixels), or image files, folders, globs, ``.txt`` lists and (H, W, 3) arrays, letterboxed to
+        ``imgsz`` (boxes in each image's pixels). Keywords of :func:`ptl.predict.predict`: ``imgsz``,
+        ``batch_size``, ``save`` (annotated images), ``save_txt`` (YOLO labels), ``save_conf``, ``project``,
+        ``name`` (files go to ``<project>/runs/<name>/version_N``)."""
+        from .predict import predict
+        return predict(self, source, conf=conf, max_det=max_det, **kw)
+
+    def export(self, path, imgsz=640, batch: int = 1, dynamic: bool = False, half: bool = False,
+               max_det: int = 300):
+        """Writes this model as an end-to-end ONNX graph, output (N, max_det, 6) = x1, y1, x2, y2, score,
+        class (:mod:`ptl.export`; needs the ``onnx`` package). Returns the path."""
+        from .export import export_onnx
+        return export_onnx(self, path, imgsz=imgsz, batch=batch, dynamic=dynamic, half=half, max_det=max_det)
 
     def anchors(self, height: int, width: int):
         """Anchor centres (A, 2) in grid units and per-anchor strides (A,), P3 then P4 then P5 (§2)."""
@@ -349,16 +409,16 @@ class Detector:
                 f"dtype={self.dtype}, training={self.training})")
 
 
-def _io():
-    try:
-        from . import io
-    except ImportError as e:
-        raise NotImplementedError("Detector.save/load need ptl.io (the safetensors reader/writer)") from e
-    return io
+def _layout_gaps(plan, show=4):
+    """A short account of the tensors that do not fit: counts and the first few names."""
+    def few(items):
+        return ", ".join(items[:show]) + (", ..." if len(items) > show else "")
+    parts = []
+    if plan.missing:
+        parts.append(f"{len(plan.missing)} tensors missing ({few(plan.missing)})")
+    if plan.unexpected:
+        parts.append(f"{len(plan.unexpected)} unexpected ({few(plan.unexpected)})")
+    if plan.mismatched:
+        parts.append(f"{len(plan.mismatched)} of another shape ({few([f'{k} {a}' for k, a, _ in plan.mismatched])})")
+    return "; ".join(parts)
 
-
-def _load_with_metadata(io, path):
-    res = io.load_safetensors(path)
-    if isinstance(res, tuple):
-        return res[0], res[1]
-    return res, getattr(io, "read_metadata", lambda p: {})(path)

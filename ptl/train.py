@@ -47,7 +47,9 @@ def build_parser():
                           ("flipud", 0.0), ("fliplr", 0.5)):
         g.add_argument("--" + name, type=float, default=default, help="augmentation (%g)" % default)
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="yolo26n", help="yolo26n/s/m/l/x, or a .safetensors file to start from")
+    g.add_argument("--model", default="yolo26n",
+                   help="yolo26n/s/m/l/x, or weights to start from: an Ultralytics .pt, a ptl .safetensors or "
+                        ".ckpt (tensors that fit the data's class count are transferred)")
     for name, typ, default in (("optimizer", str, "auto"), ("lr0", float, 0.01), ("lrf", float, 0.01),
                                ("momentum", float, 0.937), ("weight-decay", float, 5e-4),
                                ("warmup-epochs", float, 3.0), ("warmup-momentum", float, 0.8),
@@ -92,8 +94,8 @@ def main(argv=None):
                              translate=args.translate, scale=args.scale, shear=args.shear,
                              perspective=args.perspective, hsv_h=args.hsv_h, hsv_s=args.hsv_s, hsv_v=args.hsv_v,
                              flipud=args.flipud, fliplr=args.fliplr)
-        if args.model.endswith(".safetensors"):
-            model = ptl.Detector.load(args.model)
+        if args.model.endswith((".pt", ".pth", ".safetensors", ".ckpt")):  # start from weights (ptl.weights)
+            model = ptl.Detector.load(args.model, num_classes=data.num_classes, names=data.names, seed=args.seed)
         else:
             model = ptl.Detector(args.model, num_classes=data.num_classes, seed=args.seed)
         model.hparams = {"optimizer": args.optimizer, "lr0": args.lr0, "lrf": args.lrf, "momentum": args.momentum,

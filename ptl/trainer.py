@@ -15,7 +15,6 @@ import numpy as np
 from . import callbacks as cb
 from . import checkpoint as _checkpoint
 from . import cuda as _cuda
-from . import metrics as _metrics
 from . import random as _random
 from . import runlog
 from .engine import ITEM, PRECISIONS, Engine, LossValue, _limit, _PendingLosses
@@ -186,6 +185,7 @@ class Trainer:
             self._call("on_fit_start")
             self._call("on_train_start")
             self._fit_loop()
+            self._engine.adopt_ema()  # the model now holds what validation and the best checkpoint measured
             self._call("on_train_end")
             self._call("on_fit_end")
         self._guarded("fit", model, run)
@@ -289,25 +289,17 @@ class Trainer:
             return self._validation_loop()
         return [dict(self._guarded("validate", model, run)["logged"])]
 
-    def predict(self, model, images_or_paths, conf=0.25, max_det=300, imgsz=640, batch_size=16):
-        """Detections of the one-to-one head (spec §8.2, eval mode).
-
-        ``images_or_paths``: an image batch as :meth:`Detector.predict` takes it (boxes come back in its
-        pixels), or a list of image files (letterboxed to ``imgsz``; boxes come back in each file's
-        pixels, and a file that cannot be read gives ``None`` after a DataWarning). Each result is
-        ``{"boxes": (k, 4) xyxy, "scores": (k,), "classes": (k,)}``, score descending."""
-        if not (isinstance(images_or_paths, (list, tuple)) and images_or_paths
-                and all(isinstance(p, (str, os.PathLike)) for p in images_or_paths)):
-            return model.predict(images_or_paths, conf=conf, max_det=max_det)
-        from .data import image_batches
-        out = [None] * len(images_or_paths)
-        for batch in image_batches(images_or_paths, imgsz=imgsz, batch_size=batch_size):
-            dets = model.predict(batch.images, conf=conf, max_det=max_det)
-            for k, det in enumerate(dets):
-                h0, w0, gy, gx, pl, pt = np.asarray(batch.meta, np.float64)[k]
-                det["boxes"] = _metrics.scale_boxes(det["boxes"], (gx, gy), (pl, pt), (h0, w0)).astype(np.float32)
-                out[int(batch.indices[k])] = det
-        return out
+    def predict(self, model, source, conf=0.25, max_det=300, imgsz=640, batch_size=16, save=False, save_txt=False,
+                save_conf=False, name="predict"):
+        """Detections of the one-to-one head (spec §8.2, eval mode) for ``source``: image files, folders, globs,
+        ``.txt`` lists, (H, W, 3) arrays (letterboxed to ``imgsz``, boxes in each image's pixels; a file that
+        cannot be read gives ``None`` after a DataWarning) or a network-ready batch (boxes in its pixels). One
+        :class:`ptl.predict.Results` per image (``res["boxes"]`` (k, 4) xyxy, ``"scores"``, ``"classes"``,
+        score descending; ``path``, ``orig_shape``). ``save`` / ``save_txt`` write annotated images / YOLO
+        label files to ``<default_root_dir>/runs/<name>/version_N`` (:mod:`ptl.predict`)."""
+        from .predict import predict
+        return predict(model, source, conf=conf, max_det=max_det, imgsz=imgsz, batch_size=batch_size, save=save,
+                       save_txt=save_txt, save_conf=save_conf, project=self.default_root_dir, name=name)
 
     # -------------------------------------------------------------------------------- logs
     def _configure_run_dir(self):
@@ -335,6 +327,14 @@ class Trainer:
     def save_checkpoint(self, path):
         """Writes the full training state to ``path`` (atomically: a crash leaves any previous file)."""
         _checkpoint.save(self, path)
+
+    def save_weights(self, path):
+        """Writes the fit's EMA weights (what validation measured) as a weights-only ``.safetensors`` that
+        ``Detector.load`` reads (atomically)."""
+        from .weights import write_weights
+        model = self.model
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        write_weights(path, self._engine.ema_state_dict(), model.model_name, model.num_classes, model.names)
 
     def _restore(self, path):
         _checkpoint.restore(self, path)

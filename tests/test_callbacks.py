@@ -23,12 +23,19 @@ class FakeTrainer:
         self.max_epochs_effective = 10
         self.logged = {}
         self.saved = []
+        self.weights = []  # weights-only files, relative to log_dir
         self.datamodule = None
 
     def save_checkpoint(self, path):
         with open(path, "w") as f:
             f.write(str(self.callback_metrics))
         self.saved.append(os.path.basename(path))
+
+    def save_weights(self, path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(str(self.callback_metrics))
+        self.weights.append(os.path.relpath(path, self.log_dir))
 
     def log_dict(self, d):
         self.logged.update(d)
@@ -55,6 +62,10 @@ def test_model_checkpoint_keeps_top_k_and_last(tmp_path):
     files = sorted(os.listdir(tmp_path / "checkpoints"))
     assert files == ["1-0.300.ckpt", "4-0.400.ckpt", "last.ckpt"]
     assert ck.best_model_score == 0.4 and ck.best_model_path.endswith("4-0.400.ckpt")
+    # weights-only files: best.safetensors whenever the best changed (0.1, 0.3, 0.4), last every time
+    best, last = os.path.join("weights", "best.safetensors"), os.path.join("weights", "last.safetensors")
+    assert tr.weights == [best, last, best, last, last, last, best, last]
+    assert "0.4" in (tmp_path / best).read_text()
     state = ck.state_dict()
     ck2 = cb.ModelCheckpoint(monitor="metrics/mAP50-95", mode="max")
     ck2.load_state_dict(state)
