@@ -109,9 +109,10 @@ int ptl_decode_jpeg(const unsigned char *buf, size_t len, const ptl_codec_req *r
     o->orient = jpeg_orientation(&ci);
     o->w0 = (int)ci.image_width;
     o->h0 = (int)ci.image_height;
-    if (ptl_codec_check_size(rq, o, "JPEG") != 0 || !rq->pixels) {
+    int bad = ptl_codec_check_size(rq, o, "JPEG") != 0;
+    if (bad || !rq->pixels) {
         jpeg_destroy_decompress(&ci);
-        return rq->pixels ? -1 : 0;
+        return bad ? -1 : 0;
     }
     int cmyk = ci.jpeg_color_space == JCS_CMYK || ci.jpeg_color_space == JCS_YCCK;
     int gray = ci.jpeg_color_space == JCS_GRAYSCALE;

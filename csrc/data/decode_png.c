@@ -1,6 +1,8 @@
 /* PNG through libpng: palette, gray, 16-bit and alpha converted to 8-bit RGB (alpha dropped); the declared
- * size checked before any pixel buffer exists; a warning while the image data is read (libpng's benign
- * errors about missing or excess image data) is corruption. */
+ * size checked before any pixel buffer exists; a warning while the image data is read that says data is
+ * missing or damaged is corruption (libpng reports most missing data as errors; excess data after the last
+ * row, or a bad ancillary chunk, leaves every pixel decoded and is ignored). */
+#define _GNU_SOURCE /* strcasestr */
 #include <png.h>
 #include <setjmp.h>
 #include <stdio.h>
@@ -32,10 +34,20 @@ static void png_err(png_structp png, png_const_charp msg)
     png_longjmp(png, 1);
 }
 
+/* libpng's warnings have no codes: these words are in every one that means missing or damaged data. */
+static int missing_data(const char *msg)
+{
+    static const char *const words[] = {"truncated", "not enough", "damaged", "missing"};
+    for (size_t i = 0; i < sizeof words / sizeof *words; i++)
+        if (strcasestr(msg, words[i]))
+            return 1;
+    return 0;
+}
+
 static void png_warn(png_structp png, png_const_charp msg)
 {
     png_ctx *m = (png_ctx *)png_get_error_ptr(png);
-    if (m->in_data) {
+    if (m->in_data && missing_data(msg)) {
         snprintf(m->msg, sizeof m->msg, "corrupt PNG image data: %s", msg);
         png_longjmp(png, 1);
     }
@@ -87,9 +99,10 @@ int ptl_decode_png(const unsigned char *buf, size_t len, const ptl_codec_req *rq
     int w = (int)png_get_image_width(png, info), h = (int)png_get_image_height(png, info);
     o->w0 = w;
     o->h0 = h;
-    if (ptl_codec_check_size(rq, o, "PNG") != 0 || !rq->pixels) {
+    int bad = ptl_codec_check_size(rq, o, "PNG") != 0;
+    if (bad || !rq->pixels) {
         png_destroy_read_struct(&png, &info, NULL);
-        return rq->pixels ? -1 : 0;
+        return bad ? -1 : 0;
     }
     int ct = png_get_color_type(png, info), depth = png_get_bit_depth(png, info);
     if (ct == PNG_COLOR_TYPE_PALETTE)

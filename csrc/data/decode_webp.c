@@ -30,8 +30,10 @@ int ptl_decode_webp(const unsigned char *buf, size_t len, const ptl_codec_req *r
         snprintf(o->why, sizeof o->why, "truncated WebP (%zu of %llu bytes)", len, (unsigned long long)riff + 8);
         return -1;
     }
-    if (ptl_codec_check_size(rq, o, "WebP") != 0 || !rq->pixels)
-        return rq->pixels ? -1 : 0;
+    if (ptl_codec_check_size(rq, o, "WebP") != 0)
+        return -1;
+    if (!rq->pixels)
+        return 0;
     uint8_t *img = ptl_codec_alloc(o, f.width, f.height, "WebP");
     if (!img)
         return -1;
