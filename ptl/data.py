@@ -290,6 +290,17 @@ def _remove_stale_temps(folder):
                 pass
 
 
+def _writable(folder):
+    """Whether we may write into folder: permission bits that allow it (checked even for root, who may write
+    into a folder made read-only on purpose), os.access, and no read-only mount."""
+    try:
+        st = os.stat(folder)
+        return bool(st.st_mode & 0o222) and os.access(folder, os.W_OK) and not (
+            os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def disk_cache_paths(files, tag, cache_dir=None):
     """The cache file of each image: ``<image folder>/.ptl-cache/<name>.<tag>.ptlc`` beside the images, or
     under ``cache_dir`` (default ``~/.cache/ptl/disk-cache``) in a folder named by a hash of the image folder
@@ -300,12 +311,11 @@ def disk_cache_paths(files, tag, cache_dir=None):
         d, base = os.path.split(os.path.abspath(f))
         if d not in folders:
             target = None
-            if cache_dir is None:
-                local = os.path.join(d, ".ptl-cache")
+            local = os.path.join(d, ".ptl-cache")
+            if cache_dir is None and _writable(local if os.path.isdir(local) else d):
                 try:
                     os.makedirs(local, exist_ok=True)
-                    if os.access(local, os.W_OK):
-                        target = local
+                    target = local
                 except OSError:
                     pass
             if target is None:
