@@ -44,7 +44,8 @@ Bad input: the scan skips (with one :class:`DataWarning` each) unreadable, trunc
 images whose declared size exceeds ``max_pixels`` and bad label files. A file that passes the scan but fails
 to decode later (damaged data, a size changed since the scan) is reported once as a :class:`DataWarning` and
 replaced, in every epoch, by the next image in dataset order that decodes, with that image's labels: the
-replacement does not depend on ``workers``, the cache or timing. ``Loader.skipped_files`` counts both kinds.
+replacement does not depend on ``workers``, the cache or timing (``Batch.sources`` shows it; validation then
+counts the replacement twice, prediction leaves the file out). ``Loader.skipped_files`` counts both kinds.
 """
 import hashlib
 import json
@@ -405,13 +406,6 @@ class Loader:
         img, targets, meta, _ = self._c.sample(epoch, index, bool(mosaic))
         self.report_problems()
         return img, targets, meta
-
-    def sample_source(self, index, epoch=None, mosaic=None):
-        """The dataset index of the file sample ``index`` shows (``index`` unless that file was replaced)."""
-        epoch = self._owner.epoch if epoch is None else epoch
-        out = self._c.sample(epoch, index, bool(mosaic) if mosaic is not None else False)
-        self.report_problems()
-        return out[3]
 
     def cache_info(self):
         """(bytes the cache needs, bytes cached so far)."""
