@@ -7,6 +7,7 @@ Environment:
   PTL_CUDA_ARCH       comma-separated targets: sm_XX = machine code, compute_XX = PTX
                       (default "sm_90,compute_80": Hopper code plus PTX for Ampere/Ada and newer)
   PTL_JOBS            parallel compile jobs (default: CPU count)
+  PTL_WEBP=0, PTL_TIFF=0  build without libwebp / libtiff even when found (linked when found otherwise)
 """
 import glob
 import hashlib
@@ -84,6 +85,29 @@ def _gencode():
     return flags
 
 
+def _optional_image_libs():
+    """(macros, libraries) of the optional image decoders whose library links here (PTL_WEBP=0 / PTL_TIFF=0 turn
+    one off); a missing one is reported and its files are skipped with one message at dataset scan."""
+    cc = (sysconfig.get_config_var("CC") or "gcc").split()[0]
+    wanted = (("WEBP", "webp", "#include <webp/decode.h>\nint main(void) { return WebPGetDecoderVersion() < 0; }\n",
+               "libwebp-dev"),
+              ("TIFF", "tiff", "#include <tiffio.h>\n"  # TIFFOpenOptions: libtiff >= 4.5
+               "int main(void) { TIFFOpenOptionsFree(TIFFOpenOptionsAlloc()); return 0; }\n", "libtiff-dev (>= 4.5)"))
+    macros, libs = [], []
+    for name, lib, probe, package in wanted:
+        if os.environ.get("PTL_" + name, "").strip() == "0":
+            continue
+        r = subprocess.run([cc, "-x", "c", "-", "-o", os.devnull, "-l" + lib], input=probe, capture_output=True,
+                           text=True)
+        if r.returncode == 0:
+            macros.append(("PTL_WITH_" + name, "1"))
+            libs.append(lib)
+        else:
+            print("ptl: lib%s not found (install %s): %s images will be skipped" % (lib, package, name),
+                  file=sys.stderr)
+    return macros, libs
+
+
 CUDA_HOME = _cuda_home()
 C_SOURCES = sorted(glob.glob("csrc/**/*.c", recursive=True))
 CU_SOURCES = sorted(glob.glob("csrc/cuda/**/*.cu", recursive=True))
@@ -102,6 +126,9 @@ if CUDA_HOME:
     rpath += [cuda_lib, cudnn_lib]
     libraries += ["cudart_static", "cublasLt", "cublas", "cudnn", "stdc++", "dl", "rt", "pthread"]
     macros.append(("PTL_WITH_CUDA", "1"))
+image_macros, image_libs = _optional_image_libs()
+macros += image_macros
+libraries += image_libs
 macros.append(("NPY_NO_DEPRECATED_API", "NPY_1_21_API_VERSION"))
 
 C_FLAGS = ["-std=gnu11", "-O2", "-fPIC", "-fopenmp", "-ffp-contract=off", "-Wall", "-Wextra",
