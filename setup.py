@@ -237,6 +237,21 @@ class BuildExt(build_ext):
         self.compiler.link_shared_object(
             objects, out, libraries=cfg.libraries, library_dirs=library_dirs,
             extra_postargs=["-fopenmp"], target_lang="c")
+        if cfg.cuda_home:
+            _check_dynload(out)
+
+
+def _check_dynload(path):
+    """A cuBLAS/cuDNN function called but missing from csrc/cuda/dynload.c's lists stays undefined (a
+    Python extension may leave symbols undefined), and `import ptl` would fail; say so at build time."""
+    if not shutil.which("nm"):
+        return
+    out = subprocess.run(["nm", "-D", "--undefined-only", path], capture_output=True, text=True).stdout
+    missing = sorted({line.split()[-1].split("@")[0] for line in out.splitlines()
+                      if line.split() and line.split()[-1].startswith(("cublas", "cudnn", "nccl"))})
+    if missing:
+        sys.exit("ptl: %s called but not in csrc/cuda/dynload.c's function lists; add %s there"
+                 % (", ".join(missing), "it" if len(missing) == 1 else "them"))
 
 
 if __name__ == "__main__":

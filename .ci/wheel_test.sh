@@ -19,6 +19,7 @@ shared="${PTL_SHARED:-$repo/../shared}"
 data="$shared/data/coco256/data.yaml"
 [ -f "$data" ] || { echo "wheel_test: $data not found (set PTL_SHARED)" >&2; exit 1; }
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+venv_env=(env -u PYTHONPATH -u PYTHONHOME)  # the venv sees only what it installed
 
 echo "== build (PTL_CUDA=${PTL_CUDA:-1})"
 rm -rf "$work/dist" "$work/wheelhouse"
@@ -41,8 +42,8 @@ fi
 
 echo "== fresh venv"
 rm -rf "$work/venv"
-"$python" -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install -q "$wheel"
+"${venv_env[@]}" "$python" -m venv "$work/venv"
+"${venv_env[@]}" "$work/venv/bin/python" -m pip install -q "$wheel"
 
 # Outside the source tree, without the toolkit on PATH or LD_LIBRARY_PATH. Where mount namespaces are
 # allowed, the system's cuBLAS/cuDNN are hidden too (each folder holding them gets an empty tmpfs, or
@@ -50,7 +51,7 @@ rm -rf "$work/venv"
 mkdir -p "$work/run"
 toolkit_free_path="$work/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 libs="$(/sbin/ldconfig -p | sed -n 's/.*\(libcublas\|libcublasLt\|libcudnn\)\.so.* => \(.*\)/\2/p')"
-run_fit=(env -u LD_LIBRARY_PATH -u CUDA_HOME -u CUDA_PATH -u PYTHONPATH PATH="$toolkit_free_path"
+run_fit=("${venv_env[@]}" -u LD_LIBRARY_PATH -u CUDA_HOME -u CUDA_PATH PATH="$toolkit_free_path"
          "$work/venv/bin/python" "$repo/.ci/wheel_fit.py" "$data" "$work/run" --installed-under "$work/venv")
 echo "== fit (in $work/run)"
 cd "$work/run"

@@ -118,7 +118,7 @@ int ptl_dynlib_open(const ptl_dynlib *lib, char *path, size_t cap)
             return ptl_set_error(PTL_ERR_CUDA, "%s at %s lacks %s: it is older than the %s ptl was built against; "
                                  "install a newer one with `pip install -U %s`", lib->name, path, lib->symbols[i],
                                  lib->soname, lib->package);
-        lib->slots[i] = fn;
+        *lib->slots[i] = fn;
     }
     return 0;
 }

@@ -20,7 +20,7 @@ typedef struct {
     const char *package;                              /* the pip wheel that ships it: "nvidia-cudnn-cu13" */
     const char *extra;                                /* what installs that wheel: "ptl[cuda]" */
     const char *const *symbols;                       /* NULL-terminated names to resolve */
-    void **slots;                                     /* receives one address per symbol */
+    void **const *slots;                              /* where each symbol's address is stored */
 } ptl_dynlib;
 
 /* The folders (sys.path entries) whose wheel_dirs are searched, in order; copied. */

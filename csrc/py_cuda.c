@@ -40,7 +40,8 @@ static ptl_cuda_ctx *ctx_of(PyObject *module, PyObject *arg)
 
 static PyObject *no_cuda(void)
 {
-    PyErr_SetString(PyExc_ValueError, "device: no CUDA device is available (ptl was built without CUDA)");
+    PyErr_SetString(PyExc_ValueError, "device: no CUDA device is available (ptl was built without CUDA: rebuild it "
+                                      "with the CUDA toolkit's nvcc on PATH, see README's Install)");
     return NULL;
 }
 
@@ -189,16 +190,19 @@ static PyObject *py_dynlib_probe(PyObject *module, PyObject *args)
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(symbols);
     const char **names = PyMem_Calloc((size_t)n + 1, sizeof *names);
-    void **slots = PyMem_Calloc((size_t)n + 1, sizeof *slots);
+    void **addresses = PyMem_Calloc((size_t)n + 1, sizeof *addresses);
+    void ***slots = PyMem_Calloc((size_t)n + 1, sizeof *slots);
     PyObject *result = NULL;
-    if (!names || !slots) {
+    if (!names || !addresses || !slots) {
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t i = 0; i < n; i++)
+    for (Py_ssize_t i = 0; i < n; i++) {
+        slots[i] = &addresses[i];
         if (!(names[i] = PyUnicode_AsUTF8(PyList_GET_ITEM(symbols, i))))
             goto done;
-    ptl_dynlib lib = {name, soname, {wheel_dir}, package, extra, names, slots};
+    }
+    ptl_dynlib lib = {name, soname, {wheel_dir}, package, extra, names, (void **const *)slots};
     char path[1024];
     if (ptl_dynlib_open(&lib, path, sizeof path) != 0)
         ptl_raise(module);
@@ -206,6 +210,7 @@ static PyObject *py_dynlib_probe(PyObject *module, PyObject *args)
         result = PyUnicode_FromString(path);
 done:
     PyMem_Free(names);
+    PyMem_Free(addresses);
     PyMem_Free(slots);
     return result;
 }
@@ -244,6 +249,25 @@ static PyObject *py_cuda_libraries(PyObject *module, PyObject *arg)
 #endif
 }
 
+/* cuBLAS's and cuDNN's names for their success status, through the forwarding functions (they load the
+ * libraries on first call; no GPU needed): tests check that the forwarders reach the libraries. */
+static PyObject *py_cuda_status_names(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+#ifdef PTL_WITH_CUDA
+    const char *blas, *dnn;
+    Py_BEGIN_ALLOW_THREADS
+    blas = cublasGetStatusName(CUBLAS_STATUS_SUCCESS);
+    dnn = cudnnGetErrorString(CUDNN_STATUS_SUCCESS);
+    Py_END_ALLOW_THREADS
+    (void)module;
+    return Py_BuildValue("(ss)", blas, dnn);
+#else
+    (void)module;
+    return no_cuda();
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"cuda_device_count", py_device_count, METH_NOARGS, "Number of usable CUDA devices (0 without driver/GPU)."},
     {"cuda_get_device_name", py_get_device_name, METH_O, "Name of CUDA device `index`."},
@@ -252,6 +276,7 @@ static PyMethodDef methods[] = {
     {"_allocator_op", py_allocator_op, METH_VARARGS, "Allocator control (internal; see ptl.cuda)."},
     {"_set_library_roots", py_set_library_roots, METH_O, "Folders searched for pip-installed CUDA libraries."},
     {"_dynlib_probe", py_dynlib_probe, METH_VARARGS, "Open a library as the CUDA ones are (tests)."},
+    {"_cuda_status_names", py_cuda_status_names, METH_NOARGS, "cuBLAS's and cuDNN's success names (tests)."},
     {"cuda_libraries", py_cuda_libraries, METH_O, "[(name, soname, package, file)] of the run-time CUDA libraries."},
     {NULL, NULL, 0, NULL},
 };

@@ -2,7 +2,8 @@
  *
  * Each list entry is X(return type, function, (parameters), (arguments), value returned when the
  * library cannot be loaded). The compiler checks each definition against the library's header, so a
- * wrong entry does not build. Adding a library (NCCL) is one list, one enum value, one row in `libs`. */
+ * wrong entry does not build. Adding a library (NCCL) is its list, the four lines that expand it
+ * (POINTER, SYMBOL_NAME, POINTER_ADDRESS, FORWARD), one enum value and one row in `libs`. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cudnn.h>
@@ -145,22 +146,22 @@
 #define CUBLAS_WHEEL_DIRS {"nvidia/cu" PTL_STR(CUBLAS_VER_MAJOR) "/lib", "nvidia/cublas/lib"}
 #define CUDA_EXTRA "ptl[cuda]"
 
-/* Symbol-name tables and slot indices, from the lists. `fn` reaches SLOT_NAME macro-expanded
- * (cublasCreate as cublasCreate_v2), both here and in FORWARD below. */
+/* Per function: a typed pointer, its name and its address for the loader. `fn` arrives macro-expanded
+ * (cublasCreate as cublasCreate_v2), so the symbol, the pointer and the definition all use the real name. */
+#define POINTER_NAME(fn) ptr_##fn
+#define POINTER(ret, fn, params, args, fail) static __typeof__(&fn) POINTER_NAME(fn);
 #define SYMBOL_NAME(ret, fn, params, args, fail) PTL_STR(fn),
-#define SLOT_NAME(lib, fn) lib##_##fn
-#define SLOT_INDEX_cublaslt(ret, fn, params, args, fail) SLOT_NAME(cublaslt, fn),
-#define SLOT_INDEX_cublas(ret, fn, params, args, fail) SLOT_NAME(cublas, fn),
-#define SLOT_INDEX_cudnn(ret, fn, params, args, fail) SLOT_NAME(cudnn, fn),
+#define POINTER_ADDRESS(ret, fn, params, args, fail) (void **)&POINTER_NAME(fn),
 
-enum { CUBLASLT_FUNCTIONS(SLOT_INDEX_cublaslt) NUM_CUBLASLT };
-enum { CUBLAS_FUNCTIONS(SLOT_INDEX_cublas) NUM_CUBLAS };
-enum { CUDNN_FUNCTIONS(SLOT_INDEX_cudnn) NUM_CUDNN };
-
+CUBLASLT_FUNCTIONS(POINTER)
+CUBLAS_FUNCTIONS(POINTER)
+CUDNN_FUNCTIONS(POINTER)
 static const char *const cublaslt_symbols[] = {CUBLASLT_FUNCTIONS(SYMBOL_NAME) NULL};
 static const char *const cublas_symbols[] = {CUBLAS_FUNCTIONS(SYMBOL_NAME) NULL};
 static const char *const cudnn_symbols[] = {CUDNN_FUNCTIONS(SYMBOL_NAME) NULL};
-static void *cublaslt_slots[NUM_CUBLASLT], *cublas_slots[NUM_CUBLAS], *cudnn_slots[NUM_CUDNN];
+static void **const cublaslt_slots[] = {CUBLASLT_FUNCTIONS(POINTER_ADDRESS)};
+static void **const cublas_slots[] = {CUBLAS_FUNCTIONS(POINTER_ADDRESS)};
+static void **const cudnn_slots[] = {CUDNN_FUNCTIONS(POINTER_ADDRESS)};
 
 /* In load order: cuBLAS needs cuBLASLt, and cuDNN's sub-libraries find both already loaded. */
 enum { LIB_CUBLASLT, LIB_CUBLAS, LIB_CUDNN, NUM_LIBS };
@@ -203,17 +204,14 @@ void ptl_cuda_library_info(int i, const char **name, const char **soname, const 
 
 /* The forwarding definitions. Without the library they return `fail`; ptl_cuda_ctx_get loads the
  * libraries before any handle exists, so that error has already been reported by then. */
-#define FORWARD(lib, ret, fn, params, args, fail)                                                   \
+#define FORWARD(ret, fn, params, args, fail)                                                        \
     ret fn params                                                                                   \
     {                                                                                               \
         if (!__atomic_load_n(&loaded, __ATOMIC_ACQUIRE) && ptl_cuda_libraries_load() != 0)         \
             return fail;                                                                            \
-        return ((__typeof__(&fn))lib##_slots[SLOT_NAME(lib, fn)]) args;                             \
+        return POINTER_NAME(fn) args;                                                               \
     }
-#define FORWARD_cublaslt(ret, fn, params, args, fail) FORWARD(cublaslt, ret, fn, params, args, fail)
-#define FORWARD_cublas(ret, fn, params, args, fail) FORWARD(cublas, ret, fn, params, args, fail)
-#define FORWARD_cudnn(ret, fn, params, args, fail) FORWARD(cudnn, ret, fn, params, args, fail)
 
-CUBLASLT_FUNCTIONS(FORWARD_cublaslt)
-CUBLAS_FUNCTIONS(FORWARD_cublas)
-CUDNN_FUNCTIONS(FORWARD_cudnn)
+CUBLASLT_FUNCTIONS(FORWARD)
+CUBLAS_FUNCTIONS(FORWARD)
+CUDNN_FUNCTIONS(FORWARD)

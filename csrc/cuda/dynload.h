@@ -1,7 +1,8 @@
 /* cuBLAS, cuBLASLt and cuDNN are not linked: cuda/dynload.c defines every function of theirs that ptl
  * calls, under the library's own name, and forwards it to the library opened on first use (found in
  * the pip wheels of the `ptl[cuda]` extra or on the system library path, see ../dynlib.h). Call
- * sites stay plain cuBLAS/cuDNN calls; a function not yet in dynload.c's lists fails to link. */
+ * sites stay plain cuBLAS/cuDNN calls; a function not yet in dynload.c's lists stops the build (setup.py
+ * checks that no cuBLAS/cuDNN symbol is left undefined). */
 #ifndef PTL_CUDA_DYNLOAD_H
 #define PTL_CUDA_DYNLOAD_H
 
