@@ -14,6 +14,10 @@ Order during ``Trainer.fit`` (as in Lightning 2.x with validation at the end of 
 ``on_save_checkpoint`` runs while a checkpoint is assembled, ``on_load_checkpoint`` when one is
 restored, ``on_exception`` when anything raises inside ``fit`` (the exception is re-raised after it).
 A callback's ``state_dict()`` is saved in checkpoints under its ``state_key``.
+
+With several ranks (:mod:`ptl.distributed`) every rank runs every hook; ``trainer.global_rank``,
+``local_rank``, ``world_size`` and ``is_global_zero`` say which rank this is. The built-in callbacks write
+files and print on rank 0 only; a callback that stops the fit must decide alike on every rank.
 """
 import math
 import os
@@ -146,7 +150,7 @@ class ModelCheckpoint(Callback):
         return d
 
     def _save(self, trainer, pl_module):
-        if trainer.current_epoch_completed % self.every_n_epochs:
+        if trainer.current_epoch_completed % self.every_n_epochs or not _global_zero(trainer):
             return
         metrics = trainer.callback_metrics
         d = self._dir(trainer)
@@ -208,6 +212,10 @@ class ModelCheckpoint(Callback):
     def on_train_epoch_end(self, trainer, pl_module):
         if not trainer.validated_this_epoch:
             self._save(trainer, pl_module)
+
+
+def _global_zero(trainer):
+    return getattr(trainer, "is_global_zero", True)
 
 
 def _remove(path):
@@ -323,6 +331,8 @@ class ProgressBar(Callback):
             trainer.current_epoch + 1, trainer.max_epochs_effective, done, total or "?", rate, eta, losses)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not _global_zero(trainer):
+            return
         total = trainer.num_training_batches
         last = total and batch_idx + 1 == total
         if self._tty():
@@ -341,6 +351,8 @@ class ProgressBar(Callback):
                 self._out.flush()
 
     def on_validation_end(self, trainer, pl_module):
+        if not _global_zero(trainer):
+            return
         shown = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("metrics/") or k.startswith("val/")}
         if shown:
             self._out.write("validation: " + " ".join("%s=%.4g" % (k, v) for k, v in sorted(shown.items())) + "\n")

@@ -3,6 +3,10 @@
 Every Trainer, Detector and DetectionData option has a flag; ``--resume PATH`` continues a checkpoint,
 ``--digest`` prints the run's digests at the end. Bad arguments exit with status 2 and one line on
 stderr.
+
+Several devices: ``--device 0,1,2,3`` (GPU ordinals) or ``--device cpu --devices 2`` (CPU processes),
+``--num-nodes``; ``--batch`` is then the global batch, divided over the ranks as Ultralytics does (it must
+divide evenly).
 """
 import argparse
 import json
@@ -38,7 +42,7 @@ def build_parser():
     g = p.add_argument_group("data")
     g.add_argument("--data", required=True, help="data.yaml (path, train, val, names)")
     g.add_argument("--imgsz", type=int, default=640, help="training image size, a multiple of 32 (640)")
-    g.add_argument("--batch", type=int, default=16, help="batch size (16)")
+    g.add_argument("--batch", type=int, default=16, help="batch size over all ranks (16)")
     g.add_argument("--workers", type=int, default=8, help="loader threads (8)")
     g.add_argument("--cache", choices=["none", "ram"], default="none", help="decoded-image cache (none)")
     g.add_argument("--close-mosaic", type=int, default=10, help="epochs at the end without mosaic (10)")
@@ -62,7 +66,10 @@ def build_parser():
     g.add_argument("--epochs", type=int, default=100, help="max_epochs (100)")
     g.add_argument("--max-steps", type=int, default=-1, help="optimizer steps limit (-1: none)")
     g.add_argument("--precision", default="32-true", choices=["32-true", "16-mixed", "bf16-mixed"])
-    g.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    g.add_argument("--device", default="auto", help="cpu, cuda, auto, or GPU ordinals such as 0,1,2,3")
+    g.add_argument("--devices", default=None, help="with --device cpu/cuda/auto: how many (CPU processes, GPUs)")
+    g.add_argument("--num-nodes", type=int, default=1, help="nodes of a multi-node job (1)")
+    g.add_argument("--timeout", type=float, default=None, help="seconds any wait of a distributed job may take")
     g.add_argument("--accumulate-grad-batches", type=int, default=None, help="fixed accumulation (spec rule)")
     g.add_argument("--gradient-clip-val", type=float, default=10.0)
     g.add_argument("--limit-train-batches", type=_fraction_or_int, default=None)
@@ -81,14 +88,30 @@ def build_parser():
     return p
 
 
+def device_arguments(device, devices):
+    """(accelerator, devices) of the --device and --devices flags."""
+    text = device.strip().lower()
+    if text in ("cpu", "cuda", "gpu", "auto"):
+        return ("cuda" if text == "gpu" else text), (devices if devices is not None else "auto")
+    if devices is not None:
+        raise ValueError("--devices: not with --device %s (the GPU ordinals already say which)" % device)
+    return "cuda", device
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     import ptl
+    from ptl import distributed
     from ptl.data import DetectionData
     from ptl.trainer import Trainer
 
     try:
-        data = DetectionData(args.data, imgsz=args.imgsz, batch_size=args.batch, workers=args.workers,
+        accelerator, devices = device_arguments(args.device, args.devices)
+        world = distributed.planned_world_size(accelerator, devices, args.num_nodes)
+        if args.batch < world or args.batch % world:
+            raise ValueError("--batch %d is the batch of all %d ranks: it must be a multiple of %d"
+                             % (args.batch, world, world))
+        data = DetectionData(args.data, imgsz=args.imgsz, batch_size=args.batch // world, workers=args.workers,
                              cache=None if args.cache == "none" else "ram", seed=args.seed,
                              close_mosaic=args.close_mosaic, mosaic=args.mosaic, degrees=args.degrees,
                              translate=args.translate, scale=args.scale, shear=args.shear,
@@ -110,14 +133,16 @@ def main(argv=None):
                           check_val_every_n_epoch=args.check_val_every_n_epoch,
                           enable_progress_bar=args.progress_bar, enable_checkpointing=args.checkpointing,
                           deterministic=args.deterministic, default_root_dir=args.project,
-                          accelerator=args.device, name=args.name, seed=args.seed)
+                          accelerator=accelerator, devices=devices, num_nodes=args.num_nodes, timeout=args.timeout,
+                          name=args.name, seed=args.seed)
         if args.capture_network and trainer.device == "cpu":
             raise ValueError("--capture-network needs a CUDA device (--device cuda)")
     except (ValueError, TypeError, KeyError, OSError) as exc:
         print("ptl.train: error: %s" % exc, file=sys.stderr)
         return 2
     trainer.fit(model, data, ckpt_path=args.resume, capture_network=args.capture_network)
-    print("ptl.train: run folder %s" % trainer.log_dir, file=sys.stderr)
+    if trainer.is_global_zero:
+        print("ptl.train: run folder %s" % trainer.log_dir, file=sys.stderr)
     if args.digest:
         print(json.dumps(trainer.digest(), indent=1, sort_keys=True))
     return 0

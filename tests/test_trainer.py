@@ -225,7 +225,9 @@ def test_limit_val_batches_zero_skips_validation(coco256, tmp_path):
 def test_bad_trainer_arguments():
     for kw, words in [({"precision": "8-true"}, "precision"), ({"max_epochs": 0}, "max_epochs"),
                       ({"accelerator": "tpu"}, "accelerator"), ({"limit_train_batches": 1.5}, "limit_train_batches"),
-                      ({"accumulate_grad_batches": 0}, "accumulate_grad_batches"), ({"devices": 4}, "devices"),
+                      ({"accumulate_grad_batches": 0}, "accumulate_grad_batches"), ({"devices": 0}, "devices"),
+                      ({"devices": [0, 1], "accelerator": "cpu"}, "devices"), ({"num_nodes": 0}, "num_nodes"),
+                      ({"strategy": "fsdp"}, "strategy"), ({"timeout": -1}, "timeout"),
                       ({"callbacks": [object()]}, "callbacks")]:
         with pytest.raises((ValueError, TypeError), match=words):
             Trainer(**kw)
