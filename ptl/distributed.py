@@ -512,11 +512,14 @@ def setup(accelerator="cpu", devices=1, num_nodes=1, strategy="auto", timeout=No
 # ---- validation statistics --------------------------------------------------------------------------
 
 def gather_rows(group, keys, rows):
-    """Every rank's ``rows`` (an (n, k) array, one row per key) on every rank, ordered by ``keys`` (int64,
-    unique over ranks): for per-batch validation losses keyed by the global batch index, whose sum in that
-    order is the single-process sum. Returns (keys, rows) of all ranks."""
+    """Every rank's ``rows`` (an (n, k) array, one row per key; (0, k) when it has none) on every rank, ordered
+    by ``keys`` (int64, unique over ranks): for the per-batch validation losses keyed by the global batch
+    index, whose sum in that order is the single-process sum. Returns (keys, rows) of all ranks."""
     keys = np.asarray(keys, np.int64).reshape(-1)
-    rows = np.asarray(rows).reshape(len(keys), -1)
+    rows = np.asarray(rows)
+    if rows.ndim != 2 or len(rows) != len(keys):
+        raise ValueError("gather_rows: expected one row per key, an (%d, k) array, got shape %s"
+                         % (len(keys), rows.shape))
     parts = group.all_gather_arrays({"keys": keys, "rows": rows}) if group is not None else [
         {"keys": keys, "rows": rows}]
     all_keys = np.concatenate([p["keys"] for p in parts])

@@ -71,6 +71,10 @@ static int run_one_task(ptl_loader *L, scratch_t *sc)
                     f->w = L->bshape[2 * f->global_batch + 1];
                     f->next_sample = f->done = 0;
                     pthread_cond_broadcast(&L->cv_work);
+                    if (!f->n) { /* nothing to build: it is ready, and that was this call's work */
+                        pthread_cond_broadcast(&L->cv_ready);
+                        return 1;
+                    }
                     break;
                 }
         }

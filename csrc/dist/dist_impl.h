@@ -73,9 +73,9 @@ int ptl_dist_socket_setup(int fd);
 int ptl_dist_exchange(ptl_dist_group *g, ptl_xfer *x, int n, const char *what, double deadline,
                       const ptl_dist_poll *watch);
 /* Breaks the group with `msg` (PTL_ERR_RUNTIME, the message prefixed "ptl.distributed: "), tells every peer
- * but `culprit` (-1: none) with an abort frame where the stream allows, and half-closes the sockets so
- * waiting peers see the end at once. Returns -1. */
-int ptl_dist_fail(ptl_dist_group *g, int culprit, const char *msg);
+ * with an abort frame where the stream allows (the one at fault too: a peer that disagreed is alive and
+ * waiting), and half-closes the sockets so waiting peers see the end at once. Returns -1. */
+int ptl_dist_fail(ptl_dist_group *g, const char *msg);
 /* -1 with the group's first error when it is broken, else 0. */
 int ptl_dist_check_usable(const ptl_dist_group *g, const char *what);
 

@@ -20,7 +20,7 @@ static ptl_xfer *peers_new(ptl_dist_group *g)
 {
     ptl_xfer *x = calloc((size_t)g->world, sizeof *x);
     if (!x) {
-        ptl_dist_fail(g, -1, "out of host memory");
+        ptl_dist_fail(g, "out of host memory");
         return NULL;
     }
     for (int r = 1; r < g->world; r++)
@@ -44,14 +44,14 @@ static void offer(ptl_xfer *x, const ptl_dist_group *g, uint32_t op, const void 
 }
 
 /* Rank 0 sends the same frame to every peer. */
-static int send_all(ptl_dist_group *g, ptl_xfer *x, uint32_t op, const void *data, size_t nbytes, const char *what,
-                    double deadline, const ptl_dist_poll *watch)
+static int send_all(ptl_dist_group *g, ptl_xfer *x, uint32_t op, const void *data, size_t nbytes, uint32_t arg,
+                    const char *what, double deadline, const ptl_dist_poll *watch)
 {
     for (int r = 1; r < g->world; r++) {
         int peer = x[r - 1].peer;
         memset(&x[r - 1], 0, sizeof x[r - 1]);
         x[r - 1].peer = peer;
-        offer(&x[r - 1], g, op, data, nbytes, 0);
+        offer(&x[r - 1], g, op, data, nbytes, arg);
     }
     return ptl_dist_exchange(g, x, g->world - 1, what, deadline, watch);
 }
@@ -70,7 +70,7 @@ int ptl_dist_barrier(ptl_dist_group *g, const ptl_dist_poll *watch)
             expect(&x[r - 1], OP_BARRIER, NULL, 0);
         rc = ptl_dist_exchange(g, x, g->world - 1, "barrier", deadline, watch);
         if (rc == 0)
-            rc = send_all(g, x, OP_BARRIER, NULL, 0, "barrier", deadline, watch);
+            rc = send_all(g, x, OP_BARRIER, NULL, 0, 0, "barrier", deadline, watch);
         free(x);
     } else if (g->world > 1) {
         ptl_xfer x = {0};
@@ -114,7 +114,7 @@ int ptl_dist_all_reduce_sum(ptl_dist_group *g, void *buf, int64_t count, ptl_dty
         if (need > g->scratch_cap) {
             void *p = realloc(g->scratch, need);
             if (!p)
-                return ptl_dist_fail(g, -1, "out of host memory for the all_reduce buffers");
+                return ptl_dist_fail(g, "out of host memory for the all_reduce buffers");
             g->scratch = p, g->scratch_cap = need;
         }
         ptl_xfer *x = peers_new(g);
@@ -128,7 +128,7 @@ int ptl_dist_all_reduce_sum(ptl_dist_group *g, void *buf, int64_t count, ptl_dty
         if (rc == 0) {
             for (int r = 1; r < g->world; r++)
                 add_in_rank_order(buf, (char *)g->scratch + nbytes * (size_t)(r - 1), count, dt);
-            rc = send_all(g, x, OP_REDUCE, buf, nbytes, "all_reduce", deadline, watch);
+            rc = send_all(g, x, OP_REDUCE, buf, nbytes, (uint32_t)dt, "all_reduce", deadline, watch);
         }
         free(x);
     } else if (g->world > 1) {
@@ -156,7 +156,7 @@ int ptl_dist_broadcast(ptl_dist_group *g, void *buf, size_t nbytes, const ptl_di
         ptl_xfer *x = peers_new(g);
         if (!x)
             return -1;
-        rc = send_all(g, x, OP_BCAST, buf, nbytes, "broadcast", deadline, watch);
+        rc = send_all(g, x, OP_BCAST, buf, nbytes, 0, "broadcast", deadline, watch);
         free(x);
     } else if (g->world > 1) {
         ptl_xfer x = {0};
@@ -181,7 +181,7 @@ int ptl_dist_broadcast_bytes(ptl_dist_group *g, const void *data, size_t nbytes,
     if (g->rank == 0) {
         void *copy = malloc(nbytes ? nbytes : 1);
         if (!copy)
-            return ptl_dist_fail(g, -1, "out of host memory");
+            return ptl_dist_fail(g, "out of host memory");
         if (nbytes)
             memcpy(copy, data, nbytes);
         ptl_xfer *x = g->world > 1 ? peers_new(g) : NULL;
@@ -190,7 +190,7 @@ int ptl_dist_broadcast_bytes(ptl_dist_group *g, const void *data, size_t nbytes,
             return -1;
         }
         if (x)
-            rc = send_all(g, x, OP_BCAST, copy, nbytes, "broadcast", deadline, watch);
+            rc = send_all(g, x, OP_BCAST, copy, nbytes, 0, "broadcast", deadline, watch);
         free(x);
         if (rc != 0) {
             free(copy);
@@ -214,7 +214,7 @@ static int unpack_gather(ptl_dist_group *g, void *blob, size_t n, size_t *sizes)
 {
     size_t table = sizeof(uint64_t) * (size_t)g->world, total = table;
     if (n < table)
-        return ptl_dist_fail(g, 0, "rank 0 sent a malformed all_gather result");
+        return ptl_dist_fail(g, "rank 0 sent a malformed all_gather result");
     for (int r = 0; r < g->world; r++) {
         uint64_t s;
         memcpy(&s, (char *)blob + sizeof s * (size_t)r, sizeof s);
@@ -222,7 +222,7 @@ static int unpack_gather(ptl_dist_group *g, void *blob, size_t n, size_t *sizes)
         total += (size_t)s;
     }
     if (total != n)
-        return ptl_dist_fail(g, 0, "rank 0 sent a malformed all_gather result");
+        return ptl_dist_fail(g, "rank 0 sent a malformed all_gather result");
     memmove(blob, (char *)blob + table, n - table);
     return 0;
 }
@@ -268,10 +268,10 @@ int ptl_dist_all_gather(ptl_dist_group *g, const void *data, size_t nbytes, void
             free(x[r - 1].recv_data);
         if (!blob) {
             free(x);
-            return ptl_dist_fail(g, -1, "out of host memory for the all_gather result");
+            return ptl_dist_fail(g, "out of host memory for the all_gather result");
         }
         if (x)
-            rc = send_all(g, x, OP_GATHER, blob, total, "all_gather", deadline, watch);
+            rc = send_all(g, x, OP_GATHER, blob, total, 0, "all_gather", deadline, watch);
         free(x);
         if (rc != 0 || unpack_gather(g, blob, total, sizes) != 0) {
             free(blob);
@@ -299,5 +299,5 @@ void ptl_dist_abort(ptl_dist_group *g, const char *reason)
 {
     char msg[PTL_DIST_MSG];
     snprintf(msg, sizeof msg, "rank %d (%s) failed: %s", g->rank, g->who[g->rank], reason ? reason : "(no reason)");
-    ptl_dist_fail(g, -1, msg);
+    ptl_dist_fail(g, msg);
 }

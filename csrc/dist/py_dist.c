@@ -155,7 +155,9 @@ static void group_dealloc(PyObject *self)
 {
     GroupObject *o = (GroupObject *)self;
     PyTypeObject *tp = Py_TYPE(self);
+    Py_BEGIN_ALLOW_THREADS
     ptl_dist_close(o->g);
+    Py_END_ALLOW_THREADS
     Py_XDECREF(o->module);
     tp->tp_free(self);
     Py_DECREF(tp);
@@ -329,8 +331,11 @@ static PyObject *group_close(PyObject *self, PyObject *unused)
         PyErr_SetString(PyExc_RuntimeError, "ptl.distributed: the group is waiting in another thread");
         return NULL;
     }
-    ptl_dist_close(o->g);
+    ptl_dist_group *g = o->g;
     o->g = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ptl_dist_close(g); /* a failed group lingers a moment so the peers read why */
+    Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 

@@ -385,11 +385,44 @@ int ptl_dist_join(const char *host, int port, int rank, int world, double timeou
     return 0;
 }
 
+/* After a failure the peers must read the abort frame before the connection goes: closing a socket that
+ * still holds unread data resets it, and a reset discards what the peer had not yet read. So the failed
+ * group reads and drops what arrives until each peer hangs up (it fails once it reads the abort), for at most
+ * LINGER_S. */
+#define LINGER_S 2.0
+static void linger(ptl_dist_group *g, int nfd)
+{
+    struct pollfd fds[64];
+    char sink[65536];
+    double until = ptl_dist_now() + LINGER_S;
+    for (int first = 0; first < nfd; first += 64) {
+        int n = 0;
+        for (int i = first; i < nfd && i < first + 64; i++)
+            if (g->fd[i] >= 0)
+                fds[n++] = (struct pollfd){g->fd[i], POLLIN, 0};
+        while (n > 0 && ptl_dist_now() < until) {
+            if (poll(fds, (nfds_t)n, PTL_DIST_POLL_MS) <= 0)
+                continue;
+            for (int k = 0; k < n; k++) {
+                if (!fds[k].revents)
+                    continue;
+                ssize_t r;
+                while ((r = recv(fds[k].fd, sink, sizeof sink, MSG_DONTWAIT)) > 0)
+                    ;
+                if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+                    fds[k--] = fds[--n]; /* that peer hung up: done with it */
+            }
+        }
+    }
+}
+
 void ptl_dist_close(ptl_dist_group *g)
 {
     if (!g)
         return;
     int nfd = g->rank == 0 ? g->world : 1;
+    if (g->broken[0])
+        linger(g, nfd);
     for (int i = 0; i < nfd; i++)
         if (g->fd[i] >= 0)
             close(g->fd[i]);

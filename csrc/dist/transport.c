@@ -81,14 +81,13 @@ static void send_abort_frame(int fd, uint64_t seq, const char *msg)
     (void)sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-int ptl_dist_fail(ptl_dist_group *g, int culprit, const char *msg)
+int ptl_dist_fail(ptl_dist_group *g, const char *msg)
 {
     if (!g->broken[0]) {
         snprintf(g->broken, sizeof g->broken, "%s", msg);
         int first = g->rank == 0 ? 1 : 0, last = g->rank == 0 ? g->world - 1 : 0;
         for (int s = first; s <= last; s++) {
-            int peer = g->rank == 0 ? s : 0;
-            if (g->fd[s] < 0 || peer == culprit)
+            if (g->fd[s] < 0)
                 continue;
             if (!g->mid_frame[s])
                 send_abort_frame(g->fd[s], g->seq, msg);
@@ -103,7 +102,7 @@ static int fail_peer(ptl_dist_group *g, int peer, const char *fmt, const char *w
     char msg[PTL_DIST_MSG];
     snprintf(msg, sizeof msg, fmt, peer, g->who[peer][0] ? g->who[peer] : "?", what, (unsigned long long)g->seq,
              detail);
-    return ptl_dist_fail(g, peer, msg);
+    return ptl_dist_fail(g, msg);
 }
 
 /* Sends what the socket takes. 1 when the frame is out, 0 to wait, -1 on failure. */
@@ -142,7 +141,7 @@ static int accept_header(ptl_dist_group *g, ptl_xfer *x, const char *what)
         size_t n = h->nbytes < MAX_ABORT_TEXT ? (size_t)h->nbytes : MAX_ABORT_TEXT;
         x->abort_text = calloc(1, MAX_ABORT_TEXT + 1);
         if (!x->abort_text)
-            return ptl_dist_fail(g, -1, "out of host memory reading an abort message");
+            return ptl_dist_fail(g, "out of host memory reading an abort message");
         x->recv_hdr.nbytes = n;
         return 0;
     }
@@ -163,7 +162,7 @@ static int accept_header(ptl_dist_group *g, ptl_xfer *x, const char *what)
     if (x->recv_alloc) {
         x->recv_data = malloc(h->nbytes ? (size_t)h->nbytes : 1);
         if (!x->recv_data)
-            return ptl_dist_fail(g, -1, "out of host memory receiving a frame");
+            return ptl_dist_fail(g, "out of host memory receiving a frame");
     } else if (h->nbytes != x->recv_want) {
         snprintf(detail, sizeof detail, ": it passed %llu bytes, this rank %llu", (unsigned long long)h->nbytes,
                  (unsigned long long)x->recv_want);
@@ -211,7 +210,7 @@ static int pump_recv(ptl_dist_group *g, ptl_xfer *x, const char *what)
         snprintf(msg, sizeof msg, "%s", x->abort_text);
         free(x->abort_text);
         x->abort_text = NULL;
-        return ptl_dist_fail(g, x->peer, msg);
+        return ptl_dist_fail(g, msg);
     }
     return 1;
 }
@@ -252,7 +251,7 @@ int ptl_dist_exchange(ptl_dist_group *g, ptl_xfer *x, int n, const char *what, d
     int *idx = NULL, rc = -1;
     double last_check = ptl_dist_now();
     if (!fds || !(idx = malloc(sizeof *idx * (size_t)(n ? n : 1)))) {
-        ptl_dist_fail(g, -1, "out of host memory");
+        ptl_dist_fail(g, "out of host memory");
         goto done;
     }
     for (int i = 0; i < n; i++) {
@@ -281,7 +280,7 @@ int ptl_dist_exchange(ptl_dist_group *g, ptl_xfer *x, int n, const char *what, d
         if (now >= deadline) {
             char msg[PTL_DIST_MSG];
             timeout_message(g, x, n, what, msg, sizeof msg);
-            ptl_dist_fail(g, -1, msg);
+            ptl_dist_fail(g, msg);
             goto done;
         }
         if (now - last_check >= PTL_DIST_POLL_MS * 1e-3) {
@@ -290,7 +289,7 @@ int ptl_dist_exchange(ptl_dist_group *g, ptl_xfer *x, int n, const char *what, d
             if (ptl_dist_stopped(watch, why, sizeof why)) {
                 snprintf(msg, sizeof msg, "rank %d (%s) stopped waiting in %s #%llu: %s", g->rank, g->who[g->rank],
                          what, (unsigned long long)g->seq, why);
-                ptl_dist_fail(g, -1, msg);
+                ptl_dist_fail(g, msg);
                 goto done;
             }
         }
@@ -300,7 +299,7 @@ int ptl_dist_exchange(ptl_dist_group *g, ptl_xfer *x, int n, const char *what, d
         if (ready < 0 && errno != EINTR) {
             char msg[PTL_DIST_MSG];
             snprintf(msg, sizeof msg, "poll() failed during %s: %s", what, strerror(errno));
-            ptl_dist_fail(g, -1, msg);
+            ptl_dist_fail(g, msg);
             goto done;
         }
         for (int k = 0; ready > 0 && k < active; k++) {
