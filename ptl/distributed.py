@@ -50,8 +50,8 @@ import numpy as np
 from . import _C
 
 __all__ = ["DEFAULT_TIMEOUT_S", "ClusterEnv", "Context", "DistributedError", "Launcher", "ProcessGroup",
-           "detect_environment", "first_slurm_host", "gather_metrics", "gather_rows", "parse_devices",
-           "planned_world_size", "setup",
+           "detect_environment", "first_slurm_host", "gather_metrics", "gather_rows", "nccl_communicator",
+           "parse_devices", "planned_world_size", "setup",
            "timeout_seconds"]
 
 DEFAULT_TIMEOUT_S = _C.DIST_TIMEOUT_S
@@ -450,6 +450,17 @@ class Context:
                     self.launcher.stop()
                 else:
                     self.launcher.wait()
+
+
+def nccl_communicator(ctx, timeout=None):
+    """The NCCL communicator of this GPU rank: rank 0 makes the ncclUniqueId, the host group carries it to
+    the others, every rank joins on its GPU (``ctx.device``). NCCL is opened here (the ``nvidia-nccl-cu13``
+    wheel or the system's); a missing one, or any NCCL failure, raises :class:`ptl.CudaError`."""
+    if ctx.group is None or ctx.device is None:
+        raise ValueError("nccl_communicator: needs a job of several GPU ranks, got %d rank(s) on %s"
+                         % (ctx.world_size, "the CPU" if ctx.device is None else "cuda:%d" % ctx.device))
+    uid = ctx.group.broadcast_bytes(_C.nccl_unique_id() if ctx.rank == 0 else None)
+    return _C.nccl_comm(uid, ctx.world_size, ctx.rank, ctx.device, timeout_seconds(timeout))
 
 
 def setup(accelerator="cpu", devices=1, num_nodes=1, strategy="auto", timeout=None, environ=None, command=None):

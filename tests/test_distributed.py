@@ -343,3 +343,15 @@ def test_trainer_rank_properties_and_multi_rank_fit_is_not_wired_yet(coco256):
     data = ptl.DetectionData(coco256 / "data.yaml", imgsz=64, batch_size=2, workers=0, verbose=False)
     with pytest.raises(NotImplementedError, match="2 ranks"):
         tr.fit(ptl.Detector("yolo26n", num_classes=data.num_classes), data)
+
+
+def test_cli_batch_is_the_global_batch(coco256):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = REPO
+    base = [sys.executable, "-m", "ptl.train", "--data", str(coco256 / "data.yaml"), "--epochs", "1"]
+    r = subprocess.run(base + ["--device", "cpu", "--devices", "2", "--batch", "5"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 2 and "--batch 5 is the batch of all 2 ranks" in r.stderr, r.stderr
+    r = subprocess.run(base + ["--device", "0,1", "--devices", "2"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 2 and "--devices" in r.stderr, r.stderr

@@ -1,8 +1,7 @@
 /* Python bindings of the NCCL communicator (nccl_comm.h): nccl_version, nccl_library, nccl_unique_id and
  * nccl_comm -> a _NcclComm object whose collectives take CUDA ptl.Tensors on its device. */
-#include "../py.h"
 #include "dynload.h"
-#include "nccl_comm.h"
+#include "py_nccl.h"
 
 static PyObject *comm_type;
 
@@ -125,6 +124,15 @@ static PyObject *comm_close(PyObject *self, PyObject *unused)
     ptl_nccl_comm_destroy(c);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
+}
+
+ptl_nccl_comm *ptl_py_nccl_comm(PyObject *obj)
+{
+    if (!comm_type || !PyObject_TypeCheck(obj, (PyTypeObject *)comm_type)) {
+        PyErr_Format(PyExc_TypeError, "expected a ptl._C._NcclComm, got %s", Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    return comm_of((CommObject *)obj);
 }
 
 static PyMethodDef comm_methods[] = {

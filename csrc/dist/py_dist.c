@@ -4,8 +4,7 @@
  * exception there stops the wait, tells the peers why, and propagates. */
 #include <unistd.h>
 
-#include "../py.h"
-#include "dist.h"
+#include "py_dist.h"
 
 /* One interpreter per process; module.c owns the module state layout. */
 static PyObject *group_type, *dist_error;
@@ -185,6 +184,31 @@ static int call_all_reduce(ptl_dist_group *g, void *arg, const ptl_dist_poll *wa
     return ptl_dist_all_reduce_sum(g, b->data, b->count, b->dt, watch);
 }
 
+ptl_dist_group *ptl_py_dist_group(PyObject *obj)
+{
+    if (!group_type || !PyObject_TypeCheck(obj, (PyTypeObject *)group_type)) {
+        PyErr_Format(PyExc_TypeError, "expected a ptl._C._DistGroup, got %s", Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    GroupObject *o = (GroupObject *)obj;
+    if (!o->g)
+        PyErr_SetString(PyExc_RuntimeError, "ptl.distributed: the group is closed");
+    return o->g;
+}
+
+static int all_reduce_watched(PyObject *group_obj, void *buf, int64_t count, ptl_dtype dt, PyObject *watch)
+{
+    if (!ptl_py_dist_group(group_obj))
+        return -1;
+    float_buf b = {.data = buf, .count = count, .dt = dt};
+    return group_wait((GroupObject *)group_obj, watch, call_all_reduce, &b);
+}
+
+int ptl_py_dist_all_reduce(PyObject *group_obj, void *buf, int64_t count, ptl_dtype dt)
+{
+    return all_reduce_watched(group_obj, buf, count, dt, Py_None);
+}
+
 static PyObject *group_all_reduce(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"buffer", "watch", NULL};
@@ -194,7 +218,7 @@ static PyObject *group_all_reduce(PyObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:all_reduce_", names, &obj, &watch) ||
         float_buf_get(o->module, obj, "buffer", &b) < 0)
         return NULL;
-    int rc = group_wait(o, watch, call_all_reduce, &b);
+    int rc = all_reduce_watched(self, b.data, b.count, b.dt, watch);
     float_buf_release(&b);
     if (rc < 0)
         return NULL;
