@@ -5,6 +5,7 @@
 #include "../ops/cast.h"
 #include "../runtime_impl.h"
 #include "device.h"
+#include "dynload.h"
 
 /* The call's name: the text of the call expression up to its opening parenthesis. */
 static void call_name(const char *call, char *out, size_t cap)
@@ -93,6 +94,7 @@ static int ctx_create(int device, ptl_cuda_ctx **out)
     ctx->device = device;
     pthread_mutex_init(&ctx->staging_lock, NULL);
     pthread_mutex_init(&ctx->ext_lock, NULL);
+    PTL_CHECK(ptl_cuda_libraries_load()); /* cuBLAS and cuDNN are opened here, on first CUDA use */
     PTL_CUDA_TRY(cudaSetDevice(device));
     PTL_CUDA_TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
     PTL_CUBLAS_TRY(cublasCreate(&ctx->cublas));

@@ -1,4 +1,5 @@
 /* safetensors writer and reader; see safetensors.h. Little-endian hosts only (x86-64, aarch64). */
+#define _GNU_SOURCE /* statx */
 #include "safetensors.h"
 
 #include <errno.h>
@@ -767,7 +768,7 @@ int ptl_safetensors_open(const char *path, ptl_st_file *f)
     char *hdr = NULL;
     const ptl_st_info **sorted = NULL;
     size_t cap = 0;
-    struct stat st;
+    struct statx st; /* not fstat: that is a glibc 2.33 symbol, and the wheels run on glibc 2.28 */
     memset(f, 0, sizeof *f);
     f->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (f->fd < 0) {
@@ -779,15 +780,15 @@ int ptl_safetensors_open(const char *path, ptl_st_file *f)
         ptl_set_error(PTL_ERR_MEMORY, "load_safetensors: out of host memory");
         goto fail;
     }
-    if (fstat(f->fd, &st) != 0) {
+    if (statx(f->fd, "", AT_EMPTY_PATH, STATX_TYPE | STATX_SIZE, &st) != 0) {
         ptl_set_error(PTL_ERR_OS, "cannot stat '%s': %s", path, strerror(errno));
         goto fail;
     }
-    if (!S_ISREG(st.st_mode)) {
+    if (!S_ISREG(st.stx_mode)) {
         ptl_set_error(PTL_ERR_OS, "'%s' is not a regular file", path);
         goto fail;
     }
-    uint64_t size = (uint64_t)st.st_size;
+    uint64_t size = (uint64_t)st.stx_size;
     if (size < 8) {
         ptl_set_error(PTL_ERR_VALUE, "'%s' is not a valid safetensors file: %llu bytes, shorter than the 8-byte "
                       "header length", path, (unsigned long long)size);
