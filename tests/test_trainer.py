@@ -145,17 +145,9 @@ def test_crash_while_checkpointing_keeps_the_previous_file(coco256, tmp_path):
     path = os.path.join(tr.log_dir, "checkpoints", "last.ckpt")
     before = open(path, "rb").read()
 
-    orig = ptl.io.save_safetensors
-
-    def crashing(p, tensors, metadata=None):
-        orig(p, tensors, metadata=metadata, _fault_after=1000)
-
-    ptl.io.save_safetensors = crashing
-    try:
-        with pytest.raises(Exception):
-            tr.save_checkpoint(path)
-    finally:
-        ptl.io.save_safetensors = orig
+    ptl.io._inject_write_fault(1000)  # the disk fails after 1000 bytes of the next write
+    with pytest.raises(OSError, match="injected failure"):
+        tr.save_checkpoint(path)
     assert open(path, "rb").read() == before
     resumed = small_trainer(tmp_path / "r", max_epochs=2)
     resumed.fit(ptl.Detector("yolo26n"), small_data(coco256), ckpt_path=path)
