@@ -223,7 +223,8 @@ def restore(trainer, ck):
     changed = _changed_settings(ck, trainer)
     if changed:
         warnings.warn("ckpt_path: resuming %s with changed settings (%s): the result will differ from an "
-                      "uninterrupted run" % (ck.path, ", ".join(changed)), ResumeWarning, stacklevel=3)
+                      "uninterrupted run" % (ck.path, ", ".join(changed)), ResumeWarning,
+                      stacklevel=5)  # Trainer.fit's caller
     header, tensors = ck.header, ck.tensors
     checkpoint = {"header": header, "tensors": tensors}
     trainer._call("on_load_checkpoint", checkpoint)

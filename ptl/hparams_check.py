@@ -61,14 +61,18 @@ def check_choice(name, value, choices, *, fold_case=False):
     raise ConfigError("%s: expected one of %s, got %r" % (name, ", ".join(repr(c) for c in choices), value))
 
 
+def _num(v):
+    return str(v) if isinstance(v, int) else "%g" % v
+
+
 def _range_text(lo, hi, lo_closed, hi_closed):
     if lo is None and hi is None:
         return ""
     if hi is None:
-        return " %s %g" % (">=" if lo_closed else ">", lo)
+        return " %s %s" % (">=" if lo_closed else ">", _num(lo))
     if lo is None:
-        return " %s %g" % ("<=" if hi_closed else "<", hi)
-    return " in %s%g, %g%s" % ("[" if lo_closed else "(", lo, hi, "]" if hi_closed else ")")
+        return " %s %s" % ("<=" if hi_closed else "<", _num(hi))
+    return " in %s%s, %s%s" % ("[" if lo_closed else "(", _num(lo), _num(hi), "]" if hi_closed else ")")
 
 
 # name -> check(name, value): Detector.hparams keys (spec §10), then the rest of OptimConfig's fields

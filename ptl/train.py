@@ -154,7 +154,7 @@ def _build(args):
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_error_line(exc, args.data)) from None
     if args.model.endswith(".safetensors"):
-        model = ptl.Detector.load(args.model)
+        model = _load_model_file(args.model)
     else:
         model = ptl.Detector(args.model, num_classes=data.num_classes, seed=args.seed)
     model.hparams = _hparams(args)
@@ -170,6 +170,22 @@ def _build(args):
     except (ValueError, KeyError):
         pass  # no usable validation split: the fit runs without validation
     return data, model, trainer
+
+
+def _load_model_file(path):
+    """A Detector from a .safetensors model file (Detector.save's format), every tensor checked first."""
+    import ptl
+    from ptl.checkpoint import check_model_tensors
+    tensors, meta = ptl.io.load_safetensors(path)
+    try:
+        nc = int(meta.get("num_classes", 80))
+    except ValueError:
+        raise ConfigError("--model: %s has num_classes %r in its metadata, not an int"
+                          % (path, meta["num_classes"])) from None
+    model = ptl.Detector(meta.get("model", "yolo26n"), num_classes=nc)
+    check_model_tensors("--model " + path, tensors, model)
+    model.load_state_dict(tensors, strict=True)
+    return model
 
 
 def _one_line(message):
