@@ -1,8 +1,13 @@
 """Command line: ``python -m ptl.train --data coco256/data.yaml --model yolo26n --epochs 6 --batch 4 ...``
 
 Every Trainer, Detector and DetectionData option has a flag; ``--resume PATH`` continues a checkpoint,
-``--digest`` prints the run's digests at the end. Bad arguments exit with status 2 and one line on
-stderr.
+``--digest`` prints the run's digests at the end.
+
+Exit status: 0 when the fit ran or the resumed checkpoint had nothing left to train; 2 for a user
+error, printed as one line on stderr: argparse's errors, any error raised while the arguments are
+turned into data, model and trainer (those checks raise ValueError, TypeError, KeyError or OSError
+naming the argument or file), and a ``ptl.ConfigError`` from inside the fit (a bad checkpoint, no
+CUDA device). Any other exception is a bug and keeps its traceback. Warnings print as one line each.
 """
 import argparse
 import json
