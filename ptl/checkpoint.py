@@ -206,11 +206,22 @@ def _changed_settings(ck, trainer):
     return changed
 
 
+def _same_kind(dtype):
+    """The dtypes a checkpoint may hold where the live run has ``dtype``: its own first, and the other
+    width of the same kind (a float64 network's checkpoint in a float32 run, and back), which load
+    converts; never another kind (a float relabelled as an int is garbage)."""
+    for kind in (("F32", "F64"), ("I64", "I32")):
+        if dtype in kind:
+            return (dtype,) + tuple(d for d in kind if d != dtype)
+    return (dtype,)
+
+
 def restore(trainer, ck):
     """Loads a checkpoint read by :func:`read` into ``trainer`` (its engine already built): every tensor
     is checked against the live run first, then callbacks, tensors and trainer state are loaded."""
     eng = trainer._engine
-    expected = {k: (tuple(np.shape(v)), (io.safetensors_dtype_name(v),)) for k, v in eng.state_tensors().items()}
+    expected = {k: (tuple(np.shape(v)), _same_kind(io.safetensors_dtype_name(v)))
+                for k, v in eng.state_tensors().items()}
     expected["trainer.losses"] = ((None, len(LOSS_NAMES)), ("F32",))
     problems = mismatches(ck.tensors, expected)
     losses = ck.tensors.get("trainer.losses")
@@ -256,7 +267,7 @@ def mismatches(found, expected):
         got_shape = tuple(np.shape(v[0] if isinstance(v, tuple) else v))
         if got_dtype not in dtypes:
             problems.append((k, "has dtype %s, expected %s" % (
-                got_dtype, dtypes[0] if len(dtypes) == 1 else "a float dtype (%s)" % ", ".join(dtypes))))
+                got_dtype, dtypes[0] if len(dtypes) == 1 else "%s (or %s)" % (dtypes[0], ", ".join(dtypes[1:])))))
         elif len(got_shape) != len(shape) or any(s is not None and s != g for s, g in zip(shape, got_shape)):
             problems.append((k, "has shape %s, expected %s" % (
                 _shape(got_shape), _shape(tuple("N" if s is None else s for s in shape)))))

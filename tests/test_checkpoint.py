@@ -170,10 +170,10 @@ def test_nothing_left_to_train_says_so_and_returns(good, coco256, tmp_path, max_
 
 
 def test_more_epochs_than_planned_warns_and_trains(good, coco256, tmp_path):
-    tr = small_trainer(tmp_path, max_epochs=4, enable_checkpointing=False)
+    tr = small_trainer(tmp_path, max_epochs=4, enable_checkpointing=False, callbacks=[StopAfter(2)])
     with pytest.warns(ptl.ResumeWarning, match="planned for 3 epoch.*will differ from an uninterrupted 4-epoch"):
         tr.fit(ptl.Detector("yolo26n"), small_data(coco256), ckpt_path=good[0])
-    assert tr.current_epoch == 4
+    assert tr.current_epoch == 2 and tr.max_epochs_effective == 4
 
 
 @pytest.mark.parametrize("kw,words", [({"batch_size": 2}, "batch_size=4 but this fit has batch_size=2"),
@@ -203,17 +203,17 @@ def test_resumed_fit_never_touches_the_older_runs_files(good, coco256, tmp_path)
     v0 = first.log_dir
     before = folder_digest(v0)
     assert {"checkpoints/best.ckpt", "checkpoints/last.ckpt", "hparams.yaml", "metrics.csv"} <= set(before)
-    resumed = small_trainer(tmp_path, callbacks=callbacks())
+    resumed = small_trainer(tmp_path, callbacks=callbacks() + [StopAfter(2)])
     resumed.fit(ptl.Detector("yolo26n"), small_data(coco256), ckpt_path=os.path.join(v0, "checkpoints", "last.ckpt"))
-    assert resumed.log_dir != v0 and resumed.current_epoch == 3
+    assert resumed.log_dir != v0 and resumed.current_epoch == 2
     assert folder_digest(v0) == before
     mc = [c for c in resumed.callbacks if isinstance(c, cb.ModelCheckpoint)][0]
-    assert mc.best_model_score == 3.0
+    assert mc.best_model_score == 2.0
     assert mc.best_model_path == os.path.join(resumed.log_dir, "checkpoints", "best.ckpt")
     assert list(mc.best_k_models) == [mc.best_model_path]
     assert sorted(os.listdir(os.path.join(resumed.log_dir, "checkpoints"))) == ["best.ckpt", "last.ckpt"]
     header = json.loads(ptl.load_safetensors(mc.best_model_path)[1]["ptl.trainer"])
-    assert header["epoch"] == 3 and header["max_epochs"] == 3
+    assert header["epoch"] == 2 and header["max_epochs"] == 3
 
 
 def test_checkpoint_records_the_planned_epochs(good):

@@ -191,8 +191,10 @@ def test_subprocess_exit_status_and_one_line(files):
 
 
 def test_resume_that_continues_prints_the_digest(files, capsys):
-    rc, err, out = run_main(files["base"] + ["--epochs", "3", "--limit-train-batches", "1", "--resume",
-                                             files["unfinished"], "--digest", "--checkpointing", "false"], capsys)
+    """A resume for fewer epochs than planned (1 done, 3 planned, 2 asked): one warning line, one epoch."""
+    rc, err, out = run_main(files["base"] + ["--epochs", "2", "--resume", files["unfinished"], "--digest",
+                                             "--checkpointing", "false"], capsys)
     assert rc == 0, err
     assert set(json.loads(out)) == {"losses", "model", "optimizer", "schedule", "ema", "metrics"}
-    assert err[-1].startswith("ptl.train: run folder ")
+    assert len(err) == 2 and err[0].startswith("ptl.train: ResumeWarning: ") and "planned for 3" in err[0]
+    assert err[1].startswith("ptl.train: run folder ")

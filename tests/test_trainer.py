@@ -256,36 +256,25 @@ def test_callback_exception_reaches_caller_and_cleans_up(coco256, tmp_path):
     assert _threads() <= threads
 
 
-def overfit_four_images(coco256, tmp_path, imgsz, epochs):
-    """(first, last) total loss of AdamW fitting the same 4 images (no augmentation) for `epochs` steps."""
+@pytest.mark.slow
+def test_overfitting_four_images_halves_the_loss(coco256, tmp_path):
+    """50 steps at 128 px: 16 s on an idle 2-core machine, 200-245 s on a busy one or on CI (slow tier,
+    which CI runs in its own step)."""
     imgs = sorted((coco256 / "images" / "train2017").glob("*.jpg"))[:4]
     (tmp_path / "four.txt").write_text("\n".join(str(p) for p in imgs) + "\n")
     (tmp_path / "four.yaml").write_text("path: %s\ntrain: four.txt\nval: four.txt\nnames: %s\n"
                                         % (tmp_path, json.dumps([str(i) for i in range(80)])))
-    data = DetectionData(str(tmp_path / "four.yaml"), imgsz=imgsz, batch_size=4, workers=2, mosaic=0.0,
+    data = DetectionData(str(tmp_path / "four.yaml"), imgsz=128, batch_size=4, workers=2, mosaic=0.0,
                          translate=0.0, scale=0.0, fliplr=0.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, verbose=False)
     model = ptl.Detector("yolo26n")
     model.hparams = {"optimizer": "AdamW", "lr0": 0.002, "warmup_epochs": 0.0}
-    tr = Trainer(max_epochs=epochs, accelerator="cpu", accumulate_grad_batches=1, check_val_every_n_epoch=epochs,
+    tr = Trainer(max_epochs=50, accelerator="cpu", accumulate_grad_batches=1, check_val_every_n_epoch=50,
                  enable_progress_bar=False, enable_checkpointing=False, logger=False,
                  default_root_dir=str(tmp_path), seed=0)
     tr.fit(model, data)
-    assert tr.global_step == epochs
-    return tr.loss_history[0][0], tr.loss_history[-1][0]
-
-
-@pytest.mark.slow
-def test_overfitting_four_images_halves_the_loss(coco256, tmp_path):
-    """50 steps at 128 px (16 s on an idle 2-core machine, about 240 s on a busy one: slow tier)."""
-    first, last = overfit_four_images(coco256, tmp_path, 128, 50)
+    first, last = tr.loss_history[0][0], tr.loss_history[-1][0]
+    assert tr.global_step == 50
     assert last < 0.5 * first, (first, last)
-
-
-def test_overfitting_four_images_at_64px_the_loss_falls(coco256, tmp_path):
-    """The default tier's learning check: 20 steps at 64 px take the loss from 36.4 to 17.0 (the fit is
-    bit-reproducible, so the bound has no noise to absorb)."""
-    first, last = overfit_four_images(coco256, tmp_path, 64, 20)
-    assert last < 0.6 * first, (first, last)
 
 
 def test_limit_val_batches_zero_skips_validation(coco256, tmp_path):
