@@ -156,8 +156,9 @@ class ModelCheckpoint(Callback):
             check_bool("save_last", save_last)
         self.save_last = save_last
         self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, 1)
-        self.monitor_optional = check_bool("monitor_optional", monitor_optional)  # the trainer's default: skip
-        self.best_k_models = {}  # path -> score                                  # top-k when nothing validates
+        # the trainer's default checkpointer skips top-k when nothing validates
+        self.monitor_optional = check_bool("monitor_optional", monitor_optional)
+        self.best_k_models = {}  # path -> score
         self.best_model_path = ""
         self.best_model_score = None
         self.last_model_path = ""

@@ -239,9 +239,14 @@ def restore(trainer, ck):
     header, tensors = ck.header, ck.tensors
     checkpoint = {"header": header, "tensors": tensors}
     trainer._call("on_load_checkpoint", checkpoint)
-    for c in trainer.callbacks:
-        if c.state_key in header["callbacks"]:
-            c.load_state_dict(header["callbacks"][c.state_key])
+    for c in trainer.callbacks:  # before any tensor: a state a callback refuses leaves the run untouched
+        state = header.get("callbacks", {}).get(c.state_key)
+        if state is not None:
+            try:
+                c.load_state_dict(state)
+            except (ValueError, TypeError, KeyError) as e:
+                raise CheckpointError("ckpt_path: %s: the %s state does not load: %s" % (ck.path, c.state_key, e)) \
+                    from None
     eng.load_state_tensors(tensors)
     st = trainer._state
     st.epoch, st.global_step, st.batches_seen = header["epoch"], header["global_step"], header["batches_seen"]

@@ -188,11 +188,9 @@ class Trainer:
         that has done ``max_epochs`` epochs already gives a :class:`ptl.ResumeWarning` and returns without
         training; another batch size or image size is an error; another max_epochs or other training
         settings give a ResumeWarning (the result differs from an uninterrupted run)."""
-        from .model import Detector
-        from .data import DetectionData
-        if not isinstance(model, Detector):
+        if not all(hasattr(model, a) for a in ("num_classes", "parameter_table", "state_dict")):
             raise TypeError("model: expected a ptl.Detector, got %s" % type(model).__name__)
-        if not isinstance(datamodule, DetectionData):
+        if not all(hasattr(datamodule, a) for a in ("num_classes", "train_loader", "batch_size", "imgsz")):
             raise TypeError("datamodule: expected a ptl.DetectionData, got %s" % type(datamodule).__name__)
         device = self.device  # accelerator='cuda' without a device fails here, before any work
         if capture_network and device == "cpu":
@@ -201,7 +199,7 @@ class Trainer:
             raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (self.precision,))
         if datamodule.num_classes != model.num_classes:
             raise ConfigError("datamodule: %d classes in %s but the model has %d" % (
-                datamodule.num_classes, datamodule.cfg.get("yaml", "data.yaml"), model.num_classes))
+                datamodule.num_classes, getattr(datamodule, "cfg", {}).get("yaml", "data.yaml"), model.num_classes))
         resume = None
         if ckpt_path is not None:
             resume = _checkpoint.read(ckpt_path)

@@ -145,6 +145,8 @@ def cases(raw):
         "rng missing": (trainer(lambda s: s.pop("rng")), "rng must be", None),
         "callback state not an object": (trainer(lambda s: s.update(callbacks={"ModelCheckpoint": [1]})),
                                          "callback state", None),
+        "checkpointer state refused": (trainer(lambda s: s["callbacks"]["ModelCheckpoint"].update(best_k_models=[1])),
+                                       "the ModelCheckpoint state does not load", None),
         "other version": (trainer(lambda s: s.update(version=7)), "version 7", None),
         "wrong scale (hparams)": (set_model("model", "yolo26s"), "holds a yolo26s with 80 classes", None),
         "wrong class count (hparams)": (set_model("num_classes", 3), "holds a yolo26n with 3 classes", None),
