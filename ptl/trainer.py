@@ -17,6 +17,9 @@ from . import checkpoint as _checkpoint
 from . import cuda as _cuda
 from . import random as _random
 from . import runlog
+from .errors import ConfigError
+from .hparams_check import check_bool, check_float, check_int
+from .runlog import check_run_name
 from .engine import ITEM, PRECISIONS, Engine, LossValue, _limit, _PendingLosses
 
 
@@ -49,29 +52,41 @@ class Trainer:
                  check_val_every_n_epoch=1, callbacks=None, logger=True, enable_progress_bar=True,
                  enable_checkpointing=True, deterministic=True, default_root_dir=None, accelerator="auto",
                  devices="auto", name="train", seed=None):
-        if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < 1):
-            raise ValueError("max_epochs: expected an int >= 1 or None, got %r" % (max_epochs,))
-        if not isinstance(max_steps, int) or max_steps < -1 or max_steps == 0:
-            raise ValueError("max_steps: expected -1 (no limit) or an int >= 1, got %r" % (max_steps,))
-        if precision not in PRECISIONS:
-            raise ValueError("precision: expected '32-true', '16-mixed' or 'bf16-mixed', got %r" % (precision,))
-        if accumulate_grad_batches is not None and (not isinstance(accumulate_grad_batches, int)
-                                                    or accumulate_grad_batches < 1):
-            raise ValueError("accumulate_grad_batches: expected None or an int >= 1, got %r"
-                             % (accumulate_grad_batches,))
-        if gradient_clip_val is not None and not gradient_clip_val >= 0:
-            raise ValueError("gradient_clip_val: expected None or >= 0, got %r" % (gradient_clip_val,))
-        if not isinstance(check_val_every_n_epoch, int) or check_val_every_n_epoch < 1:
-            raise ValueError("check_val_every_n_epoch: expected an int >= 1, got %r" % (check_val_every_n_epoch,))
+        check_int("max_epochs", max_epochs, 1, none_ok=True)
+        if check_int("max_steps", max_steps, -1) == 0:
+            raise ConfigError("max_steps: expected -1 (no limit) or an int >= 1, got 0")
+        if not isinstance(precision, (str, int)) or precision not in PRECISIONS:
+            raise ConfigError("precision: expected '32-true', '16-mixed' or 'bf16-mixed', got %r" % (precision,))
+        check_int("accumulate_grad_batches", accumulate_grad_batches, 1, none_ok=True)
+        check_float("gradient_clip_val", gradient_clip_val, 0.0, none_ok=True)
+        check_int("check_val_every_n_epoch", check_val_every_n_epoch, 1)
         if accelerator not in ("auto", "cpu", "cuda", "gpu"):
-            raise ValueError("accelerator: expected 'cpu', 'cuda' or 'auto', got %r" % (accelerator,))
-        if devices not in ("auto", 1, [0], "1"):
-            raise ValueError("devices: only one device is supported so far (multi-GPU is planned), got %r"
-                             % (devices,))
+            raise ConfigError("accelerator: expected 'cpu', 'cuda' or 'auto', got %r" % (accelerator,))
+        if devices not in ("auto", 1, [0], "1") or isinstance(devices, bool):
+            raise ConfigError("devices: only one device is supported so far (multi-GPU is planned), got %r"
+                              % (devices,))
         _limit(limit_train_batches, 1, "limit_train_batches")
         _limit(limit_val_batches, 1, "limit_val_batches")
+        if limit_train_batches is not None and not isinstance(limit_train_batches, bool) and limit_train_batches == 0:
+            raise ConfigError("limit_train_batches: 0 leaves no training batch to run")
         if accelerator == "cpu" and PRECISIONS[precision] != "float32":
-            raise ValueError("precision: %r needs CUDA; the CPU trains in '32-true'" % (precision,))
+            raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (precision,))
+        for flag, value in (("logger", logger), ("enable_progress_bar", enable_progress_bar),
+                            ("enable_checkpointing", enable_checkpointing), ("deterministic", deterministic)):
+            check_bool(flag, value)
+        if default_root_dir is not None:
+            try:
+                default_root_dir = os.fspath(default_root_dir)
+            except TypeError:
+                raise ConfigError("default_root_dir: expected a folder path, got %r" % (default_root_dir,)) from None
+            if os.path.exists(default_root_dir) and not os.path.isdir(default_root_dir):
+                raise ConfigError("default_root_dir: %s exists and is not a folder" % default_root_dir)
+        check_run_name(name)
+        check_int("seed", seed, 0, 2 ** 64 - 1, none_ok=True)
+        if isinstance(callbacks, cb.Callback):
+            callbacks = [callbacks]
+        elif callbacks is not None and not isinstance(callbacks, (list, tuple)):
+            raise ConfigError("callbacks: expected a list of ptl.Callback instances, got %s" % type(callbacks).__name__)
         self.max_epochs = max_epochs
         self.max_steps = max_steps
         self.precision = precision
@@ -83,7 +98,7 @@ class Trainer:
         self.enable_checkpointing = enable_checkpointing
         self.enable_progress_bar = enable_progress_bar
         self.deterministic = deterministic
-        self.default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
+        self.default_root_dir = default_root_dir if default_root_dir is not None else os.getcwd()
         self.accelerator = "cuda" if accelerator == "gpu" else accelerator
         self.logger = logger
         self.name = name
@@ -135,7 +150,7 @@ class Trainer:
             return "cpu"
         if self.accelerator == "cuda":
             if not _cuda.is_available():
-                raise ValueError("accelerator: 'cuda' requested but no CUDA device is available")
+                raise ConfigError("accelerator: 'cuda' requested but no CUDA device is available")
             return "cuda"
         return "cuda" if _cuda.is_available() else "cpu"
 
@@ -165,9 +180,35 @@ class Trainer:
         ``capture_network=True`` (CUDA): the first full-size step runs eagerly, then the network's forward
         and backward are recorded as CUDA graphs and replayed on every full-size step after it (the
         objective, optimizer and EMA stay eager); the replayed network computes the bits of the eager one,
-        so the fit's results are those of an eager fit (docs/training.md)."""
-        if capture_network and self.device == "cpu":
-            raise ValueError("capture_network=True: graph replay needs accelerator='cuda'")
+        so the fit's results are those of an eager fit (docs/training.md).
+
+        Resuming (docs/training.md): the whole checkpoint is read and checked against the model, the data
+        and the run before anything changes; a bad one raises :class:`ptl.CheckpointError`. A checkpoint
+        that has done ``max_epochs`` epochs already gives a :class:`ptl.ResumeWarning` and returns without
+        training; another batch size or image size is an error; another max_epochs or other training
+        settings give a ResumeWarning (the result differs from an uninterrupted run)."""
+        if not all(hasattr(model, a) for a in ("num_classes", "parameter_table", "state_dict")):
+            raise TypeError("model: expected a ptl.Detector, got %s" % type(model).__name__)
+        if not all(hasattr(datamodule, a) for a in ("num_classes", "train_loader", "batch_size", "imgsz")):
+            raise TypeError("datamodule: expected a ptl.DetectionData, got %s" % type(datamodule).__name__)
+        device = self.device  # accelerator='cuda' without a device fails here, before any work
+        if capture_network and device == "cpu":
+            raise ConfigError("capture_network=True: graph replay needs accelerator='cuda'")
+        if device == "cpu" and PRECISIONS[self.precision] != "float32":
+            raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (self.precision,))
+        if datamodule.num_classes != model.num_classes:
+            raise ConfigError("datamodule: %d classes in %s but the model has %d" % (
+                datamodule.num_classes, getattr(datamodule, "cfg", {}).get("yaml", "data.yaml"), model.num_classes))
+        resume = None
+        if ckpt_path is not None:
+            resume = _checkpoint.read(ckpt_path)
+            _checkpoint.check_model(resume, model)
+            if not _checkpoint.plan_resume(resume, self, datamodule):
+                st = self._state
+                st.epoch, st.global_step = resume.epochs_done, resume.header["global_step"]
+                st.batches_seen = resume.header["batches_seen"]
+                self.current_epoch_completed = st.epoch
+                return self
         self.capture_network = bool(capture_network)
         self.model, self.datamodule = model, datamodule
         self.should_stop = False
@@ -179,8 +220,8 @@ class Trainer:
         def run():
             self._call("setup", "fit")
             self._engine = Engine(self, model, datamodule)
-            if ckpt_path is not None:
-                self._restore(ckpt_path)
+            if resume is not None:
+                _checkpoint.restore(self, resume)
             self._write_hparams()
             self._call("on_fit_start")
             self._call("on_train_start")
@@ -188,7 +229,12 @@ class Trainer:
             self._engine.adopt_ema()  # the model now holds what validation and the best checkpoint measured
             self._call("on_train_end")
             self._call("on_fit_end")
-        self._guarded("fit", model, run)
+        try:
+            self._guarded("fit", model, run)
+        except _checkpoint.CheckpointError:
+            if self.logger:  # the fresh version_N folder: the failed resume wrote nothing there
+                runlog.remove_if_empty(self.log_dir)
+            raise
         return self
 
     def _guarded(self, stage, model, body):
@@ -335,10 +381,6 @@ class Trainer:
         model = self.model
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         write_weights(path, self._engine.ema_state_dict(), model.model_name, model.num_classes, model.names)
-
-    def _restore(self, path):
-        _checkpoint.restore(self, path)
-
 
     # ----------------------------------------------------------------------------------- digests
     def digest(self):
