@@ -259,8 +259,8 @@ class Engine:
         logged = {"val/box_loss": mean[0], "val/cls_loss": mean[1], "val/l1_loss": mean[2],
                   "metrics/precision": r["precision"], "metrics/recall": r["recall"], "metrics/mAP50": r["mAP50"],
                   "metrics/mAP50-95": r["mAP50-95"], "fitness": r["fitness"]}
-        return {"logged": {k: float(v) for k, v in logged.items()}, "ap_per_class": r.get("ap_per_class", {}),
-                "results": r}
+        self.last_results = r  # per-class results, curves, confusion matrix of the last validation
+        return {"logged": {k: float(v) for k, v in logged.items()}, "ap_per_class": r.get("ap_per_class", {})}
 
     # -- state
     def state_tensors(self):

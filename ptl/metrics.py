@@ -60,17 +60,19 @@ def _imgsz(imgsz):
 
 
 def postprocess(boxes, scores, imgsz, max_det=300, conf=0.001, end2end=False, iou=NMS_IOU, max_nms=MAX_NMS,
-                agnostic=False, as_tensors=False):
+                agnostic=False, multi_label=True, as_tensors=False):
     """Detections from raw head outputs, on the tensors' device.
 
     boxes: (B, A, 4) l, t, r, b in grid units; scores: (B, A, nc) logits -- ``ptl.Tensor`` (CPU or
     CUDA, float32) or NumPy arrays. imgsz: the network input size, int or (H, W), multiples of 32.
 
     ``end2end=False`` (8.4.190's default, ``nms=None``): pass the one-to-many head's outputs; every
-    (anchor, class) pair with score > conf is a candidate, at most ``max_nms`` of them, then class-aware
-    NMS at ``iou`` (class-agnostic with ``agnostic``), at most ``max_det`` kept.
+    (anchor, class) pair with score > conf is a candidate (``multi_label``, as the validator calls it;
+    ``multi_label=False``, as its predictor: only each anchor's best class), at most ``max_nms`` of
+    them, then class-aware NMS at ``iou`` (class-agnostic with ``agnostic``), at most ``max_det`` kept.
+    8.4.190 predicts with conf 0.25, multi_label=False; validates with conf 0.001, multi_label=True.
     ``end2end=True`` (``nms=False``): pass the one-to-one head's outputs; top-``max_det`` (anchor, class)
-    pairs, no NMS (``iou``, ``max_nms``, ``agnostic`` unused).
+    pairs, no NMS (``iou``, ``max_nms``, ``agnostic``, ``multi_label`` unused).
 
     Returns a list of B float32 arrays (n_i, 6) = x1, y1, x2, y2, score, class in input pixels, score
     descending, every score > conf. With ``as_tensors=True`` returns the raw ``(out (B, k, 6), count
@@ -87,7 +89,7 @@ def postprocess(boxes, scores, imgsz, max_det=300, conf=0.001, end2end=False, io
         out, count = _C.postprocess(boxes, scores, h, w, int(max_det), float(conf))
     else:
         out, count = _C.nms(boxes, scores, h, w, int(max_det), float(conf), float(iou), int(max_nms),
-                            bool(agnostic))
+                            bool(agnostic), bool(multi_label))
     if as_tensors:
         return out, count
     out, count = out.numpy(), count.numpy()

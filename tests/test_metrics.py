@@ -68,15 +68,21 @@ def ref_nms_boxes(boxes, h, w):
     return np.stack([cx - hw, cy - hh, cx + hw, cy + hh], 1).astype(F)
 
 
-def ref_nms(boxes, scores, h, w, max_det=300, conf=0.001, iou=0.7, max_nms=30000, agnostic=False):
-    """Multi-label class-aware greedy NMS: candidates score > conf ranked by score (ties: lower
-    anchor * nc + class), at most max_nms, then torchvision's rule on class-offset boxes."""
+def ref_nms(boxes, scores, h, w, max_det=300, conf=0.001, iou=0.7, max_nms=30000, agnostic=False, multi_label=True):
+    """Class-aware greedy NMS: candidates score > conf (every class, or each anchor's first best class)
+    ranked by score (ties: lower anchor * nc + class), at most max_nms, then torchvision's rule on
+    class-offset boxes."""
     B, A, nc = scores.shape
     out = []
     for b in range(B):
         xyxy = ref_nms_boxes(boxes[b], h, w)
         p = ref_sigmoid(scores[b]).ravel()
-        j = np.flatnonzero(p > F(conf))
+        if multi_label:
+            j = np.flatnonzero(p > F(conf))
+        else:
+            best = p.reshape(A, nc).argmax(1)
+            j = np.arange(A) * nc + best
+            j = j[p[j] > F(conf)]
         j = j[np.lexsort((j, -p[j]))][:max_nms]
         a, c = j // nc, j % nc
         off = np.zeros(len(j), F) if agnostic else c.astype(F) * F(7680)
@@ -254,22 +260,22 @@ def test_postprocess_end2end_matches_numpy(hw, nc, max_det, conf, quant):
         assert not out[b, len(want[b]):].any()
 
 
-@pytest.mark.parametrize("hw,nc,max_det,conf,iou,max_nms,agnostic,quant", [
-    ((64, 96), 5, 300, 0.001, 0.7, 30000, False, 0), ((160, 160), 7, 100, 0.05, 0.5, 30000, False, 1),
-    ((128, 64), 3, 300, 0.001, 0.7, 200, False, 0), ((96, 96), 4, 50, 0.01, 0.45, 30000, True, 1),
-    ((32, 32), 1, 1024, 0.0, 0.9, 30000, False, 1)])
-def test_postprocess_nms_matches_numpy(hw, nc, max_det, conf, iou, max_nms, agnostic, quant):
+@pytest.mark.parametrize("hw,nc,max_det,conf,iou,max_nms,agnostic,quant,multi", [
+    ((64, 96), 5, 300, 0.001, 0.7, 30000, False, 0, True), ((160, 160), 7, 100, 0.05, 0.5, 30000, False, 1, True),
+    ((128, 64), 3, 300, 0.001, 0.7, 200, False, 0, True), ((96, 96), 4, 50, 0.01, 0.45, 30000, True, 1, True),
+    ((32, 32), 1, 1024, 0.0, 0.9, 30000, False, 1, True), ((64, 96), 5, 300, 0.25, 0.7, 30000, False, 0, False),
+    ((160, 128), 6, 300, 0.05, 0.7, 100, False, 1, False)])
+def test_postprocess_nms_matches_numpy(hw, nc, max_det, conf, iou, max_nms, agnostic, quant, multi):
     rng = np.random.default_rng(10 + nc)
     h, w = hw
     boxes, scores = head_outputs(rng, 2, h, w, nc, quant=quant)
-    got = metrics.postprocess(boxes, scores, (h, w), max_det=max_det, conf=conf, iou=iou, max_nms=max_nms,
-                              agnostic=agnostic)
-    want = ref_nms(boxes, scores, h, w, max_det, conf, iou, max_nms, agnostic)
+    kw = dict(max_det=max_det, conf=conf, iou=iou, max_nms=max_nms, agnostic=agnostic, multi_label=multi)
+    got = metrics.postprocess(boxes, scores, (h, w), **kw)
+    want = ref_nms(boxes, scores, h, w, max_det, conf, iou, max_nms, agnostic, multi)
     for g, r in zip(got, want):
         assert g.dtype == np.float32 and len(g) <= max_det
         np.testing.assert_array_equal(g, r)
-    out, count = metrics.postprocess(boxes, scores, (h, w), max_det=max_det, conf=conf, iou=iou, max_nms=max_nms,
-                                     agnostic=agnostic, as_tensors=True)
+    out, count = metrics.postprocess(boxes, scores, (h, w), as_tensors=True, **kw)
     assert out.numpy().shape == (2, max_det, 6)
     for b in range(2):
         assert count.numpy()[b] == len(want[b]) and not out.numpy()[b, len(want[b]):].any()
@@ -359,12 +365,12 @@ def test_postprocess_bad_arguments():
 @pytest.mark.cuda
 @pytest.mark.parametrize("hw,B,nc,max_det,quant", [((640, 640), 3, 80, 300, 1), ((512, 672), 2, 80, 300, 0),
                                                     ((64, 64), 2, 1, 1024, 1), ((256, 320), 5, 17, 1000, 0)])
-@pytest.mark.parametrize("end2end", [True, False])
-def test_postprocess_cuda_matches_cpu(hw, B, nc, max_det, quant, end2end):
+@pytest.mark.parametrize("end2end,multi", [(True, True), (False, True), (False, False)])
+def test_postprocess_cuda_matches_cpu(hw, B, nc, max_det, quant, end2end, multi):
     rng = np.random.default_rng(B)
     h, w = hw
     boxes, scores = head_outputs(rng, B, h, w, nc, mean=-5.0, quant=quant)
-    kw = dict(max_det=max_det, conf=0.001, end2end=end2end, as_tensors=True)
+    kw = dict(max_det=max_det, conf=0.001, end2end=end2end, multi_label=multi, as_tensors=True)
     out_c, cnt_c = metrics.postprocess(boxes, scores, hw, **kw)
     out_g, cnt_g = metrics.postprocess(ptl.tensor(boxes, device="cuda"), ptl.tensor(scores, device="cuda"), hw, **kw)
     assert out_g.device.startswith("cuda")

@@ -163,10 +163,11 @@ def test_detmetrics_coco256(ul, torch, coco256):
     assert 0.4 < got["mAP50-95"] < got["mAP50"] < 1
 
 
-@pytest.mark.parametrize("end2end", [False, True])
-def test_postprocess(ul, torch, end2end):
+@pytest.mark.parametrize("end2end,predict", [(False, False), (True, False), (False, True)])
+def test_postprocess(ul, torch, end2end, predict):
     """Head outputs (no equal logits) through 8.4.190's Detect._inference + non_max_suppression as its
-    validator calls it (conf 0.001, iou 0.7, multi_label, max_det 300; end2end: Detect.postprocess):
+    validator calls it (conf 0.001, iou 0.7, multi_label, max_det 300; end2end: Detect.postprocess) or
+    as its predictor does (conf 0.25, best class per anchor):
     the same detections, boxes and classes exactly, scores within 2 ulps (torch.s vectorised exp is
     not correctly rounded; ptl rounds exp(-x) from double)."""
     from ultralytics.utils.nms import non_max_suppression
@@ -183,8 +184,9 @@ def test_postprocess(ul, torch, end2end):
                           "feats": feats})
         if end2end:
             y = d.postprocess(y.permute(0, 2, 1))
-        want = non_max_suppression(y, 0.001, 0.7, multi_label=True, max_det=300, nc=0, end2end=end2end)
-        got = metrics.postprocess(boxes, scores, (h, w), conf=0.001, end2end=end2end)
+        conf = 0.25 if predict else 0.001
+        want = non_max_suppression(y, conf, 0.7, multi_label=not predict, max_det=300, nc=0, end2end=end2end)
+        got = metrics.postprocess(boxes, scores, (h, w), conf=conf, end2end=end2end, multi_label=not predict)
         for g, u in zip(got, want):
             u = u.numpy()
             assert g.shape == u.shape

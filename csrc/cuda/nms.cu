@@ -1,6 +1,6 @@
 /* CUDA NMS post-processing of the one-to-many head (postprocess.h); the CPU reference is
  * csrc/metrics/nms.c and both use the same header functions, so they keep the same detections.
- * Per image, one block: (1) nms_candidates counts the (anchor, class) pairs with score > conf, finds the
+ * Per image, one block: (1) nms_candidates counts the candidates (pairs or anchors) with score > conf, finds the
  * min(count, max_nms)-th best ranking key by radix select, gathers the keys at or above it into the
  * image's slice of `keys` and sorts them (bitonic, in global memory); (2) nms_greedy walks the sorted
  * candidates in chunks of a block: every thread tests its candidate against the boxes kept before the
@@ -13,25 +13,30 @@
 #define NMS_SELECT_THREADS 1024
 #define NMS_GREEDY_THREADS 512
 
+/* The candidates' keys: over the A * nc pairs (multi-label) or over the A anchors (best class only). */
 struct PairKeys {
     const float *scores; /* this image's (A, nc) logits */
+    int64_t nc;
     float conf;
+    int multi_label;
     __device__ uint64_t operator()(int64_t j) const
     {
+        if (!multi_label)
+            return ptl_nms_anchor_key(scores + j * nc, j, nc, conf);
         float s = ptl_pp_sigmoid(scores[j]);
         return s > conf ? ptl_nms_key(s, (uint32_t)j) : 0;
     }
 };
 
 __global__ void __launch_bounds__(NMS_SELECT_THREADS)
-nms_candidates(const float *scores, int64_t A, int64_t nc, float conf, int max_nms, int cap, uint64_t *keys,
-               int32_t *ncand)
+nms_candidates(const float *scores, int64_t A, int64_t nc, float conf, int max_nms, int multi_label, int cap,
+               uint64_t *keys, int32_t *ncand)
 {
     __shared__ BlockSelectShared sel;
     __shared__ unsigned total, filled;
-    int64_t b = blockIdx.x, n = A * nc;
+    int64_t b = blockIdx.x, n = multi_label ? A * nc : A;
     int tid = threadIdx.x;
-    PairKeys key_of{scores + b * n, conf};
+    PairKeys key_of{scores + b * A * nc, nc, conf, multi_label};
     uint64_t *buf = keys + b * (int64_t)cap;
     if (tid == 0) {
         total = 0;
@@ -131,7 +136,8 @@ nms_greedy(const float *boxes, const float *scores, const uint64_t *keys, const 
 
 extern "C" int ptl_nms_cuda(ptl_runtime *rt, int device, const float *boxes, const float *scores, int64_t B,
                             int64_t A, int64_t nc, int img_h, int img_w, int max_det, float conf, double iou,
-                            int max_nms, int agnostic, uint64_t *keys, float *out, int32_t *count)
+                            int max_nms, int agnostic, int multi_label, uint64_t *keys, float *out,
+                            int32_t *count)
 {
     ptl_cuda_ctx *ctx;
     int32_t *ncand;
@@ -147,8 +153,8 @@ extern "C" int ptl_nms_cuda(ptl_runtime *rt, int device, const float *boxes, con
     /* the candidate counts live in `count` until nms_greedy overwrites them with the kept counts */
     ncand = count;
     PTL_CHECK(ptl_cuda_ctx_get(rt, device, &ctx));
-    nms_candidates<<<(unsigned)B, NMS_SELECT_THREADS, 0, ctx->stream>>>(scores, A, nc, conf, max_nms, cap, keys,
-                                                                        ncand);
+    nms_candidates<<<(unsigned)B, NMS_SELECT_THREADS, 0, ctx->stream>>>(scores, A, nc, conf, max_nms, multi_label,
+                                                                        cap, keys, ncand);
     PTL_LAUNCH_CHECK("nms_candidates");
     nms_greedy<<<(unsigned)B, NMS_GREEDY_THREADS, 0, ctx->stream>>>(boxes, scores, keys, ncand, A, nc, cap, img_h,
                                                                     img_w, max_det, iou, agnostic, out, count);

@@ -1,5 +1,5 @@
 /* CPU reference of the NMS post-processing of the one-to-many head (see postprocess.h): Ultralytics
- * 8.4.190's non_max_suppression with multi_label, as its validator and predictor call it. */
+ * 8.4.190's non_max_suppression, multi-label as its validator calls it or best-class as its predictor. */
 #include <stdlib.h>
 
 #include "postprocess.h"
@@ -25,7 +25,8 @@ static int key_desc(const void *a, const void *b)
 }
 
 int ptl_nms_cpu(const float *boxes, const float *scores, int64_t B, int64_t A, int64_t nc, int img_h, int img_w,
-                int max_det, float conf, double iou, int max_nms, int agnostic, float *out, int32_t *count)
+                int max_det, float conf, double iou, int max_nms, int agnostic, int multi_label, float *out,
+                int32_t *count)
 {
     uint64_t *keys = NULL;
     float(*kept)[5] = NULL;
@@ -42,10 +43,18 @@ int ptl_nms_cpu(const float *boxes, const float *scores, int64_t B, int64_t A, i
         const float *sc = scores + b * A * nc, *bx = boxes + b * A * 4;
         float *o = out + b * (int64_t)max_det * 6;
         int64_t n = 0;
-        for (int64_t j = 0; j < A * nc; j++) {
-            float s = ptl_pp_sigmoid(sc[j]);
-            if (s > conf)
-                keys[n++] = ptl_nms_key(s, (uint32_t)j);
+        if (multi_label) {
+            for (int64_t j = 0; j < A * nc; j++) {
+                float s = ptl_pp_sigmoid(sc[j]);
+                if (s > conf)
+                    keys[n++] = ptl_nms_key(s, (uint32_t)j);
+            }
+        } else {
+            for (int64_t a = 0; a < A; a++) {
+                uint64_t key = ptl_nms_anchor_key(sc + a * nc, a, nc, conf);
+                if (key)
+                    keys[n++] = key;
+            }
         }
         /* best first; past max_nms the rest is dropped before NMS, as non_max_suppression does */
         qsort(keys, (size_t)n, sizeof *keys, key_desc);

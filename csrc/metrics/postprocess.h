@@ -16,8 +16,9 @@
  *
  * NMS (end2end=False, the default of 8.4.190's validation and prediction; the one-to-many head): boxes
  * decoded through centre/size (dist2bbox xywh, times the stride, then xywh2xyxy, in float32 as torch
- * does); every (anchor, class) pair with score > conf is a candidate (multi-label); more than max_nms
- * keep the max_nms best; candidates ranked by score descending, ties to the lower pair index
+ * does); every (anchor, class) pair with score > conf is a candidate (multi_label, as the validator
+ * calls it), or only each anchor's best class (first on ties; none when a score is NaN) when its score
+ * > conf (multi_label = 0, as the predictor calls it); more than max_nms keep the max_nms best; candidates ranked by score descending, ties to the lower pair index
  * a * nc + c; greedy NMS as torchvision.ops.nms on the boxes offset by class * max_wh (class-aware;
  * agnostic: no offset): a candidate is dropped when its IoU with a kept box, inter / (area_kept +
  * area - inter) in float32, exceeds iou (compared in double). Output out (B, max_det, 6) as above,
@@ -51,7 +52,8 @@ int ptl_postprocess_cpu(const float *boxes, const float *scores, int64_t B, int6
 int ptl_nms_check(int64_t B, int64_t A, int64_t nc, int img_h, int img_w, int max_det, int max_nms, double iou);
 
 int ptl_nms_cpu(const float *boxes, const float *scores, int64_t B, int64_t A, int64_t nc, int img_h, int img_w,
-                int max_det, float conf, double iou, int max_nms, int agnostic, float *out, int32_t *count);
+                int max_det, float conf, double iou, int max_nms, int agnostic, int multi_label, float *out,
+                int32_t *count);
 
 #ifdef PTL_WITH_CUDA
 /* Device pointers; all work on the device's stream, no synchronisation. `keys` is scratch of
@@ -62,7 +64,7 @@ int ptl_postprocess_cuda(ptl_runtime *rt, int device, const float *boxes, const 
 /* `keys` is scratch of B * max_nms uint64 values on the device. */
 int ptl_nms_cuda(ptl_runtime *rt, int device, const float *boxes, const float *scores, int64_t B, int64_t A,
                  int64_t nc, int img_h, int img_w, int max_det, float conf, double iou, int max_nms, int agnostic,
-                 uint64_t *keys, float *out, int32_t *count);
+                 int multi_label, uint64_t *keys, float *out, int32_t *count);
 #endif
 
 /* Anchor centre (grid units) and stride of anchor `a` for an img_h x img_w input. */
@@ -161,6 +163,22 @@ PTL_HD int ptl_nms_suppresses(const float *k, const float *b, double iou)
 
 /* NMS ranking key of pair j = a * nc + c with score s (> conf >= 0, so the key is > 0). */
 PTL_HD uint64_t ptl_nms_key(float s, uint32_t j) { return ptl_pp_key(s, j); }
+
+/* Single-label candidate of anchor a (its class row `row`): the key of its best class when that score
+ * exceeds conf, else 0 (torch's max over the row: the first maximum, NaN wins and then fails conf). */
+PTL_HD uint64_t ptl_nms_anchor_key(const float *row, int64_t a, int64_t nc, float conf)
+{
+    int64_t best = 0;
+    float bs = ptl_pp_sigmoid(row[0]);
+    for (int64_t c = 1; c < nc && bs == bs; c++) {
+        float s = ptl_pp_sigmoid(row[c]);
+        if (s > bs || s != s) {
+            bs = s;
+            best = c;
+        }
+    }
+    return bs > conf ? ptl_nms_key(bs, (uint32_t)(a * nc + best)) : 0;
+}
 
 /* One output row of the kept pair j. */
 PTL_HD void ptl_nms_row(const float *boxes, const float *scores, int64_t nc, uint32_t j, int img_h, int img_w,

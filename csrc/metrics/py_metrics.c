@@ -113,14 +113,15 @@ fail:
 
 static PyObject *py_nms(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"boxes", "scores", "img_h", "img_w", "max_det", "conf", "iou", "max_nms", "agnostic", NULL};
+    static char *kwlist[] = {"boxes", "scores", "img_h", "img_w", "max_det", "conf", "iou",
+                             "max_nms", "agnostic", "multi_label", NULL};
     PyObject *bo, *so;
-    int img_h, img_w, max_det = 300, max_nms = PTL_NMS_MAX_NMS, agnostic = 0;
+    int img_h, img_w, max_det = 300, max_nms = PTL_NMS_MAX_NMS, agnostic = 0, multi_label = 1;
     float conf = 0.001f;
     double iou = 0.7;
     PtlTensor *boxes, *scores, *out = NULL, *count = NULL, *keys = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOii|ifdip:nms", kwlist, &bo, &so, &img_h, &img_w, &max_det, &conf,
-                                     &iou, &max_nms, &agnostic))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOii|ifdipp:nms", kwlist, &bo, &so, &img_h, &img_w, &max_det, &conf,
+                                     &iou, &max_nms, &agnostic, &multi_label))
         return NULL;
     int64_t bshape[3] = {-1, -1, 4};
     boxes = ptl_tensor_arg(self, bo, "boxes", PTL_FLOAT32, NULL, 3, bshape);
@@ -144,7 +145,7 @@ static PyObject *py_nms(PyObject *self, PyObject *args, PyObject *kw)
     if (dev.type == PTL_CPU) {
         Py_BEGIN_ALLOW_THREADS;
         rc = ptl_nms_cpu(ptl_tensor_data(boxes), ptl_tensor_data(scores), B, A, nc, img_h, img_w, max_det, conf, iou,
-                         max_nms, agnostic, ptl_tensor_data(out), ptl_tensor_data(count));
+                         max_nms, agnostic, multi_label, ptl_tensor_data(out), ptl_tensor_data(count));
         Py_END_ALLOW_THREADS;
     } else {
 #ifdef PTL_WITH_CUDA
@@ -158,7 +159,7 @@ static PyObject *py_nms(PyObject *self, PyObject *args, PyObject *kw)
         ptl_runtime *rt = ptl_state(self)->rt;
         Py_BEGIN_ALLOW_THREADS;
         rc = ptl_nms_cuda(rt, dev.index, ptl_tensor_data(boxes), ptl_tensor_data(scores), B, A, nc, img_h, img_w,
-                          max_det, conf, iou, max_nms, agnostic, ptl_tensor_data(keys), ptl_tensor_data(out),
+                          max_det, conf, iou, max_nms, agnostic, multi_label, ptl_tensor_data(keys), ptl_tensor_data(out),
                           ptl_tensor_data(count));
         Py_END_ALLOW_THREADS;
 #else
@@ -345,8 +346,8 @@ static PyMethodDef methods[] = {
      "postprocess(boxes, scores, img_h, img_w, max_det=300, conf=0.001) -> (out (B, k, 6), count (B,))\n"
      "End-to-end top-k of the o2o head on the tensors' device."},
     {"nms", (PyCFunction)(void (*)(void))py_nms, METH_VARARGS | METH_KEYWORDS,
-     "nms(boxes, scores, img_h, img_w, max_det=300, conf=0.001, iou=0.7, max_nms=30000, agnostic=False) -> "
-     "(out (B, max_det, 6), count (B,))\nMulti-label class-aware NMS of the o2m head on the tensors' device."},
+     "nms(boxes, scores, img_h, img_w, max_det=300, conf=0.001, iou=0.7, max_nms=30000, agnostic=False, "
+     "multi_label=True) -> (out (B, max_det, 6), count (B,))\nClass-aware NMS of the o2m head on the tensors' device."},
     {"scale_boxes", py_scale_boxes, METH_VARARGS,
      "scale_boxes(boxes f64 (n, 4), gain_x, gain_y, pad_x, pad_y, width, height): in place."},
     {"match_predictions", py_match_predictions, METH_VARARGS,
