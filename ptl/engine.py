@@ -271,7 +271,10 @@ class Engine:
                 lv = res["losses"].numpy() if isinstance(res["losses"], _C.Tensor) else np.asarray(res["losses"])
                 loss_sum += lv[ITEM]
                 nb += 1
-                dets = _metrics.postprocess(out["one2one"][0], out["one2one"][1], (h, w), conf=0.001)
+                # 8.4.190's default (nms=None): the one-to-many head with NMS; end2end: the one-to-one top-k
+                end2end = bool(getattr(trainer, "end2end", False))
+                head = out["one2one" if end2end else "one2many"]
+                dets = _metrics.postprocess(head[0], head[1], (h, w), conf=0.001, end2end=end2end)
                 _update_metrics(met, dets, batch, h, w)
                 trainer._call("on_validation_batch_end", None, batch, j)
         finally:
@@ -281,6 +284,7 @@ class Engine:
         logged = {"val/box_loss": mean[0], "val/cls_loss": mean[1], "val/l1_loss": mean[2],
                   "metrics/precision": r["precision"], "metrics/recall": r["recall"], "metrics/mAP50": r["mAP50"],
                   "metrics/mAP50-95": r["mAP50-95"], "fitness": r["fitness"]}
+        self.last_results = r  # per-class results, curves, confusion matrix of the last validation
         return {"logged": {k: float(v) for k, v in logged.items()}, "ap_per_class": r.get("ap_per_class", {})}
 
     # -- state
@@ -342,18 +346,10 @@ def _assign(dst, src):
 
 
 def _update_metrics(met, dets, batch, h, w):
-    """Adds one batch's detections and ground truth, both mapped back to the original images."""
-    targets = np.asarray(batch.targets, np.float64).reshape(-1, 6)
-    meta = np.asarray(batch.meta, np.float64)
+    """Adds one batch's detections and ground truth, both in the network input's pixels (8.4.190 matches
+    there, not in the original images)."""
+    targets = np.asarray(batch.targets, np.float32).reshape(-1, 6)
     for k, det in enumerate(dets):
-        h0, w0, gy, gx, pl, pt = meta[k]
         rows = targets[targets[:, 0] == k]
-        gt = np.empty((len(rows), 4))
-        gt[:, 0] = (rows[:, 2] - rows[:, 4] / 2) * w
-        gt[:, 1] = (rows[:, 3] - rows[:, 5] / 2) * h
-        gt[:, 2] = (rows[:, 2] + rows[:, 4] / 2) * w
-        gt[:, 3] = (rows[:, 3] + rows[:, 5] / 2) * h
-        gt = _metrics.scale_boxes(gt, (gx, gy), (pl, pt), (h0, w0))
-        pb = _metrics.scale_boxes(det[:, :4], (gx, gy), (pl, pt), (h0, w0))
-        met.update(pb, det[:, 4], det[:, 5].astype(np.int64), gt, rows[:, 1].astype(np.int64))
-
+        gt = _metrics.target_boxes(rows[:, 2:6], (h, w))
+        met.update(det[:, :4], det[:, 4], det[:, 5].astype(np.int64), gt, rows[:, 1].astype(np.int64))

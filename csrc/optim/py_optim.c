@@ -231,8 +231,8 @@ PyObject *ptl_py_optim_step(PyObject *module, PyObject *args, PyObject *kw)
             PyErr_SetString(PyExc_ValueError, "ws_f64: missing or smaller than the chunk tables need");
             return NULL;
         }
-        if (need_ws && (!wb || wb->shape[0] < 2 * tx + 3 * ta)) {
-            PyErr_SetString(PyExc_ValueError, "ws_bf16: missing or smaller than 2 tx + 3 ta");
+        if (need_ws && (!wb || wb->shape[0] < 2 * tx + 2 * ta)) {
+            PyErr_SetString(PyExc_ValueError, "ws_bf16: missing or smaller than 2 tx + 2 ta");
             return NULL;
         }
         if (!s1 && need_s1) {
@@ -255,7 +255,7 @@ PyObject *ptl_py_optim_step(PyObject *module, PyObject *args, PyObject *kw)
     Py_RETURN_NONE;
 }
 
-/* _optim_ema(ema, model, decay): ema <- decay * ema + (1 - decay) * model, elementwise. */
+/* _optim_ema(ema, model, decay): ema <- lerp(ema, model, 1 - decay), elementwise. */
 PyObject *ptl_py_optim_ema(PyObject *module, PyObject *args)
 {
     PyObject *o_e, *o_m;
@@ -343,7 +343,7 @@ static PyObject *py_optim_newton_schulz(PyObject *module, PyObject *args)
             return NULL;
         int64_t r = rows < cols ? rows : cols, al = PTL_NS_ALIGN;
         int64_t xs = (rows * cols + al - 1) / al * al, as = (r * r + al - 1) / al * al;
-        int64_t wsn[1] = {2 * bsz * xs + 3 * bsz * as}, nn[1] = {bsz > 0 ? bsz : 1};
+        int64_t wsn[1] = {2 * bsz * xs + 2 * bsz * as}, nn[1] = {bsz > 0 ? bsz : 1};
         PtlTensor *ws = ptl_tensor_empty(module, 1, wsn, PTL_BFLOAT16, dev);
         if (!ws)
             return NULL;
@@ -402,7 +402,7 @@ static PyMethodDef methods[] = {
      "One optimizer step over flat buffers (see ptl/optim.py)."},
     {"_optim_ns_graph", py_optim_ns_graph, METH_NOARGS, "A replay slot for the Newton-Schulz work."},
     {"_optim_ns_graph_state", py_optim_ns_graph_state, METH_O, "(state, eager_runs, why) of a replay slot."},
-    {"_optim_ema", ptl_py_optim_ema, METH_VARARGS, "ema <- decay * ema + (1 - decay) * model."},
+    {"_optim_ema", ptl_py_optim_ema, METH_VARARGS, "ema <- lerp(ema, model, 1 - decay)."},
     {"_optim_newton_schulz", py_optim_newton_schulz, METH_VARARGS, "Batched NS5 orthogonalisation."},
     {NULL, NULL, 0, NULL},
 };
