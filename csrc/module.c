@@ -7,21 +7,21 @@ int ptl_register_objective(PyObject *module);
 int ptl_register_optim(PyObject *module);
 int ptl_register_data(PyObject *module);
 int ptl_register_nn(PyObject *module);
+int ptl_register_executor(PyObject *module);
 int ptl_register_metrics(PyObject *module);
 int ptl_register_layers(PyObject *module);
 int ptl_register_io(PyObject *module);
 int ptl_register_train(PyObject *module);
 #ifdef PTL_WITH_CUDA
 int ptl_register_layers_cuda(PyObject *module);
-int ptl_register_network_cuda(PyObject *module);
 #endif
 
 static const ptl_register_fn registrations[] = {
     ptl_register_tensor, ptl_register_cuda,   ptl_register_random, ptl_register_objective,
-    ptl_register_optim,  ptl_register_data,   ptl_register_nn,     ptl_register_metrics,
+    ptl_register_optim,  ptl_register_data,   ptl_register_nn,     ptl_register_executor, ptl_register_metrics,
     ptl_register_layers, ptl_register_io,     ptl_register_train,
 #ifdef PTL_WITH_CUDA
-    ptl_register_layers_cuda, ptl_register_network_cuda,
+    ptl_register_layers_cuda,
 #endif
 };
 

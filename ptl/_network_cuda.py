@@ -1,5 +1,5 @@
-"""The YOLO26 network on a CUDA device (csrc/cuda/network_cuda.c): the CPU network's op list run with
-the CUDA layer kernels and cuDNN, in float32, bfloat16 or float16 compute.
+"""The YOLO26 network on a CUDA device: the network executor (csrc/nn/executor.h) on the CUDA backend,
+in float32, bfloat16 or float16 compute.
 
 Parameters, gradients and BatchNorm running statistics stay float32 in the CPU network's flat layout
 (``params``, ``grads``, ``buffers``: 1-D ptl.Tensors on the device, aliasing the network's memory, so
@@ -57,47 +57,47 @@ class CudaNetwork:
         self.index = parse_cuda_device(device)
         self.device = f"cuda:{self.index}"
         self.dtype = dtype
-        self._h = _C.network_cuda_create(detector._net, self.index, dtype)
-        self.params, self.grads, self.buffers = _C.network_cuda_tensors(self._h)
+        self._h = _C.executor_create(detector._net, self.device, dtype)
+        self.params, self.grads, self.buffers = _C.executor_tensors(self._h)
         self.train(bool(getattr(detector, "training", True)))
 
     # ------------------------------------------------------------------------------ state
     def train(self, mode: bool = True) -> "CudaNetwork":
         self.training = bool(mode)
-        _C.network_cuda_set_training(self._h, self.training)
+        _C.executor_set_training(self._h, self.training)
         return self
 
     def eval(self) -> "CudaNetwork":
         return self.train(False)
 
     def zero_grad(self) -> None:
-        _C.network_cuda_zero_grad(self._h)
+        _C.executor_zero_grad(self._h)
 
     def from_cpu(self, grads: bool = False) -> None:
         """Uploads the detector's flat parameters and BN statistics (and gradients if asked)."""
-        _C.network_cuda_copy(self._h, self.detector._net, "params", True)
-        _C.network_cuda_copy(self._h, self.detector._net, "buffers", True)
+        _C.executor_sync(self._h, "params", True)
+        _C.executor_sync(self._h, "buffers", True)
         if grads:
-            _C.network_cuda_copy(self._h, self.detector._net, "grads", True)
+            _C.executor_sync(self._h, "grads", True)
 
     def to_cpu(self, grads: bool = True) -> None:
         """Copies parameters, BN statistics (and gradients) back into the detector's flat buffers."""
-        _C.network_cuda_copy(self._h, self.detector._net, "params", False)
-        _C.network_cuda_copy(self._h, self.detector._net, "buffers", False)
+        _C.executor_sync(self._h, "params", False)
+        _C.executor_sync(self._h, "buffers", False)
         if grads:
-            _C.network_cuda_copy(self._h, self.detector._net, "grads", False)
+            _C.executor_sync(self._h, "grads", False)
 
     def set_conv_options(self, deterministic: bool = True, allow_tf32: bool = False, find: bool = False) -> None:
         """cuDNN algorithm choice for the conv plans (applies at the next prepare)."""
-        _C.network_cuda_set_conv_options(self._h, deterministic=bool(deterministic), allow_tf32=bool(allow_tf32),
+        _C.executor_set_conv_options(self._h, deterministic=bool(deterministic), allow_tf32=bool(allow_tf32),
                                          find=bool(find))
 
     def prepare(self, batch: int, height: int, width: int) -> None:
         """Allocates every buffer and makes every conv plan for this shape (forward does it too)."""
-        _C.network_cuda_prepare(self._h, int(batch), int(height), int(width))
+        _C.executor_prepare(self._h, int(batch), int(height), int(width))
 
     def info(self) -> dict:
-        return _C.network_cuda_info(self._h)
+        return _C.executor_info(self._h)
 
     # ---------------------------------------------------------------------------- compute
     def images(self, images):
@@ -110,7 +110,7 @@ class CudaNetwork:
         return t.to(device=self.device, dtype=self.dtype)
 
     def forward(self, images) -> dict:
-        b0, s0, b1, s1 = _C.network_cuda_forward(self._h, self.images(images))
+        b0, s0, b1, s1 = _C.executor_forward(self._h, self.images(images))
         return {"one2many": (b0, s0), "one2one": (b1, s1)}
 
     __call__ = forward
@@ -123,7 +123,7 @@ class CudaNetwork:
                 if a is not None and not isinstance(a, _C.Tensor):
                     a = _C.tensor(np.ascontiguousarray(a, dtype=np.float32), device=self.device)
                 d.append(a)
-        return _C.network_cuda_backward(self._h, *d, input_grad=bool(input_grad))
+        return _C.executor_backward(self._h, *d, input_grad=bool(input_grad))
 
     # ------------------------------------------------------------------------ graph replay
     def record(self, images, grads: dict) -> None:
@@ -140,20 +140,20 @@ class CudaNetwork:
                 if a is not None and not isinstance(a, _C.Tensor):
                     raise TypeError("grads: record needs float32 device tensors (or None)")
                 d.append(a)
-        _C.network_cuda_record(self._h, images, *d)
+        _C.executor_record(self._h, images, *d)
         self._recorded = (images, d)
 
     def replay(self, part: str = "both"):
         """Runs the recording: the same work as ``forward`` ("forward"), ``backward`` ("backward") or both
         on the recorded tensors. Between a forward and its backward the caller may rewrite the recorded
         gradient tensors (the objective does). Returns the head outputs (None for "backward")."""
-        r = _C.network_cuda_replay(self._h, part)
+        r = _C.executor_replay(self._h, part)
         return None if r is None else {"one2many": (r[0], r[1]), "one2one": (r[2], r[3])}
 
     def retire(self) -> None:
-        _C.network_cuda_retire(self._h)
+        _C.executor_retire(self._h)
         self._recorded = None
 
     @property
     def recorded(self) -> bool:
-        return bool(_C.network_cuda_info(self._h)["recorded"])
+        return bool(_C.executor_info(self._h)["recorded"])

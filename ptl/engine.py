@@ -175,7 +175,7 @@ class Engine:
         na, nc = num_anchors((h, w)), self.model.num_classes
         dev = self.device
         if dev == "cpu":
-            net, staging = self.model._net, None
+            net, staging = self.model._exec, None
             inp = _C.empty(shape, dtype="float32")
         else:
             net = self.model._cuda._h

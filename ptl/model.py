@@ -60,6 +60,7 @@ class Detector:
         self._params = _C.network_array(self._net, "params")
         self._grads = _C.network_array(self._net, "grads")
         self._buffers = _C.network_array(self._net, "buffers")
+        self._exec = _C.executor_create(self._net)  # the executor on the CPU, over the arrays above
         self._index = {name: (is_buf, off, tuple(shape)) for name, is_buf, off, shape, _ in self._entries}
         self.hparams = hparams
         self.training = True
@@ -150,6 +151,7 @@ class Detector:
     def train(self, mode: bool = True) -> "Detector":
         self.training = bool(mode)
         _C.network_set_training(self._net, self.training)
+        _C.executor_set_training(self._exec, self.training)
         if self._cuda is not None:
             self._cuda.train(self.training)
         return self
@@ -286,8 +288,8 @@ class Detector:
         l, t, r, b in grid units, scores (N, A, nc) logits; A = sum over P3, P4, P5 of H_i * W_i."""
         if self._cuda is not None:
             return self._cuda.forward(images)
-        b0, s0, b1, s1 = _C.network_forward(self._net, self._images(images))
-        return {"one2many": (b0, s0), "one2one": (b1, s1)}
+        b0, s0, b1, s1 = _C.executor_forward(self._exec, _C.from_numpy(self._images(images)))
+        return {"one2many": (b0.numpy(), s0.numpy()), "one2one": (b1.numpy(), s1.numpy())}
 
     __call__ = forward
 
@@ -303,10 +305,11 @@ class Detector:
         for br in _BRANCHES:
             pair = grads.get(br) or (None, None)
             for a in pair:
-                d.append(None if a is None else np.ascontiguousarray(a, dtype=self.dtype))
-        g = _C.network_backward(self._net, *d, input_grad=bool(input_grad))
+                d.append(None if a is None else _C.from_numpy(np.ascontiguousarray(a, dtype=self.dtype)))
+        g = _C.executor_backward(self._exec, *d, input_grad=bool(input_grad))
         if g is None:
             return None
+        g = g.numpy()
         return np.ascontiguousarray(g.transpose(0, 3, 1, 2)) if self._layout == "nchw" else g
 
     def predict(self, images, conf: float = 0.25, max_det: int = 300) -> list:
@@ -319,7 +322,7 @@ class Detector:
             if self._cuda is not None:
                 b1, s1 = self._cuda.forward(images)["one2one"]
             else:
-                _, _, b1, s1 = _C.network_forward(self._net, x)
+                _, _, b1, s1 = _C.executor_forward(self._exec, _C.from_numpy(x))
         finally:
             self.train(was)
         H, W = x.shape[1], x.shape[2]

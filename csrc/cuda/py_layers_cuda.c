@@ -17,6 +17,7 @@
 #include "../py.h"
 #include "conv2d.h"
 #include "device.h"
+#include "layer_scratch.h"
 
 #define PLAN_CAPSULE "ptl._C.conv2d_plan"
 

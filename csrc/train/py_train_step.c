@@ -10,14 +10,8 @@
  * runs eagerly and then records its forward and backward (the warm-up, ARCHITECTURE.md §3 rule 2). */
 #include "../py.h"
 
-#include "../nn/network.h"
+#include "../nn/py_network.h"
 #include "../objective/objective.h"
-#ifdef PTL_WITH_CUDA
-#include "../cuda/network_cuda.h"
-#endif
-
-#define NET_CPU_CAPSULE "ptl.network"   /* csrc/nn/py_nn.c */
-#define NET_CUDA_CAPSULE "ptl.network_cuda" /* csrc/cuda/py_network_cuda.c */
 
 /* plan[key], a borrowed reference; KeyError naming the key when missing. */
 static PyObject *plan_item(PyObject *plan, const char *key)
@@ -54,65 +48,6 @@ static int call_binding_kw(PyObject *(*fn)(PyObject *, PyObject *, PyObject *), 
     return 0;
 }
 
-/* The network of a plan: exactly one of *cpu / *gpu is set. */
-static int plan_network(PyObject *cap, ptl_network **cpu, void **gpu)
-{
-    *cpu = NULL;
-    *gpu = NULL;
-    if (PyCapsule_IsValid(cap, NET_CPU_CAPSULE)) {
-        *cpu = (ptl_network *)PyCapsule_GetPointer(cap, NET_CPU_CAPSULE);
-        return 0;
-    }
-#ifdef PTL_WITH_CUDA
-    if (PyCapsule_IsValid(cap, NET_CUDA_CAPSULE)) {
-        *gpu = PyCapsule_GetPointer(cap, NET_CUDA_CAPSULE);
-        return 0;
-    }
-#endif
-    PyErr_SetString(PyExc_TypeError, "plan['net']: expected a network handle (network_create / network_cuda_create)");
-    return -1;
-}
-
-/* The four head outputs as tensors over the network's own buffers (the capsule keeps them alive). */
-static PyObject *head_outputs(PyObject *module, PyObject *cap, ptl_network *cpu, void *gpu, int B)
-{
-    PyObject *o[4] = {NULL, NULL, NULL, NULL};
-    int64_t A, nc;
-    ptl_device dev = {PTL_CPU, 0};
-    ptl_dtype dt = PTL_FLOAT32;
-    void *ptr[4];
-    if (cpu) {
-        A = cpu->A;
-        nc = cpu->nc;
-        dt = cpu->dtype;
-        for (int i = 0; i < 4; i++)
-            ptr[i] = cpu->out[i / 2][i % 2];
-    } else {
-#ifdef PTL_WITH_CUDA
-        ptl_network_cuda *g = (ptl_network_cuda *)gpu;
-        int b, h, w;
-        ptl_network_cuda_shape(g, &b, &h, &w, &A);
-        nc = ptl_network_cuda_num_classes(g);
-        dev = (ptl_device){PTL_CUDA, ptl_network_cuda_device(g)};
-        for (int i = 0; i < 4; i++)
-            ptr[i] = ptl_network_cuda_output(g, i / 2, i % 2);
-#else
-        (void)gpu;
-        return NULL;
-#endif
-    }
-    for (int i = 0; i < 4; i++) {
-        int64_t shape[3] = {B, A, i % 2 ? nc : 4};
-        o[i] = (PyObject *)ptl_tensor_wrap(module, ptr[i], dev, 3, shape, dt, cap);
-        if (!o[i]) {
-            for (int j = 0; j < i; j++)
-                Py_DECREF(o[j]);
-            return NULL;
-        }
-    }
-    return Py_BuildValue("(NNNN)", o[0], o[1], o[2], o[3]);
-}
-
 PyDoc_STRVAR(train_step_doc,
              "train_step(plan, images, targets, o2m_weight, optimize, lrs, momenta, wds, ema_decay) -> losses\n--\n\n"
              "One training step (csrc/train/py_train_step.c). plan (a dict made once per batch shape): net (network\n"
@@ -140,19 +75,14 @@ static PyObject *py_train_step(PyObject *module, PyObject *args, PyObject *kw)
              *ema = plan_item(plan, "ema"), *rec = plan_item(plan, "record");
     if (!cap || !input || !staging || !grads || !gains || !scale_from || !optim || !ema || !rec)
         return NULL;
-    ptl_network *cpu;
-    void *gpu;
-    if (plan_network(cap, &cpu, &gpu) < 0)
+    ptl_net_exec *x = ptl_py_executor(cap);
+    if (!x)
         return NULL;
-    PtlTensor *in = ptl_tensor_arg(module, input, "plan['input']", -1, NULL, 4, NULL);
+    PtlTensor *in = ptl_tensor_arg(module, input, "plan['input']", (int)x->cdt, &x->device, 4, NULL);
     if (!in)
         return NULL;
     int B = (int)in->shape[0], H = (int)in->shape[1], W = (int)in->shape[2];
     ptl_device dev = in->storage->device;
-    if ((cpu != NULL) != (dev.type == PTL_CPU)) {
-        PyErr_SetString(PyExc_ValueError, "plan['input']: must live where the network does");
-        return NULL;
-    }
     const void *d_out[2][2];
     if (!PyTuple_Check(grads) || PyTuple_GET_SIZE(grads) != 4) {
         PyErr_SetString(PyExc_TypeError, "plan['grads']: expected a tuple of four tensors");
@@ -174,26 +104,13 @@ static PyObject *py_train_step(PyObject *module, PyObject *args, PyObject *kw)
 
     /* forward */
     int replay = 0;
-#ifndef PTL_WITH_CUDA
-    (void)replay;
-    (void)want_record;
-#endif
     const void *img = ptl_tensor_data(in);
     Py_BEGIN_ALLOW_THREADS;
-    if (cpu) {
-        rc = ptl_network_forward(cpu, img, B, H, W);
-    } else {
-#ifdef PTL_WITH_CUDA
-        ptl_network_cuda *g = (ptl_network_cuda *)gpu;
-        /* the shape's slot first (a partial batch in between keeps the full shape's recording) */
-        rc = ptl_network_cuda_prepare(g, B, H, W);
-        replay = rc == 0 && ptl_network_cuda_recorded(g);
-        if (rc == 0)
-            rc = replay ? ptl_network_cuda_replay(g, PTL_REPLAY_FORWARD) : ptl_network_cuda_forward(g, img, B, H, W);
-#else
-        rc = -1;
-#endif
-    }
+    /* the shape's slot first (a partial batch in between keeps the full shape's recording) */
+    rc = ptl_net_exec_prepare(x, B, H, W);
+    replay = rc == 0 && ptl_net_recorded(x);
+    if (rc == 0)
+        rc = replay ? ptl_net_replay(x, PTL_NET_REPLAY_FORWARD) : ptl_net_exec_forward(x, img, B, H, W);
     Py_END_ALLOW_THREADS;
     if (rc)
         return ptl_raise(module);
@@ -202,7 +119,7 @@ static PyObject *py_train_step(PyObject *module, PyObject *args, PyObject *kw)
         return NULL;
 
     /* objective: d total / d outputs into the plan's gradient tensors */
-    if (!(outs = head_outputs(module, cap, cpu, gpu, B)))
+    if (!(outs = ptl_py_executor_outputs(module, cap, x)))
         goto fail;
     const int64_t lshape[1] = {PTL_OBJ_NUM_LOSSES};
     if (!(losses = (PyObject *)ptl_tensor_empty(module, 1, lshape, PTL_FLOAT32, dev)))
@@ -217,18 +134,9 @@ static PyObject *py_train_step(PyObject *module, PyObject *args, PyObject *kw)
 
     /* backward */
     Py_BEGIN_ALLOW_THREADS;
-    if (cpu) {
-        rc = ptl_network_backward(cpu, d_out, NULL);
-    } else {
-#ifdef PTL_WITH_CUDA
-        ptl_network_cuda *g = (ptl_network_cuda *)gpu;
-        rc = replay ? ptl_network_cuda_replay(g, PTL_REPLAY_BACKWARD) : ptl_network_cuda_backward(g, d_out, NULL);
-        if (rc == 0 && !replay && want_record)
-            rc = ptl_network_cuda_record(g, img, B, H, W, d_out);
-#else
-        rc = -1;
-#endif
-    }
+    rc = replay ? ptl_net_replay(x, PTL_NET_REPLAY_BACKWARD) : ptl_net_exec_backward(x, d_out, NULL);
+    if (rc == 0 && !replay && want_record)
+        rc = ptl_net_record(x, img, B, H, W, d_out);
     Py_END_ALLOW_THREADS;
     if (rc) {
         ptl_raise(module);
