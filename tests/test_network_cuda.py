@@ -1,5 +1,5 @@
-"""The YOLO26 network on CUDA (the executor of csrc/nn/executor.h on the CUDA backend,
-ptl/_network_cuda.py) against the CPU network with the same weights: head outputs, parameter gradients
+"""The YOLO26 network on CUDA (the executor of csrc/nn/executor.h on the CUDA backend, a Detector moved
+with ``to("cuda")``) against the CPU network with the same weights: head outputs, parameter gradients
 under a fixed random linear functional of the outputs, BatchNorm running statistics, input gradients;
 train and eval; float32, bfloat16, float16; bitwise re-runs, o2o gradient isolation, no allocation in a
 step, weights re-read every forward. Without a GPU the executor's host logic (gradient plan, slot
@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import ptl
-from ptl._network_cuda import CudaNetwork
 from ptl.model import Detector
 
 B, H, W = 2, 640, 640
@@ -81,31 +80,30 @@ def case():
     ref = {}
     for training in (True, False):
         det = _detector(sd, training)
-        buf0 = det.flat_buffers.copy()
+        buf0 = det.flat_buffers.numpy()
         out = det.forward(x)
         R = _functional(out)
         det.zero_grad()
         dx = det.backward(R, input_grad=True)
         ref[training] = {"out": {br: tuple(a.copy() for a in out[br]) for br in out}, "R": R,
-                         "grads": det.flat_gradients.copy(), "buf0": buf0, "buf": det.flat_buffers.copy(), "dx": dx}
+                         "grads": det.flat_gradients.numpy(), "buf0": buf0, "buf": det.flat_buffers.numpy(), "dx": dx}
     det64 = Detector("yolo26n", num_classes=80, dtype="float64")
     det64.load_state_dict(sd)
     out64 = det64.forward(x.astype(np.float64))
     det64.zero_grad()
     det64.backward({br: tuple(r.astype(np.float64) for r in ref[True]["R"][br]) for br in out64})
     ref[True]["out64"] = out64
-    ref[True]["grads64"] = det64.flat_gradients.copy()
+    ref[True]["grads64"] = det64.flat_gradients.numpy()
     return sd, x, ref
 
 
 def _run_cuda(sd, x, R, training, dtype, input_grad=False):
-    det = _detector(sd, training)
-    net = CudaNetwork(det, "cuda", dtype)
+    net = _detector(sd, training).to("cuda", dtype=dtype)
     net.zero_grad()
     out = net.forward(x)
     o = _np_out(out)
     dx = net.backward(_dev(R), input_grad=input_grad)
-    return net, o, net.grads.numpy(), net.buffers.numpy(), dx
+    return net, o, net.flat_gradients.numpy(), net.flat_buffers.numpy(), dx
 
 
 def _check_outputs(out, ref_out, tol, what):
@@ -233,19 +231,19 @@ def test_o2o_gradient_isolation(case):
     sd, x, ref = case
     R = ref[True]["R"]
     det = _detector(sd, True)
-    net = CudaNetwork(det, "cuda", "float32")
     head = _head_of(det)
+    net = det.to("cuda", dtype="float32")
     Rd = _dev(R)
     net.forward(x)
     net.zero_grad()
     net.backward({"one2one": Rd["one2one"]})
-    g = net.grads.numpy()
+    g = net.flat_gradients.numpy()
     assert np.all(g[head != 2] == 0)
     assert np.count_nonzero(g[head == 2]) > 0.5 * np.count_nonzero(head == 2)
     net.forward(x)
     net.zero_grad()
     net.backward({"one2many": Rd["one2many"]})
-    g = net.grads.numpy()
+    g = net.flat_gradients.numpy()
     assert np.all(g[head == 2] == 0)
     assert np.count_nonzero(g[head != 2]) > 0.5 * np.count_nonzero(head != 2)
 
@@ -254,15 +252,14 @@ def test_o2o_gradient_isolation(case):
 def test_gradients_accumulate(case):
     sd, x, ref = case
     R = _dev(ref[True]["R"])
-    det = _detector(sd, False)
-    net = CudaNetwork(det, "cuda", "float32")
+    net = _detector(sd, False).to("cuda", dtype="float32")
     net.zero_grad()
     net.forward(x)
     net.backward(R)
-    g1 = net.grads.numpy()
+    g1 = net.flat_gradients.numpy()
     net.forward(x)
     net.backward(R)
-    g2 = net.grads.numpy()
+    g2 = net.flat_gradients.numpy()
     assert _rel(g2, 2 * g1) <= 1e-6
 
 
@@ -272,10 +269,10 @@ def test_weights_are_read_every_forward(case):
     prepare) change the output exactly as on the CPU."""
     sd, x, ref = case
     det = _detector(sd, False)
-    net = CudaNetwork(det, "cuda", "float32")
+    net = _detector(sd, False).to("cuda", dtype="float32")
     net.forward(x)
-    det.flat_parameters[...] *= np.float32(0.9)
-    net.from_cpu()
+    det.flat_parameters = det.flat_parameters.numpy() * np.float32(0.9)
+    net.flat_parameters = det.flat_parameters
     out = _np_out(net.forward(x))
     cpu = det.forward(x)
     for br in out:
@@ -300,7 +297,7 @@ def test_replay_equals_eager(dtype):
     x = rng.random((B, H, W, 3)).astype(np.float32)
     nets = []
     for _ in range(2):
-        net = CudaNetwork(_detector(sd, True), "cuda", dtype)
+        net = _detector(sd, True).to("cuda", dtype=dtype)
         img = ptl.tensor(x, device="cuda").to(dtype=dtype)
         out = net.forward(img)
         R = _dev(_functional(_np_out(out), seed=6))
@@ -308,17 +305,16 @@ def test_replay_equals_eager(dtype):
         net.backward(R)  # the warm-up step, eager in both
         nets.append((net, img, R))
     (ne, ie, Re), (nr, ir, Rr) = nets
-    before = (nr.grads.numpy(), nr.buffers.numpy())
+    before = (nr.flat_gradients.numpy(), nr.flat_buffers.numpy())
     nr.record(ir, Rr)
     ptl.cuda.synchronize()
     assert nr.recorded
-    assert np.array_equal(_bits(nr.grads.numpy()), _bits(before[0]))
-    assert np.array_equal(_bits(nr.buffers.numpy()), _bits(before[1]))
+    assert np.array_equal(_bits(nr.flat_gradients.numpy()), _bits(before[0]))
+    assert np.array_equal(_bits(nr.flat_buffers.numpy()), _bits(before[1]))
     for step in range(2):
         if step == 1:  # the optimizer moves the weights between steps
             for n in (ne, nr):
-                n.detector.flat_parameters[...] *= np.float32(0.99)
-                n.from_cpu()
+                n.flat_parameters = n.flat_parameters.numpy() * np.float32(0.99)
         oe = _np_out(ne.forward(ie))
         ne.backward(Re)
         if step == 0:
@@ -329,18 +325,18 @@ def test_replay_equals_eager(dtype):
         for br in oe:
             for a, b in zip(oe[br], orr[br]):
                 assert np.array_equal(_bits(a), _bits(b)), (dtype, step, br)
-        assert np.array_equal(_bits(ne.grads.numpy()), _bits(nr.grads.numpy())), (dtype, step)
-        assert np.array_equal(_bits(ne.buffers.numpy()), _bits(nr.buffers.numpy())), (dtype, step)
+        assert np.array_equal(_bits(ne.flat_gradients.numpy()), _bits(nr.flat_gradients.numpy())), (dtype, step)
+        assert np.array_equal(_bits(ne.flat_buffers.numpy()), _bits(nr.flat_buffers.numpy())), (dtype, step)
 
 
 @pytest.mark.cuda
 def test_recording_rules():
     """Record needs an eager warm-up of the shape; replay needs a recording. The executor keeps two
     shapes: a partial batch in between leaves the full shape's recording usable (rule 3), a third shape
-    evicts the least recently used one. A change of mode retires it (rule 4), and so does another network
-    moving the shared layer scratch; an eager step of the same shape leaves it usable."""
-    det = Detector("yolo26n", num_classes=80)
-    net = CudaNetwork(det, "cuda", "bfloat16")
+    evicts the least recently used one. A change of mode leaves it unused while the mode lasts (rule 4);
+    another network moving the shared layer scratch retires it; an eager step of the same shape leaves it
+    usable."""
+    net = Detector("yolo26n", num_classes=80).to("cuda", dtype="bfloat16")
     img = ptl.tensor(np.random.default_rng(0).random((1, 128, 128, 3)).astype(np.float32),
                      device="cuda").to(dtype="bfloat16")
     with pytest.raises(RuntimeError, match="replay"):
@@ -393,7 +389,7 @@ def test_recording_rules():
     net.forward(img)
     net.backward(R)
     net.record(img, R)
-    other = CudaNetwork(Detector("yolo26n", num_classes=80), "cuda", "bfloat16")
+    other = Detector("yolo26n", num_classes=80).to("cuda", dtype="bfloat16")
     other.prepare(1, 128, 128)  # fits in the scratch as it is: nothing moves
     assert net.recorded
     ptl._C.layer_cuda_reserve_scratch(0, 256 << 20)
@@ -411,10 +407,10 @@ def test_conv_plans_are_shared():
     def made():
         return ptl._C.layer_cuda_conv2d_plan_cache(0)[1]
 
-    net = CudaNetwork(Detector("yolo26n", num_classes=80), "cuda", "bfloat16")
+    net = Detector("yolo26n", num_classes=80).to("cuda", dtype="bfloat16")
     net.prepare(3, 96, 160)  # shapes no other test uses
     m0 = made()
-    other = CudaNetwork(Detector("yolo26n", num_classes=80), "cuda", "bfloat16")
+    other = Detector("yolo26n", num_classes=80).to("cuda", dtype="bfloat16")
     other.prepare(3, 96, 160)
     assert made() == m0
     other.prepare(3, 160, 96)
@@ -433,8 +429,7 @@ def test_conv_plans_are_shared():
 def test_step_allocates_nothing(case):
     """After the first forward of a shape, forward + backward allocate no device memory."""
     sd, x, ref = case
-    det = _detector(sd, True)
-    net = CudaNetwork(det, "cuda", "bfloat16")
+    net = _detector(sd, True).to("cuda", dtype="bfloat16")
     img = net.images(x)
     R = _dev(ref[True]["R"])
     net.forward(img)
@@ -455,15 +450,15 @@ def test_step_allocates_nothing(case):
 def test_bad_arguments():
     det = Detector("yolo26n", num_classes=5)
     with pytest.raises(ValueError, match="dtype"):
-        CudaNetwork(det, "cuda", "float64")
+        det.to("cuda", dtype="float64")
     with pytest.raises(ValueError, match="device"):
-        CudaNetwork(det, "gpu", "float32")
-    net = CudaNetwork(det, "cuda", "bfloat16")
+        det.to("gpu", dtype="float32")
+    net = det.to("cuda", dtype="bfloat16")
     with pytest.raises(RuntimeError, match="forward"):
         net.backward({})
     img32 = ptl.zeros((1, 64, 64, 3), dtype="float32", device="cuda")
     with pytest.raises(TypeError, match="images"):
-        ptl._C.executor_forward(net._h, img32)  # the binding checks the dtype
+        ptl._C.executor_forward(net._exec, img32)  # the binding checks the dtype
     with pytest.raises(ValueError, match="multiples of 32"):
         net.forward(ptl.zeros((1, 48, 64, 3), dtype="bfloat16", device="cuda"))
     out = net.forward(ptl.zeros((1, 64, 96, 3), dtype="bfloat16", device="cuda"))

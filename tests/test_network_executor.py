@@ -41,10 +41,10 @@ class Net:
     def step(self, images, grads, input_grad=True):
         """forward + backward from zeroed gradients: (outputs, parameter gradients, BN buffers, d images)."""
         out = [t.numpy() for t in _C.executor_forward(self.x, _C.from_numpy(images))]
-        self.det.flat_gradients[...] = 0
+        self.det.zero_grad()
         d = [None if g is None else _C.from_numpy(g) for g in grads]
         dx = _C.executor_backward(self.x, *d, input_grad=input_grad)
-        return (out, self.det.flat_gradients.copy(), self.det.flat_buffers.copy(),
+        return (out, self.det.flat_gradients.numpy(), self.det.flat_buffers.numpy(),
                 None if dx is None else dx.numpy())
 
 

@@ -10,8 +10,9 @@
 
 struct ptl_net_recording {
     ptl_cuda_graph *fwd, *bwd;
-    int training;
-    uint64_t scratch_gen; /* the layer scratch's generation the graphs point into */
+    int training;            /* the BN mode baked into the graphs */
+    const void *params, *buffers; /* the weights the graphs read */
+    uint64_t scratch_gen;    /* the layer scratch's generation the graphs point into */
 };
 
 void ptl_net_cuda_recording_free(ptl_net_recording *rec)
@@ -55,6 +56,8 @@ int ptl_net_cuda_record(ptl_net_exec *x, const void *images, int B, int H, int W
         return -1;
     }
     S->rec->training = x->training;
+    S->rec->params = x->params;
+    S->rec->buffers = x->buffers;
     S->rec->scratch_gen = ptl_layers_cuda_scratch_generation(x->ctx);
     return 0;
 }
@@ -63,9 +66,9 @@ int ptl_net_cuda_replay(ptl_net_exec *x, int part)
 {
     ptl_net_slot *const S = x->cur;
     if (!ptl_net_cuda_recorded(x))
-        return ptl_set_error(PTL_ERR_RUNTIME, "network replay: nothing recorded (or the recording was retired by "
-                                              "a change of shape, mode or conv options, or by another network "
-                                              "growing the device's layer scratch)");
+        return ptl_set_error(PTL_ERR_RUNTIME, "network replay: nothing recorded for this shape, mode and weights "
+                                              "(or the recording was retired by a change of conv options, or by "
+                                              "another network growing the device's layer scratch)");
     if (part == PTL_NET_REPLAY_BACKWARD && !x->have_forward)
         return ptl_set_error(PTL_ERR_RUNTIME, "network replay: the backward needs a forward of this shape first");
     if (cudaSetDevice(x->ctx->device) != cudaSuccess)
@@ -89,5 +92,6 @@ int ptl_net_cuda_recorded(ptl_net_exec *x)
         ptl_net_cuda_recording_free(S->rec); /* the shared layer scratch moved: the graphs point at freed memory */
         S->rec = NULL;
     }
-    return S->rec != NULL;
+    return S->rec && S->rec->training == x->training && S->rec->params == x->params &&
+           S->rec->buffers == x->buffers;
 }

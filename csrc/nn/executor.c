@@ -237,6 +237,8 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
         if (i != 2)
             PTL_CHECK(be->zero(ctx, *dst[i], (size_t)sizes[i] * x->msz));
     }
+    x->own_params = x->params;
+    x->own_buffers = x->buffers;
     if (!alias_host) {
         PTL_CHECK(ptl_net_exec_sync(x, "params", 1));
         PTL_CHECK(ptl_net_exec_sync(x, "buffers", 1));
@@ -262,7 +264,7 @@ int ptl_net_exec_sync(ptl_net_exec *x, const char *which, int to_device)
     int64_t n;
     if (!strcmp(which, "params")) {
         host = net->params;
-        dev = x->params;
+        dev = x->own_params;
         n = net->nparams;
     } else if (!strcmp(which, "grads")) {
         host = net->grads;
@@ -270,7 +272,7 @@ int ptl_net_exec_sync(ptl_net_exec *x, const char *which, int to_device)
         n = net->nparams;
     } else if (!strcmp(which, "buffers")) {
         host = net->buffers;
-        dev = x->buffers;
+        dev = x->own_buffers;
         n = net->nbuffers;
     } else {
         return ptl_set_error(PTL_ERR_VALUE, "which: expected 'params', 'grads' or 'buffers', got '%s'", which);
@@ -283,12 +285,13 @@ int ptl_net_exec_sync(ptl_net_exec *x, const char *which, int to_device)
     return to_device ? x->be->upload(x->ctx, dev, host, bytes) : x->be->download(x->ctx, host, dev, bytes);
 }
 
-void ptl_net_exec_set_training(ptl_net_exec *x, int training)
+void ptl_net_exec_set_training(ptl_net_exec *x, int training) { x->training = !!training; }
+
+void ptl_net_exec_use_weights(ptl_net_exec *x, void *params, void *buffers)
 {
-    training = !!training;
-    if (training != x->training)
-        ptl_net_exec_retire(x);
-    x->training = training;
+    x->params = params ? params : x->own_params;
+    x->buffers = buffers ? buffers : x->own_buffers;
+    x->have_forward = 0;
 }
 
 static void drop_slots(ptl_net_exec *x)

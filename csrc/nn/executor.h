@@ -189,9 +189,11 @@ typedef struct ptl_net_exec {
     ptl_net_grad_plan gp;
     ptl_net_wtab wt;
 
-    /* master storage (aliasing the description's host storage when `aliased`) */
+    /* master storage (aliasing the description's host storage when `aliased`); params and buffers may
+     * point at other weights for a while (ptl_net_exec_use_weights), own_* are the executor's */
     int aliased;
     void *params, *grads, *buffers, *stats;
+    void *own_params, *own_buffers;
     ptl_net_buf own[4]; /* params, grads, buffers, stats when allocated here */
     ptl_net_buf wc, wgc, wtab;
 
@@ -224,7 +226,13 @@ int ptl_net_exec_forward(ptl_net_exec *x, const void *images, int B, int H, int 
  * written when not NULL, else the image gradient is not computed. */
 int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *d_images);
 
+/* The BatchNorm mode of the next forward. A recording made in the other mode is kept, unused until
+ * the mode is back. */
 void ptl_net_exec_set_training(ptl_net_exec *x, int training);
+/* Runs the following forwards on other parameters and BN statistics of the same layout and device
+ * (the EMA's, for validation); NULL, NULL returns to the executor's own. A recording is kept, unused
+ * while the weights are not those it was made with. */
+void ptl_net_exec_use_weights(ptl_net_exec *x, void *params, void *buffers);
 /* Applies at the next prepare of each shape (slots are remade). */
 void ptl_net_exec_set_conv_options(ptl_net_exec *x, const ptl_net_conv_opts *o);
 /* Gradient slot sharing on (1) or off (0); slots are remade. */
@@ -233,8 +241,9 @@ int ptl_net_exec_zero_grad(ptl_net_exec *x);
 /* The recorder of the backend (ARCHITECTURE.md §3; ../cuda/recorder.h): after an eager forward and
  * backward of the current shape, record captures (without running) one forward of `images` and one
  * backward of `d_out` into the shape's slot; replay runs the forward, the backward or both, one launch
- * each, on the same pointers. recorded: 1 while the current shape's recording is usable (always 0 on
- * a backend without a recorder, where record and replay fail). */
+ * each, on the same pointers. recorded: 1 while the current shape's recording is usable: made in the
+ * current BN mode on the current weights (always 0 on a backend without a recorder, where record and
+ * replay fail). */
 enum { PTL_NET_REPLAY_BOTH = 0, PTL_NET_REPLAY_FORWARD = 1, PTL_NET_REPLAY_BACKWARD = 2 };
 int ptl_net_record(ptl_net_exec *x, const void *images, int B, int H, int W, const void *const d_out[2][2]);
 int ptl_net_replay(ptl_net_exec *x, int part);

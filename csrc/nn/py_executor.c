@@ -90,9 +90,9 @@ static PyObject *py_tensors(PyObject *self, PyObject *cap)
     if (!x)
         return NULL;
     const int64_t np[1] = {x->net->nparams}, nb[1] = {x->net->nbuffers};
-    PyObject *p = wrap(self, cap, x, x->params, 1, np, x->mdt);
+    PyObject *p = wrap(self, cap, x, x->own_params, 1, np, x->mdt);
     PyObject *g = p ? wrap(self, cap, x, x->grads, 1, np, x->mdt) : NULL;
-    PyObject *b = g ? wrap(self, cap, x, x->buffers, 1, nb, x->mdt) : NULL;
+    PyObject *b = g ? wrap(self, cap, x, x->own_buffers, 1, nb, x->mdt) : NULL;
     if (!b) {
         Py_XDECREF(p);
         Py_XDECREF(g);
@@ -265,6 +265,34 @@ static PyObject *py_set_training(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* executor_use_weights(x, params, buffers): forwards read these (master dtype on the executor's device,
+ * the network's sizes) until executor_use_weights(x, None, None); the caller keeps them alive. */
+static PyObject *py_use_weights(PyObject *self, PyObject *args)
+{
+    PyObject *cap, *po, *bo;
+    if (!PyArg_ParseTuple(args, "OOO:executor_use_weights", &cap, &po, &bo))
+        return NULL;
+    ptl_net_exec *x = ptl_py_executor(cap);
+    if (!x)
+        return NULL;
+    if ((po == Py_None) != (bo == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "params, buffers: give both or neither");
+        return NULL;
+    }
+    void *pp = NULL, *bp = NULL;
+    if (po != Py_None) {
+        const int64_t np[1] = {x->net->nparams}, nb[1] = {x->net->nbuffers};
+        PtlTensor *p = ptl_tensor_arg(self, po, "params", (int)x->mdt, &x->device, 1, np);
+        PtlTensor *b = p ? ptl_tensor_arg(self, bo, "buffers", (int)x->mdt, &x->device, 1, nb) : NULL;
+        if (!b)
+            return NULL;
+        pp = ptl_tensor_data(p);
+        bp = ptl_tensor_data(b);
+    }
+    ptl_net_exec_use_weights(x, pp, bp);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_conv_options(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
@@ -419,6 +447,8 @@ static PyMethodDef methods[] = {
     {"executor_sync", py_sync, METH_VARARGS, "executor_sync(x, which, to_device): storage <-> host copy."},
     {"executor_zero_grad", py_zero_grad, METH_O, "executor_zero_grad(x): grads = 0."},
     {"executor_set_training", py_set_training, METH_VARARGS, "executor_set_training(x, flag)."},
+    {"executor_use_weights", py_use_weights, METH_VARARGS,
+     "executor_use_weights(x, params, buffers): forwards on other weights (None, None: its own)."},
     {"executor_set_conv_options", (PyCFunction)(void (*)(void))py_set_conv_options, METH_VARARGS | METH_KEYWORDS,
      "executor_set_conv_options(x, deterministic=True, allow_tf32=False, find=False)."},
     {"executor_set_share_gradients", py_set_share_gradients, METH_VARARGS,

@@ -1,6 +1,7 @@
 /* EMA of the weights and BatchNorm buffers (spec §5), CPU reference. */
 #include "optim.h"
 
+/* Called by ptl_ema_update after ptl_ema_check. */
 int ptl_ema_update_cpu(void *ema, const void *model, int64_t n, ptl_dtype dt, double decay)
 {
     if (dt == PTL_FLOAT32) {
