@@ -140,7 +140,7 @@ class Detector:
         """Makes the executor of `device` computing in `dtype` (its storage uploaded from the host's)."""
         self._exec = _C.executor_create(self._net, device, dtype)
         self._flat = _C.executor_tensors(self._exec)  # params, grads, buffers on the device
-        _C.executor_set_training(self._exec, self.training)
+        _C.executor_configure(self._exec, training=self.training)
         self.device, self._compute = device, dtype
 
     def _download(self, grads=False):
@@ -199,8 +199,7 @@ class Detector:
     # ---------------------------------------------------------------------------------- modes
     def train(self, mode: bool = True) -> "Detector":
         self.training = bool(mode)
-        _C.network_set_training(self._net, self.training)
-        _C.executor_set_training(self._exec, self.training)
+        _C.executor_configure(self._exec, training=self.training)
         return self
 
     def eval(self) -> "Detector":
@@ -405,8 +404,8 @@ class Detector:
 
     def set_conv_options(self, deterministic: bool = True, allow_tf32: bool = False, find: bool = False) -> None:
         """CUDA: cuDNN algorithm choice for the conv plans (applies at the next prepare)."""
-        _C.executor_set_conv_options(self._exec, deterministic=bool(deterministic), allow_tf32=bool(allow_tf32),
-                                     find=bool(find))
+        _C.executor_configure(self._exec, deterministic=bool(deterministic), allow_tf32=bool(allow_tf32),
+                              find=bool(find))
 
     def info(self) -> dict:
         """The executor's device, dtypes, current shape, memory and recording state."""

@@ -382,7 +382,7 @@ def test_recording_rules():
     net.replay()
     net.retire()
     assert not net.recorded
-    # another network on the device growing the shared layer scratch (the EMA model validating a larger
+    # another network on the device growing the shared layer scratch (another model validating a larger
     # batch) moves it: the recording would point at freed memory, so it is retired. The scratch is per
     # device and only grows, and earlier tests in this process may have grown it past what any yolo26n
     # shape needs, so the growth is forced: 256 MiB is far beyond every layer's need here.
@@ -401,7 +401,7 @@ def test_recording_rules():
 
 @pytest.mark.cuda
 def test_conv_plans_are_shared():
-    """A second network (the EMA model's) preparing a shape the first has prepared makes no conv plan (the
+    """A second network preparing a shape the first has prepared makes no conv plan (the
     device's plan cache has them; a plan costs tens of ms of cuDNN heuristics); a new shape makes some, and
     returning to an earlier shape after eviction from both networks' slots makes none."""
     def made():

@@ -36,7 +36,7 @@ class Net:
         self.det = Detector("yolo26n", num_classes=80)
         self.det.load_state_dict(sd)
         self.x = _C.executor_create(self.det._net)
-        _C.executor_set_training(self.x, training)
+        _C.executor_configure(self.x, training=training)
 
     def step(self, images, grads, input_grad=True):
         """forward + backward from zeroed gradients: (outputs, parameter gradients, BN buffers, d images)."""
@@ -78,7 +78,7 @@ def test_gradient_slot_sharing_is_bitwise_neutral(training):
     sd = _state()
     x, grads = _inputs(2, 96, 128)
     shared, private = Net(sd, training), Net(sd, training)
-    _C.executor_set_share_gradients(private.x, False)
+    _C.executor_configure(private.x, share_gradients=False)
     r1, r2 = shared.step(x, grads), private.step(x, grads)
     _same(r1, r2)
     for a in r1[0] + [r1[1], r1[3]]:
@@ -185,3 +185,20 @@ def test_weight_table_search(cast_biases):
     records, elements = _C.network_check_weight_table(det._net, cast_biases)
     assert records == convs + (biases if cast_biases else 0)
     assert elements >= sum(int(np.prod(s)) for n, _, s in det.parameter_table() if len(s) == 4)
+
+
+def test_eval_shapes_leave_the_training_slots():
+    """Eval-mode forwards (validation's many shapes) have their own slot: the training shapes' slots,
+    and so any recording in them, survive them (no block is made when training resumes)."""
+    net = Net(_state(seed=9), True)
+    train_shapes = [(2, 64, 96), (1, 64, 64)]
+    for B, H, W in train_shapes:
+        net.step(*_inputs(B, H, W))
+    _C.executor_configure(net.x, training=False)
+    for H, W in ((96, 64), (64, 128), (32, 96)):
+        _C.executor_forward(net.x, _C.from_numpy(_inputs(1, H, W)[0]))
+    _C.executor_configure(net.x, training=True)
+    before = _C.executor_cpu_live_blocks()
+    for B, H, W in train_shapes:
+        net.step(*_inputs(B, H, W))
+        assert _C.executor_cpu_live_blocks() == before

@@ -439,9 +439,10 @@ def test_cuda_capture_network_fit_equals_eager(coco256, tmp_path, precision, bat
     """ARCHITECTURE.md §3 rule 2: a fit that replays the recorded network gives the digests of the same
     fit run eagerly (losses, weights, optimizer, schedule, EMA, metrics), with gradient accumulation and
     a partial last batch (128 images in batches of 48: 48, 48, 32) or none (batches of 32). The first full
-    step records, the next replay; a partial batch runs eagerly in its own shape slot; the EMA model's
-    first validation grows the shared layer scratch, which retires the recording, so the next epoch's
-    first step records again. Nothing is left recorded after the fit."""
+    step records, the next replay; a partial batch runs eagerly in its own shape slot; validation (eval
+    mode, on the EMA's weights, in the eval slot) leaves the recording unused, or retires it when it grows
+    the shared layer scratch, so the next epoch's first step replays or records again. Nothing is left
+    recorded after the fit."""
     digests, seen = [], []
 
     class Watch(cb.Callback):

@@ -55,13 +55,11 @@ extern "C" int ptl_net_weight_cast_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const p
                                         int64_t total, const void *params, void *wc)
 {
     cudaStream_t stream = ctx->stream;
-    const float *src = (const float *)params;
-    void *dst = wc;
     if (total <= 0 || n <= 0)
         return 0;
     PTL_LAYER_DISPATCH("network weight cast", dt,
                        weight_cast_kernel<T><<<ptl_grid_for(total, NET_THREADS), NET_THREADS, 0, stream>>>(
-                           tab, n, total, src, (T *)dst));
+                           tab, n, total, (const float *)params, (T *)wc));
     PTL_LAUNCH_CHECK("weight_cast_kernel");
     return 0;
 fail:
@@ -72,12 +70,11 @@ extern "C" int ptl_net_weight_grad_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const p
                                         int64_t total, const void *g, void *grads)
 {
     cudaStream_t stream = ctx->stream;
-    float *grad = (float *)grads;
     if (total <= 0 || n <= 0)
         return 0;
     PTL_LAYER_DISPATCH("network weight gradient", dt,
                        weight_grad_kernel<T><<<ptl_grid_for(total, NET_THREADS), NET_THREADS, 0, stream>>>(
-                           tab, n, total, (const T *)g, grad));
+                           tab, n, total, (const T *)g, (float *)grads));
     PTL_LAUNCH_CHECK("weight_grad_kernel");
     return 0;
 fail:

@@ -79,154 +79,57 @@ static size_t cpu_conv_workspace(const void *plan)
     return 0;
 }
 
-static int cpu_conv_forward(ptl_exec_ctx *ctx, const void *plan, const void *x, const void *w, const void *bias,
-                            void *y, void *ws, size_t ws_bytes)
-{
-    (void)ctx;
-    (void)ws;
-    (void)ws_bytes;
-    const cpu_plan *p = plan;
-    return ptl_conv2d_forward(&p->d, p->dt, x, w, bias, y);
-}
+/* The CPU kernels take no context: each entry below drops it. */
+#define WITHOUT_CTX(name, call, ...)                                                                         \
+    static int name(ptl_exec_ctx *ctx, __VA_ARGS__)                                                          \
+    {                                                                                                        \
+        (void)ctx;                                                                                           \
+        return call;                                                                                         \
+    }
+#define PLAN(p) (&((const cpu_plan *)(p))->d), ((const cpu_plan *)(p))->dt
 
-static int cpu_conv_backward_input(ptl_exec_ctx *ctx, const void *plan, const void *dy, const void *w, void *dx,
-                                   void *ws, size_t ws_bytes)
-{
-    (void)ctx;
-    (void)ws;
-    (void)ws_bytes;
-    const cpu_plan *p = plan;
-    return ptl_conv2d_backward_input(&p->d, p->dt, dy, w, dx);
-}
+WITHOUT_CTX(cpu_conv_forward, ((void)ws, (void)wsb, ptl_conv2d_forward(PLAN(p), x, w, bias, y)), const void *p,
+            const void *x, const void *w, const void *bias, void *y, void *ws, size_t wsb)
+WITHOUT_CTX(cpu_conv_backward_input, ((void)ws, (void)wsb, ptl_conv2d_backward_input(PLAN(p), dy, w, dx)),
+            const void *p, const void *dy, const void *w, void *dx, void *ws, size_t wsb)
+WITHOUT_CTX(cpu_conv_backward_weight, ((void)ws, (void)wsb, ptl_conv2d_backward_weight(PLAN(p), x, dy, dw)),
+            const void *p, const void *x, const void *dy, void *dw, void *ws, size_t wsb)
+WITHOUT_CTX(cpu_conv_backward_bias, ((void)ws, (void)wsb, ptl_conv2d_backward_bias(PLAN(p), dy, db)), const void *p,
+            const void *dy, void *db, void *ws, size_t wsb)
 
-static int cpu_conv_backward_weight(ptl_exec_ctx *ctx, const void *plan, const void *x, const void *dy, void *dw,
-                                    void *ws, size_t ws_bytes)
-{
-    (void)ctx;
-    (void)ws;
-    (void)ws_bytes;
-    const cpu_plan *p = plan;
-    return ptl_conv2d_backward_weight(&p->d, p->dt, x, dy, dw);
-}
+/* ------------------------------------------------------------------------- weights, layers */
 
-static int cpu_conv_backward_bias(ptl_exec_ctx *ctx, const void *plan, const void *dy, void *db, void *ws,
-                                  size_t ws_bytes)
-{
-    (void)ctx;
-    (void)ws;
-    (void)ws_bytes;
-    const cpu_plan *p = plan;
-    return ptl_conv2d_backward_bias(&p->d, p->dt, dy, db);
-}
-
-/* ------------------------------------------------------------------------- weights */
-
-static int cpu_weight_cast(ptl_exec_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n, int64_t total,
-                           const void *params, void *wc)
-{
-    (void)ctx;
-    (void)total;
-    return ptl_net_weight_cast(dt, tab, n, params, wc);
-}
-
-static int cpu_weight_grad(ptl_exec_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n, int64_t total,
-                           const void *wgc, void *grads)
-{
-    (void)ctx;
-    (void)total;
-    return ptl_net_weight_grad(dt, tab, n, wgc, grads);
-}
-
-/* ------------------------------------------------------------------------- layers */
-
-static int cpu_batchnorm_forward(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x, const void *gamma,
-                                 const void *beta, void *rm, void *rv, int training, ptl_act act, void *sm, void *si,
-                                 void *y)
-{
-    (void)ctx;
-    return ptl_batchnorm_forward(dt, m, c, x, gamma, beta, rm, rv, training, act, sm, si, y);
-}
-
-static int cpu_batchnorm_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x, const void *dy,
-                                  const void *gamma, const void *beta, const void *sm, const void *si, int training,
-                                  ptl_act act, void *dx, void *dgamma, void *dbeta)
-{
-    (void)ctx;
-    return ptl_batchnorm_backward(dt, m, c, x, dy, gamma, beta, sm, si, training, act, dx, dgamma, dbeta);
-}
-
-static int cpu_add(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t n, const void *a, const void *b, void *y)
-{
-    (void)ctx;
-    return ptl_add(dt, n, a, b, y);
-}
-
-static int cpu_accumulate(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t n, const void *x, void *y)
-{
-    (void)ctx;
-    return ptl_accumulate(dt, n, x, y);
-}
-
-static int cpu_channel_copy(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *src, int src_c,
-                            int src_off, void *dst, int dst_c, int dst_off, int accumulate)
-{
-    (void)ctx;
-    return ptl_channel_copy(dt, m, c, src, src_c, src_off, dst, dst_c, dst_off, accumulate);
-}
-
-static int cpu_maxpool_forward(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x, void *y)
-{
-    (void)ctx;
-    return ptl_maxpool5_forward(dt, n, h, w, c, x, y);
-}
-
-static int cpu_maxpool_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x,
-                                const void *dy, void *dx, int accumulate)
-{
-    (void)ctx;
-    return ptl_maxpool5_backward(dt, n, h, w, c, x, dy, dx, accumulate);
-}
-
-static int cpu_upsample_forward(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x, void *y)
-{
-    (void)ctx;
-    return ptl_upsample2x_forward(dt, n, h, w, c, x, y);
-}
-
-static int cpu_upsample_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *dy,
-                                 void *dx, int accumulate)
-{
-    (void)ctx;
-    return ptl_upsample2x_backward(dt, n, h, w, c, dy, dx, accumulate);
-}
-
-static int cpu_attention_forward(ptl_exec_ctx *ctx, ptl_dtype dt, int b, int n, int heads, int kd, int hd,
-                                 const void *qkv, void *attn, void *o, void *v)
-{
-    (void)ctx;
-    return ptl_attention_forward(dt, b, n, heads, kd, hd, qkv, attn, o, v);
-}
-
-static int cpu_attention_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int b, int n, int heads, int kd, int hd,
-                                  const void *qkv, const void *attn, const void *d_o, const void *dv, void *dqkv)
-{
-    (void)ctx;
-    return ptl_attention_backward(dt, b, n, heads, kd, hd, qkv, attn, d_o, dv, dqkv);
-}
-
-static int cpu_head_out(ptl_exec_ctx *ctx, ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0,
-                        const void *map, void *out)
-{
-    (void)ctx;
-    return ptl_net_head_out(dt, B, hw, C, A, a0, map, out);
-}
-
-static int cpu_head_grad(ptl_exec_ctx *ctx, ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0,
-                         const void *d_out, void *gmap, int accumulate)
-{
-    (void)ctx;
-    return ptl_net_head_grad(dt, B, hw, C, A, a0, d_out, gmap, accumulate);
-}
+WITHOUT_CTX(cpu_weight_cast, ((void)total, ptl_net_weight_cast(dt, tab, n, params, wc)), ptl_dtype dt,
+            const ptl_wcast_entry *tab, int n, int64_t total, const void *params, void *wc)
+WITHOUT_CTX(cpu_weight_grad, ((void)total, ptl_net_weight_grad(dt, tab, n, wgc, grads)), ptl_dtype dt,
+            const ptl_wcast_entry *tab, int n, int64_t total, const void *wgc, void *grads)
+WITHOUT_CTX(cpu_batchnorm_forward, ptl_batchnorm_forward(dt, m, c, x, g, b, rm, rv, tr, act, sm, si, y), ptl_dtype dt,
+            int64_t m, int c, const void *x, const void *g, const void *b, void *rm, void *rv, int tr, ptl_act act,
+            void *sm, void *si, void *y)
+WITHOUT_CTX(cpu_batchnorm_backward, ptl_batchnorm_backward(dt, m, c, x, dy, g, b, sm, si, tr, act, dx, dg, db),
+            ptl_dtype dt, int64_t m, int c, const void *x, const void *dy, const void *g, const void *b,
+            const void *sm, const void *si, int tr, ptl_act act, void *dx, void *dg, void *db)
+WITHOUT_CTX(cpu_add, ptl_add(dt, n, a, b, y), ptl_dtype dt, int64_t n, const void *a, const void *b, void *y)
+WITHOUT_CTX(cpu_accumulate, ptl_accumulate(dt, n, x, y), ptl_dtype dt, int64_t n, const void *x, void *y)
+WITHOUT_CTX(cpu_channel_copy, ptl_channel_copy(dt, m, c, src, sc, so, dst, dc, dof, acc), ptl_dtype dt, int64_t m,
+            int c, const void *src, int sc, int so, void *dst, int dc, int dof, int acc)
+WITHOUT_CTX(cpu_maxpool_forward, ptl_maxpool5_forward(dt, n, h, w, c, x, y), ptl_dtype dt, int n, int h, int w, int c,
+            const void *x, void *y)
+WITHOUT_CTX(cpu_maxpool_backward, ptl_maxpool5_backward(dt, n, h, w, c, x, dy, dx, acc), ptl_dtype dt, int n, int h,
+            int w, int c, const void *x, const void *dy, void *dx, int acc)
+WITHOUT_CTX(cpu_upsample_forward, ptl_upsample2x_forward(dt, n, h, w, c, x, y), ptl_dtype dt, int n, int h, int w,
+            int c, const void *x, void *y)
+WITHOUT_CTX(cpu_upsample_backward, ptl_upsample2x_backward(dt, n, h, w, c, dy, dx, acc), ptl_dtype dt, int n, int h,
+            int w, int c, const void *dy, void *dx, int acc)
+WITHOUT_CTX(cpu_attention_forward, ptl_attention_forward(dt, b, n, heads, kd, hd, qkv, attn, o, v), ptl_dtype dt,
+            int b, int n, int heads, int kd, int hd, const void *qkv, void *attn, void *o, void *v)
+WITHOUT_CTX(cpu_attention_backward, ptl_attention_backward(dt, b, n, heads, kd, hd, qkv, attn, d_o, dv, dqkv),
+            ptl_dtype dt, int b, int n, int heads, int kd, int hd, const void *qkv, const void *attn, const void *d_o,
+            const void *dv, void *dqkv)
+WITHOUT_CTX(cpu_head_out, ptl_net_head_out(dt, B, hw, C, A, a0, map, out), ptl_dtype dt, int B, int64_t hw, int C,
+            int64_t A, int64_t a0, const void *map, void *out)
+WITHOUT_CTX(cpu_head_grad, ptl_net_head_grad(dt, B, hw, C, A, a0, d, gmap, acc), ptl_dtype dt, int B, int64_t hw,
+            int C, int64_t A, int64_t a0, const void *d, void *gmap, int acc)
 
 const ptl_net_backend ptl_net_backend_cpu = {
     .name = "cpu",

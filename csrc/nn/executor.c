@@ -129,27 +129,27 @@ int ptl_net_exec_prepare(ptl_net_exec *x, int B, int H, int W)
     if (H < 32 || W < 32 || H % 32 || W % 32)
         return ptl_set_error(PTL_ERR_VALUE, "images: height and width must be positive multiples of 32 (got %dx%d)",
                              H, W);
-    if (x->cur->L.B == B && x->cur->L.H == H && x->cur->L.W == W)
-        return 0;
-    if (activate(x->be, x->ctx))
-        return -1;
-    x->have_forward = 0;
-    /* a slot that holds the shape already: switch to it (plans, buffers and recording as they were) */
-    for (int k = 0; k < PTL_NET_SHAPES; k++) {
+    /* the current mode's slots: a slot that holds the shape already is switched to (plans, buffers and
+     * recording as they were), else an empty one, or the least recently used one, is filled */
+    const int first = x->training ? 0 : PTL_NET_TRAIN_SHAPES;
+    const int end = x->training ? PTL_NET_TRAIN_SHAPES : PTL_NET_SHAPES;
+    ptl_net_slot *victim = &x->slot[first];
+    for (int k = first; k < end; k++) {
         ptl_net_slot *s = &x->slot[k];
         if (s->L.B == B && s->L.H == H && s->L.W == W) {
-            x->cur = s;
-            s->last_use = ++x->clock;
+            if (s != x->cur) {
+                x->have_forward = 0;
+                x->cur = s;
+                s->last_use = ++x->clock;
+            }
             return 0;
         }
-    }
-    /* else an empty slot, or the least recently used one */
-    ptl_net_slot *victim = &x->slot[0];
-    for (int k = 1; k < PTL_NET_SHAPES; k++) {
-        ptl_net_slot *s = &x->slot[k];
         if (victim->L.B != 0 && (s->L.B == 0 || s->last_use < victim->last_use))
             victim = s;
     }
+    if (activate(x->be, x->ctx))
+        return -1;
+    x->have_forward = 0;
     free_slot(x, victim);
     x->cur = victim;
     victim->last_use = ++x->clock;
@@ -211,7 +211,7 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     x->cdt = compute;
     x->msz = ptl_dtype_size(x->mdt);
     x->csz = ptl_dtype_size(compute);
-    x->training = net->training;
+    x->training = 1;
     x->share_grads = 1;
     x->opts = (ptl_net_conv_opts){1, 0, 0};
     x->cur = &x->slot[0];

@@ -21,9 +21,9 @@
  *   executor      (this file) one instance per (description, backend, device, compute dtype): master
  *                 storage (params, grads, BN buffers, saved batch statistics) in the master dtype, the
  *                 compute-dtype weight copy and weight-gradient buffer, and per-shape slots (the
- *                 layout's buffers, the conv plans, a recording) for the PTL_NET_SHAPES most recently
- *                 used batch shapes (a fit's full batches and its partial last batch), least recently
- *                 used evicted first.
+ *                 layout's buffers, the conv plans, a recording): two for the most recently used
+ *                 batch shapes in training mode (a fit's full batches and its partial last batch),
+ *                 least recently used evicted first, and one for eval mode (validation, prediction).
  *   backend       (ptl_net_backend below) memory, conv plans and the layer kernels, each called with the
  *                 one execution context of the device (`struct ptl_cuda_ctx`: stream, cuBLAS/cuDNN
  *                 handles, allocator, layer scratch; NULL on the CPU, which needs none of them).
@@ -163,7 +163,11 @@ long ptl_net_cpu_live_blocks(void);
 extern const ptl_net_backend ptl_net_backend_cuda;
 #endif
 
-#define PTL_NET_SHAPES 2
+/* Shape slots: PTL_NET_TRAIN_SHAPES for training-mode forwards (a fit's full batches and its partial
+ * last batch), the rest for eval mode (validation's many shapes, prediction), so that validating never
+ * evicts the training shapes (or their recording). */
+#define PTL_NET_TRAIN_SHAPES 2
+#define PTL_NET_SHAPES 3
 
 /* The per-shape state of one slot. */
 typedef struct {
@@ -213,9 +217,9 @@ void ptl_net_exec_free(ptl_net_exec *x);
  * host storage (to_device 1: host -> executor); a no-op for aliased storage. Synchronous. */
 int ptl_net_exec_sync(ptl_net_exec *x, const char *which, int to_device);
 
-/* Makes (B, H, W) the current shape: switches to its slot, or fills the empty / least recently used
- * one (buffers, conv plans, layer scratch reserved). A no-op for the current shape. H and W: positive
- * multiples of 32. */
+/* Makes (B, H, W) the current shape: switches to its slot among the current mode's, or fills the
+ * empty / least recently used one (buffers, conv plans, layer scratch reserved). A no-op for the
+ * current shape. H and W: positive multiples of 32. */
 int ptl_net_exec_prepare(ptl_net_exec *x, int B, int H, int W);
 
 /* Forward of images (B, H, W, 3) NHWC in the compute dtype on the executor's device; head outputs in

@@ -709,7 +709,6 @@ ptl_network *ptl_network_create(char scale, int nc, ptl_dtype dtype, uint64_t se
     net->scale = scale;
     net->nc = nc;
     net->dtype = dtype;
-    net->training = 1;
     b.net = net;
     if (build(&b))
         goto fail;

@@ -92,7 +92,6 @@ typedef struct ptl_network {
     char scale;
     int nc;
     ptl_dtype dtype; /* PTL_FLOAT32 or PTL_FLOAT64 */
-    int training; /* the mode an executor starts in */
     int stride[3]; /* P3, P4, P5 */
     int feat[3];   /* value ids of P3, P4, P5 */
     int ch[3];     /* their channels */

@@ -251,20 +251,6 @@ static PyObject *py_zero_grad(PyObject *self, PyObject *cap)
     Py_RETURN_NONE;
 }
 
-static PyObject *py_set_training(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *cap;
-    int flag;
-    if (!PyArg_ParseTuple(args, "Op:executor_set_training", &cap, &flag))
-        return NULL;
-    ptl_net_exec *x = ptl_py_executor(cap);
-    if (!x)
-        return NULL;
-    ptl_net_exec_set_training(x, flag);
-    Py_RETURN_NONE;
-}
-
 /* executor_use_weights(x, params, buffers): forwards read these (master dtype on the executor's device,
  * the network's sizes) until executor_use_weights(x, None, None); the caller keeps them alive. */
 static PyObject *py_use_weights(PyObject *self, PyObject *args)
@@ -293,33 +279,35 @@ static PyObject *py_use_weights(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *py_set_conv_options(PyObject *self, PyObject *args, PyObject *kw)
+/* executor_configure(x, training=None, share_gradients=None, deterministic=None, allow_tf32=None, find=None):
+ * sets what is given. The conv options (CUDA algorithm choice) and gradient sharing apply at the next
+ * prepare of each shape. */
+static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"net", "deterministic", "allow_tf32", "find", NULL};
-    PyObject *cap;
-    ptl_net_conv_opts o = {1, 0, 0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ppp:executor_set_conv_options", kwlist, &cap, &o.deterministic,
-                                     &o.allow_tf32, &o.find))
+    static char *kwlist[] = {"net", "training", "share_gradients", "deterministic", "allow_tf32", "find", NULL};
+    PyObject *cap, *v[5] = {Py_None, Py_None, Py_None, Py_None, Py_None};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOO:executor_configure", kwlist, &cap, &v[0], &v[1], &v[2], &v[3],
+                                     &v[4]))
         return NULL;
     ptl_net_exec *x = ptl_py_executor(cap);
     if (!x)
         return NULL;
-    ptl_net_exec_set_conv_options(x, &o);
-    Py_RETURN_NONE;
-}
-
-static PyObject *py_set_share_gradients(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *cap;
-    int flag;
-    if (!PyArg_ParseTuple(args, "Op:executor_set_share_gradients", &cap, &flag))
-        return NULL;
-    ptl_net_exec *x = ptl_py_executor(cap);
-    if (!x)
-        return NULL;
-    ptl_net_exec_set_share_gradients(x, flag);
+    int f[5];
+    for (int i = 0; i < 5; i++)
+        if (v[i] != Py_None && (f[i] = PyObject_IsTrue(v[i])) < 0)
+            return NULL;
+    if (v[0] != Py_None)
+        ptl_net_exec_set_training(x, f[0]);
+    if (v[1] != Py_None)
+        ptl_net_exec_set_share_gradients(x, f[1]);
+    if (v[2] != Py_None || v[3] != Py_None || v[4] != Py_None) {
+        ptl_net_conv_opts o = x->opts;
+        o.deterministic = v[2] != Py_None ? f[2] : o.deterministic;
+        o.allow_tf32 = v[3] != Py_None ? f[3] : o.allow_tf32;
+        o.find = v[4] != Py_None ? f[4] : o.find;
+        ptl_net_exec_set_conv_options(x, &o);
+    }
     Py_RETURN_NONE;
 }
 
@@ -446,13 +434,10 @@ static PyMethodDef methods[] = {
     {"executor_prepare", py_prepare, METH_VARARGS, "executor_prepare(x, B, H, W): buffers and plans of a shape."},
     {"executor_sync", py_sync, METH_VARARGS, "executor_sync(x, which, to_device): storage <-> host copy."},
     {"executor_zero_grad", py_zero_grad, METH_O, "executor_zero_grad(x): grads = 0."},
-    {"executor_set_training", py_set_training, METH_VARARGS, "executor_set_training(x, flag)."},
     {"executor_use_weights", py_use_weights, METH_VARARGS,
      "executor_use_weights(x, params, buffers): forwards on other weights (None, None: its own)."},
-    {"executor_set_conv_options", (PyCFunction)(void (*)(void))py_set_conv_options, METH_VARARGS | METH_KEYWORDS,
-     "executor_set_conv_options(x, deterministic=True, allow_tf32=False, find=False)."},
-    {"executor_set_share_gradients", py_set_share_gradients, METH_VARARGS,
-     "executor_set_share_gradients(x, flag): gradient slots share memory (default) or not (tests)."},
+    {"executor_configure", (PyCFunction)(void (*)(void))py_configure, METH_VARARGS | METH_KEYWORDS,
+     "executor_configure(x, training=None, share_gradients=None, deterministic=None, allow_tf32=None, find=None)."},
     {"executor_info", py_info, METH_O, "executor_info(x) -> dict."},
     {"executor_record", py_record, METH_VARARGS,
      "executor_record(x, images, d_boxes, d_scores, d_boxes_o2o, d_scores_o2o): capture for replay (CUDA)."},

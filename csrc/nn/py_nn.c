@@ -95,11 +95,10 @@ static PyObject *py_network_info(PyObject *self, PyObject *args)
         return NULL;
     for (int l = 0; l < 24; l++)
         PyList_SET_ITEM(layers, l, PyLong_FromLongLong(ptl_network_layer_params(net, l)));
-    return Py_BuildValue("{s:C,s:i,s:s,s:L,s:L,s:(iii),s:(iii),s:i,s:N}", "scale", net->scale, "num_classes",
-                         net->nc, "dtype", ptl_dtype_name(net->dtype), "num_parameters", (long long)net->nparams,
+    return Py_BuildValue("{s:C,s:i,s:s,s:L,s:L,s:(iii),s:(iii),s:N}", "scale", net->scale, "num_classes", net->nc,
+                         "dtype", ptl_dtype_name(net->dtype), "num_parameters", (long long)net->nparams,
                          "num_buffers", (long long)net->nbuffers, "strides", net->stride[0], net->stride[1],
-                         net->stride[2], "channels", net->ch[0], net->ch[1], net->ch[2], "training", net->training,
-                         "layer_parameters", layers);
+                         net->stride[2], "channels", net->ch[0], net->ch[1], net->ch[2], "layer_parameters", layers);
 }
 
 /* A 1-D NumPy view of the flat "params", "grads" or "buffers" storage; it keeps the network alive. */
@@ -152,20 +151,6 @@ static PyObject *py_network_init(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *py_network_set_training(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *cap;
-    int flag;
-    if (!PyArg_ParseTuple(args, "Op:network_set_training", &cap, &flag))
-        return NULL;
-    ptl_network *net = ptl_py_network(cap);
-    if (!net)
-        return NULL;
-    net->training = flag;
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef methods[] = {
     {"network_create", (PyCFunction)(void (*)(void))py_network_create, METH_VARARGS | METH_KEYWORDS,
      "network_create(scale, num_classes=80, dtype='float32', seed=0) -> handle of a new YOLO26 network."},
@@ -175,8 +160,6 @@ static PyMethodDef methods[] = {
     {"network_array", py_network_array, METH_VARARGS,
      "network_array(net, 'params'|'grads'|'buffers') -> 1-D NumPy view of that flat storage."},
     {"network_init", py_network_init, METH_VARARGS, "network_init(net, seed): re-initialise (spec §1.7)."},
-    {"network_set_training", py_network_set_training, METH_VARARGS,
-     "network_set_training(net, flag): the BatchNorm mode executors made from now on start in."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -16,22 +16,15 @@ static void plan_free(PyObject *cap)
     Py_XDECREF((PyObject *)PyCapsule_GetContext(cap));
 }
 
-/* plan[key], a borrowed reference; KeyError naming the key when missing. */
-static PyObject *item(PyObject *plan, const char *key)
-{
-    PyObject *v = PyDict_GetItemString(plan, key);
-    if (!v)
-        PyErr_Format(PyExc_KeyError, "plan: missing '%s'", key);
-    return v;
-}
-
 static int convert_plan(PyObject *module, PyObject *d, ptl_step_plan *p)
 {
-    PyObject *net = item(d, "net"), *input = net ? item(d, "input") : NULL, *staging = input ? item(d, "staging") : NULL;
-    PyObject *grads = staging ? item(d, "grads") : NULL, *gains = grads ? item(d, "gains") : NULL;
-    PyObject *scale = gains ? item(d, "scale_from") : NULL, *optim = scale ? item(d, "optim") : NULL;
-    PyObject *ema = optim ? item(d, "ema") : NULL, *rec = ema ? item(d, "record") : NULL;
-    if (!rec || !(p->net = ptl_py_executor(net)))
+    static char *keys[] = {"net", "input", "staging", "grads", "gains", "scale_from", "optim", "ema", "record", NULL};
+    PyObject *net, *input, *staging, *grads, *scale, *optim, *ema, *none = PyTuple_New(0);
+    const int ok = none && PyArg_ParseTupleAndKeywords(none, d, "OOOO(ddd)OO!Op:train_step_plan", keys, &net, &input,
+                                                       &staging, &grads, &p->gains[0], &p->gains[1], &p->gains[2],
+                                                       &scale, &PyDict_Type, &optim, &ema, &p->record);
+    Py_XDECREF(none);
+    if (!ok || !(p->net = ptl_py_executor(net)))
         return -1;
     const ptl_net_exec *x = p->net;
     PtlTensor *in = ptl_tensor_arg(module, input, "plan['input']", (int)x->cdt, &x->device, 4, NULL);
@@ -62,9 +55,6 @@ static int convert_plan(PyObject *module, PyObject *d, ptl_step_plan *p)
             return -1;
         p->grads[i / 2][i % 2] = ptl_tensor_data(g);
     }
-    if (!PyArg_ParseTuple(gains, "ddd;plan['gains']: expected (box, cls, l1)", &p->gains[0], &p->gains[1],
-                          &p->gains[2]))
-        return -1;
     if (scale != Py_None) {
         PyObject *t;
         Py_ssize_t k;
@@ -79,18 +69,14 @@ static int convert_plan(PyObject *module, PyObject *d, ptl_step_plan *p)
         }
         p->scale_dev = (const float *)ptl_tensor_data(st) + k;
     }
-    PyObject *none = PyTuple_New(0);
     ptl_device odev;
     int have_rates;
-    const int rc = none && PyDict_Check(optim) ? ptl_py_optim_parse(module, none, optim, &p->opt, &p->hp,
-                                                                     &p->ns_graph, &odev, &have_rates)
-                                               : -1;
-    Py_XDECREF(none);
-    if (rc < 0) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "plan['optim']: expected the _optim_step keywords");
+    PyObject *empty = PyTuple_New(0);
+    const int rc = empty ? ptl_py_optim_parse(module, empty, optim, &p->opt, &p->hp, &p->ns_graph, &odev, &have_rates)
+                         : -1;
+    Py_XDECREF(empty);
+    if (rc < 0)
         return -1;
-    }
     if (odev.type != x->device.type || odev.index != x->device.index) {
         PyErr_SetString(PyExc_ValueError, "plan['optim']: the optimizer's buffers must live where the network does");
         return -1;
@@ -117,8 +103,6 @@ static int convert_plan(PyObject *module, PyObject *d, ptl_step_plan *p)
         }
         Py_DECREF(fast);
     }
-    if ((p->record = PyObject_IsTrue(rec)) < 0)
-        return -1;
     return ptl_step_plan_check(p) ? ptl_raise_int(module) : 0;
 }
 
