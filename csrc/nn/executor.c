@@ -322,34 +322,22 @@ int ptl_net_exec_zero_grad(ptl_net_exec *x)
 
 void *ptl_net_exec_output(ptl_net_exec *x, int branch, int which) { return x->cur->out[branch & 1][which & 1].ptr; }
 
-void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *shape_bytes, int *blocks)
+void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *shape_bytes)
 {
     const ptl_network *net = x->net;
-    int nb = 0;
     int64_t fixed = 2 * x->wt.total * (int64_t)x->csz + x->wt.n * (int64_t)sizeof(ptl_wcast_entry);
     const int64_t sizes[4] = {net->nparams, net->nparams, net->nbuffers, net->nstats};
     for (int i = 0; i < 4; i++)
-        if (x->own[i].block) {
-            fixed += sizes[i] * (int64_t)x->msz;
-            nb++;
-        }
-    nb += (x->wc.block != NULL) + (x->wgc.block != NULL) + (x->wtab.block != NULL);
+        fixed += x->own[i].block ? sizes[i] * (int64_t)x->msz : 0;
     int64_t shape = 0;
     for (int k = 0; k < PTL_NET_SHAPES; k++) {
         const ptl_net_slot *s = &x->slot[k];
-        if (!s->L.B)
-            continue;
-        shape += (s->L.act_numel + s->L.gact_numel + s->L.attn_numel + s->L.scratch_numel) * (int64_t)x->csz +
-                 (int64_t)s->ws_bytes + 2 * (int64_t)s->L.B * s->L.A * (4 + net->nc) * (int64_t)x->msz;
-        const ptl_net_buf *bufs[5] = {&s->act, &s->gact, &s->attn, &s->scratch, &s->ws};
-        for (int i = 0; i < 5; i++)
-            nb += bufs[i]->block != NULL;
-        for (int b = 0; b < 4; b++)
-            nb += s->out[b / 2][b % 2].block != NULL;
+        if (s->L.B)
+            shape += (s->L.act_numel + s->L.gact_numel + s->L.attn_numel + s->L.scratch_numel) * (int64_t)x->csz +
+                     (int64_t)s->ws_bytes + 2 * (int64_t)s->L.B * s->L.A * (4 + net->nc) * (int64_t)x->msz;
     }
     *fixed_bytes = fixed;
     *shape_bytes = shape;
-    *blocks = nb;
 }
 
 /* ------------------------------------------------------------------------------ execution */

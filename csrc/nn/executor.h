@@ -258,8 +258,8 @@ void ptl_net_exec_retire(ptl_net_exec *x);
 /* The head output (branch 0 o2m, 1 o2o; which 0 boxes (B, A, 4), 1 scores (B, A, nc)) of the last
  * forward, master dtype, valid until the next forward of the shape or its slot's eviction. */
 void *ptl_net_exec_output(ptl_net_exec *x, int branch, int which);
-/* Bytes held: master storage, weight copies, tables; per-shape slots; and the number of live blocks. */
-void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *shape_bytes, int *blocks);
+/* Bytes held: master storage, weight copies, tables; the per-shape slots. */
+void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *shape_bytes);
 
 #ifdef __cplusplus
 }

@@ -318,17 +318,16 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
     if (!x)
         return NULL;
     int64_t fixed, shape;
-    int blocks;
-    ptl_net_exec_memory(x, &fixed, &shape, &blocks);
+    ptl_net_exec_memory(x, &fixed, &shape);
     const ptl_net_layout *L = &x->cur->L;
     PyObject *dev = ptl_device_str(x->device);
     if (!dev)
         return NULL;
-    return Py_BuildValue("{s:N,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:i,s:O,s:i}", "device", dev, "dtype",
+    return Py_BuildValue("{s:N,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:i}", "device", dev, "dtype",
                          ptl_dtype_name(x->cdt), "master_dtype", ptl_dtype_name(x->mdt), "training", x->training,
                          "num_parameters", (long long)x->net->nparams, "batch_shape", L->B, L->H, L->W, "anchors",
                          (long long)L->A, "fixed_bytes", (long long)fixed, "shape_bytes", (long long)shape,
-                         "gradient_arena", (long long)L->gact_numel, "blocks", blocks, "recorded",
+                         "gradient_arena", (long long)L->gact_numel, "recorded",
                          ptl_net_recorded(x) ? Py_True : Py_False, "have_forward", x->have_forward);
 }
 
