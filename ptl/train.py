@@ -62,12 +62,16 @@ def build_parser():
     g.add_argument("--model", default="yolo26n",
                    help="yolo26n/s/m/l/x, or weights to start from: an Ultralytics .pt, a ptl .safetensors or "
                         ".ckpt (tensors that fit the data's class count are transferred)")
-    for name, typ, default in (("optimizer", str, "auto"), ("lr0", float, 0.01), ("lrf", float, 0.01),
-                               ("momentum", float, 0.937), ("weight-decay", float, 5e-4),
-                               ("warmup-epochs", float, 3.0), ("warmup-momentum", float, 0.8),
-                               ("warmup-bias-lr", float, 0.1), ("nbs", int, 64), ("ema-decay", float, 0.9999),
-                               ("ema-tau", float, 2000.0), ("box", float, 7.5), ("cls", float, 0.5),
-                               ("dfl", float, 1.5)):
+    from .objective import GAINS
+    from .optim import OptimConfig
+    for name, typ, default in (("optimizer", str, OptimConfig.optimizer), ("lr0", float, OptimConfig.lr0),
+                               ("lrf", float, OptimConfig.lrf), ("momentum", float, OptimConfig.momentum),
+                               ("weight-decay", float, OptimConfig.weight_decay),
+                               ("warmup-epochs", float, OptimConfig.warmup_epochs),
+                               ("warmup-momentum", float, OptimConfig.warmup_momentum),
+                               ("warmup-bias-lr", float, OptimConfig.warmup_bias_lr), ("nbs", int, OptimConfig.nbs),
+                               ("ema-decay", float, OptimConfig.ema_decay), ("ema-tau", float, OptimConfig.ema_tau),
+                               ("box", float, GAINS[0]), ("cls", float, GAINS[1]), ("dfl", float, GAINS[2])):
         g.add_argument("--" + name, type=typ, default=default, help="(%s)" % default)
     g.add_argument("--cos-lr", action="store_true", help="cosine learning-rate decay (linear by default)")
     g = p.add_argument_group("trainer")
@@ -76,7 +80,7 @@ def build_parser():
     g.add_argument("--precision", default="32-true", choices=["32-true", "16-mixed", "bf16-mixed"])
     g.add_argument("--device", default="auto", help="cpu, cuda or auto")
     g.add_argument("--accumulate-grad-batches", type=int, default=None, help="fixed accumulation (spec rule)")
-    g.add_argument("--gradient-clip-val", type=float, default=10.0)
+    g.add_argument("--gradient-clip-val", type=float, default=OptimConfig.max_norm)
     g.add_argument("--limit-train-batches", type=_fraction_or_int, default=None)
     g.add_argument("--limit-val-batches", type=_fraction_or_int, default=None)
     g.add_argument("--check-val-every-n-epoch", type=int, default=1)
