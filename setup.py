@@ -10,8 +10,9 @@ Environment:
   PTL_CUDA_ARCH comma-separated targets: sm_XX = machine code, compute_XX = PTX
                 (default "sm_90,compute_80": Hopper code plus PTX for Ampere/Ada and newer)
   PTL_JOBS      parallel compile jobs (default: CPU count)
+  PTL_WEBP=0, PTL_TIFF=0  build without libwebp / libtiff even when found (linked when found otherwise;
+                without one, its images are skipped with one message at dataset scan)
   CC            the C compiler (default: the one Python was built with)
-  PTL_WEBP=0, PTL_TIFF=0  build without libwebp / libtiff even when found (linked when found otherwise)
 
 The CUDA runtime is linked statically; cuBLAS, cuDNN and NCCL are opened at run time
 (csrc/cuda/dynload.c), so the extension needs only their headers here.
@@ -43,22 +44,21 @@ class SystemLibrary(NamedTuple):
     dnf: str  # the Fedora/RHEL one
     prelude: str = ""  # what the header needs included before it
     macro: str = ""  # optional libraries: defined to 1 when found, and only then linked
-    body: str = "return 0;"  # main()'s body in the probe: a call that needs the version ptl uses
-    skipped: str = ""  # optional libraries: what a build without it lacks
+    use: str = ""  # a statement main() runs, for a library that needs a minimum version
+    switch: str = ""  # optional libraries: the environment variable that, set to 0, leaves it out
 
 
 REQUIRED_LIBRARIES = [
     SystemLibrary("libjpeg", "jpeglib.h", "jpeg", "libjpeg-dev", "libjpeg-turbo-devel", prelude="#include <stdio.h>"),
     SystemLibrary("libpng", "png.h", "png", "libpng-dev", "libpng-devel"),
 ]
-# Libraries ptl uses when present (PTL_WEBP=0 / PTL_TIFF=0 leave one out); a build without one skips those
-# image files with one message at the dataset scan.
+# Libraries ptl uses when present: image decoders whose files are otherwise skipped at dataset scan.
 OPTIONAL_LIBRARIES = [
     SystemLibrary("libwebp", "webp/decode.h", "webp", "libwebp-dev", "libwebp-devel", macro="PTL_WITH_WEBP",
-                  body="return WebPGetDecoderVersion() < 0;", skipped="WebP images will be skipped"),
-    SystemLibrary("libtiff", "tiffio.h", "tiff", "libtiff-dev (>= 4.5)", "libtiff-devel", macro="PTL_WITH_TIFF",
-                  body="TIFFOpenOptionsFree(TIFFOpenOptionsAlloc()); return 0;",  # TIFFOpenOptions: libtiff >= 4.5
-                  skipped="TIFF images will be skipped"),
+                  use="return WebPGetDecoderVersion() < 0;", switch="PTL_WEBP"),
+    # TIFFOpenOptionsAlloc: libtiff >= 4.5
+    SystemLibrary("libtiff", "tiffio.h", "tiff", "libtiff-dev", "libtiff-devel", macro="PTL_WITH_TIFF",
+                  use="TIFFOpenOptionsFree(TIFFOpenOptionsAlloc());", switch="PTL_TIFF"),
 ]
 
 
@@ -72,7 +72,7 @@ def library_found(lib, cc=None):
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "probe.c")
         with open(src, "w") as fh:
-            fh.write("%s\n#include <%s>\nint main(void) { %s }\n" % (lib.prelude, lib.header, lib.body))
+            fh.write("%s\n#include <%s>\nint main(void) { %s return 0; }\n" % (lib.prelude, lib.header, lib.use))
         cmd = cc + [src, "-o", os.path.join(tmp, "probe"), "-l" + lib.lib]
         return subprocess.run(cmd, capture_output=True).returncode == 0
 
@@ -198,13 +198,13 @@ def configure():
     libraries = [lib.lib for lib in REQUIRED_LIBRARIES] + ["m"]
     macros = []
     for lib in OPTIONAL_LIBRARIES:
-        if os.environ.get(lib.macro.replace("_WITH_", "_"), "").strip() == "0":
+        if os.environ.get(lib.switch, "").strip() == "0":
             continue
         if library_found(lib):
             libraries.append(lib.lib)
             macros.append((lib.macro, "1"))
         else:
-            print("ptl: %s not found (install %s): %s" % (lib.name, lib.apt, lib.skipped), file=sys.stderr)
+            print("ptl: %s not found (install %s): its images will be skipped" % (lib.name, lib.apt), file=sys.stderr)
     home = cuda_home()
     c_sources, cu_sources = ALL_C_SOURCES, CU_SOURCES
     if home:

@@ -18,6 +18,9 @@ from . import cuda as _cuda
 from . import distributed as _distributed
 from . import random as _random
 from . import runlog
+from .errors import ConfigError
+from .hparams_check import check_bool, check_float, check_int
+from .runlog import check_run_name
 from .engine import ITEM, PRECISIONS, Engine, LossValue, _limit, _PendingLosses
 
 
@@ -57,35 +60,50 @@ class Trainer:
                  check_val_every_n_epoch=1, callbacks=None, logger=True, enable_progress_bar=True,
                  enable_checkpointing=True, deterministic=True, default_root_dir=None, accelerator="auto",
                  devices="auto", name="train", seed=None, num_nodes=1, strategy="auto", timeout=None):
-        if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < 1):
-            raise ValueError("max_epochs: expected an int >= 1 or None, got %r" % (max_epochs,))
-        if not isinstance(max_steps, int) or max_steps < -1 or max_steps == 0:
-            raise ValueError("max_steps: expected -1 (no limit) or an int >= 1, got %r" % (max_steps,))
-        if precision not in PRECISIONS:
-            raise ValueError("precision: expected '32-true', '16-mixed' or 'bf16-mixed', got %r" % (precision,))
-        if accumulate_grad_batches is not None and (not isinstance(accumulate_grad_batches, int)
-                                                    or accumulate_grad_batches < 1):
-            raise ValueError("accumulate_grad_batches: expected None or an int >= 1, got %r"
-                             % (accumulate_grad_batches,))
-        if gradient_clip_val is not None and not gradient_clip_val >= 0:
-            raise ValueError("gradient_clip_val: expected None or >= 0, got %r" % (gradient_clip_val,))
-        if not isinstance(check_val_every_n_epoch, int) or check_val_every_n_epoch < 1:
-            raise ValueError("check_val_every_n_epoch: expected an int >= 1, got %r" % (check_val_every_n_epoch,))
+        check_int("max_epochs", max_epochs, 1, none_ok=True)
+        if check_int("max_steps", max_steps, -1) == 0:
+            raise ConfigError("max_steps: expected -1 (no limit) or an int >= 1, got 0")
+        if not isinstance(precision, (str, int)) or precision not in PRECISIONS:
+            raise ConfigError("precision: expected '32-true', '16-mixed' or 'bf16-mixed', got %r" % (precision,))
+        check_int("accumulate_grad_batches", accumulate_grad_batches, 1, none_ok=True)
+        check_float("gradient_clip_val", gradient_clip_val, 0.0, none_ok=True)
+        check_int("check_val_every_n_epoch", check_val_every_n_epoch, 1)
         if accelerator not in ("auto", "cpu", "cuda", "gpu"):
-            raise ValueError("accelerator: expected 'cpu', 'cuda' or 'auto', got %r" % (accelerator,))
+            raise ConfigError("accelerator: expected 'cpu', 'cuda' or 'auto', got %r" % (accelerator,))
         if strategy not in _distributed.STRATEGIES:
-            raise ValueError("strategy: expected one of %s, got %r" % (", ".join(map(repr, _distributed.STRATEGIES)),
-                                                                     strategy))
-        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
-            raise ValueError("num_nodes: expected an int >= 1, got %r" % (num_nodes,))
-        if accelerator == "cpu" or (accelerator == "auto" and not _cuda.is_available()):
-            _distributed.parse_devices(devices, "cpu")
-        elif devices != "auto":
-            _distributed.parse_devices(devices, "cuda", available=max(_cuda.device_count(), 1 << 16))
+            raise ConfigError("strategy: expected one of %s, got %r" % (", ".join(map(repr, _distributed.STRATEGIES)),
+                                                                      strategy))
+        check_int("num_nodes", num_nodes, 1)
+        try:
+            if accelerator == "cpu" or (accelerator == "auto" and not _cuda.is_available()):
+                _distributed.parse_devices(devices, "cpu")
+            elif devices != "auto":
+                _distributed.parse_devices(devices, "cuda", available=max(_cuda.device_count(), 1 << 16))
+            timeout = _distributed.timeout_seconds(timeout)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         _limit(limit_train_batches, 1, "limit_train_batches")
         _limit(limit_val_batches, 1, "limit_val_batches")
+        if limit_train_batches is not None and not isinstance(limit_train_batches, bool) and limit_train_batches == 0:
+            raise ConfigError("limit_train_batches: 0 leaves no training batch to run")
         if accelerator == "cpu" and PRECISIONS[precision] != "float32":
-            raise ValueError("precision: %r needs CUDA; the CPU trains in '32-true'" % (precision,))
+            raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (precision,))
+        for flag, value in (("logger", logger), ("enable_progress_bar", enable_progress_bar),
+                            ("enable_checkpointing", enable_checkpointing), ("deterministic", deterministic)):
+            check_bool(flag, value)
+        if default_root_dir is not None:
+            try:
+                default_root_dir = os.fspath(default_root_dir)
+            except TypeError:
+                raise ConfigError("default_root_dir: expected a folder path, got %r" % (default_root_dir,)) from None
+            if os.path.exists(default_root_dir) and not os.path.isdir(default_root_dir):
+                raise ConfigError("default_root_dir: %s exists and is not a folder" % default_root_dir)
+        check_run_name(name)
+        check_int("seed", seed, 0, 2 ** 64 - 1, none_ok=True)
+        if isinstance(callbacks, cb.Callback):
+            callbacks = [callbacks]
+        elif callbacks is not None and not isinstance(callbacks, (list, tuple)):
+            raise ConfigError("callbacks: expected a list of ptl.Callback instances, got %s" % type(callbacks).__name__)
         self.max_epochs = max_epochs
         self.max_steps = max_steps
         self.precision = precision
@@ -97,10 +115,9 @@ class Trainer:
         self.enable_checkpointing = enable_checkpointing
         self.enable_progress_bar = enable_progress_bar
         self.deterministic = deterministic
-        self.default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
+        self.default_root_dir = default_root_dir if default_root_dir is not None else os.getcwd()
         self.accelerator = "cuda" if accelerator == "gpu" else accelerator
-        self.devices, self.num_nodes, self.strategy = devices, num_nodes, strategy
-        self.timeout = _distributed.timeout_seconds(timeout)
+        self.devices, self.num_nodes, self.strategy, self.timeout = devices, num_nodes, strategy, timeout
         self._dist = _distributed.Context()  # one process until fit() joins a job
         self.logger = logger
         self.name = name
@@ -173,7 +190,7 @@ class Trainer:
         gpu = "cuda" if not self._dist.device else "cuda:%d" % self._dist.device  # this rank's GPU
         if self.accelerator == "cuda":
             if not _cuda.is_available():
-                raise ValueError("accelerator: 'cuda' requested but no CUDA device is available")
+                raise ConfigError("accelerator: 'cuda' requested but no CUDA device is available")
             return gpu
         return gpu if _cuda.is_available() else "cpu"
 
@@ -203,10 +220,36 @@ class Trainer:
         ``capture_network=True`` (CUDA): the first full-size step runs eagerly, then the network's forward
         and backward are recorded as CUDA graphs and replayed on every full-size step after it (the
         objective, optimizer and EMA stay eager); the replayed network computes the bits of the eager one,
-        so the fit's results are those of an eager fit (docs/training.md)."""
-        if capture_network and self.device == "cpu":
-            raise ValueError("capture_network=True: graph replay needs accelerator='cuda'")
+        so the fit's results are those of an eager fit (docs/training.md).
+
+        Resuming (docs/training.md): the whole checkpoint is read and checked against the model, the data
+        and the run before anything changes; a bad one raises :class:`ptl.CheckpointError`. A checkpoint
+        that has done ``max_epochs`` epochs already gives a :class:`ptl.ResumeWarning` and returns without
+        training; another batch size or image size is an error; another max_epochs or other training
+        settings give a ResumeWarning (the result differs from an uninterrupted run)."""
+        if not all(hasattr(model, a) for a in ("num_classes", "parameter_table", "state_dict")):
+            raise TypeError("model: expected a ptl.Detector, got %s" % type(model).__name__)
+        if not all(hasattr(datamodule, a) for a in ("num_classes", "train_loader", "batch_size", "imgsz")):
+            raise TypeError("datamodule: expected a ptl.DetectionData, got %s" % type(datamodule).__name__)
         self._join_job()
+        device = self.device  # accelerator='cuda' without a device fails here, before any work
+        if capture_network and device == "cpu":
+            raise ConfigError("capture_network=True: graph replay needs accelerator='cuda'")
+        if device == "cpu" and PRECISIONS[self.precision] != "float32":
+            raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (self.precision,))
+        if datamodule.num_classes != model.num_classes:
+            raise ConfigError("datamodule: %d classes in %s but the model has %d" % (
+                datamodule.num_classes, getattr(datamodule, "cfg", {}).get("yaml", "data.yaml"), model.num_classes))
+        resume = None
+        if ckpt_path is not None:
+            resume = _checkpoint.read(ckpt_path)
+            _checkpoint.check_model(resume, model)
+            if not _checkpoint.plan_resume(resume, self, datamodule):
+                st = self._state
+                st.epoch, st.global_step = resume.epochs_done, resume.header["global_step"]
+                st.batches_seen = resume.header["batches_seen"]
+                self.current_epoch_completed = st.epoch
+                return self
         self.capture_network = bool(capture_network)
         self.model, self.datamodule = model, datamodule
         self.should_stop = False
@@ -218,8 +261,8 @@ class Trainer:
         def run():
             self._call("setup", "fit")
             self._engine = Engine(self, model, datamodule)
-            if ckpt_path is not None:
-                self._restore(ckpt_path)
+            if resume is not None:
+                _checkpoint.restore(self, resume)
             self._write_hparams()
             self._call("on_fit_start")
             self._call("on_train_start")
@@ -227,8 +270,34 @@ class Trainer:
             self._engine.adopt_ema()  # the model now holds what validation and the best checkpoint measured
             self._call("on_train_end")
             self._call("on_fit_end")
-        self._guarded("fit", model, run)
+        try:
+            self._guarded("fit", model, run)
+        except _checkpoint.CheckpointError:
+            if self.logger:  # the fresh version_N folder: the failed resume wrote nothing there
+                runlog.remove_if_empty(self.log_dir)
+            raise
         return self
+
+    def _join_job(self):
+        """This process's place: one device (the GPU that ``devices`` names). devices * num_nodes > 1, or a
+        launcher's world size > 1, needs the data-parallel step, which the fused C step does not have yet:
+        ptl.distributed launches, shards the data and reduces, but the step's all-reduce is still to be
+        wired (docs/training.md, "Several GPUs and nodes")."""
+        acc = "cpu" if self.accelerator == "cpu" or not _cuda.is_available() else "cuda"
+        try:
+            # "auto" is one device until the data-parallel step exists (then, as in Lightning, every visible GPU)
+            per_node = _distributed.parse_devices(1 if self.devices == "auto" else self.devices, acc)
+            world = _distributed.planned_world_size(acc, self.devices, self.num_nodes)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if world == 1:
+            self._dist = _distributed.Context(device=per_node[0])
+        else:
+            env = _distributed.detect_environment()
+            raise NotImplementedError("Trainer: %d ranks (devices=%r, num_nodes=%d%s) need the data-parallel training "
+                                      "step, which is not wired into the fused step yet; ptl trains on one device"
+                                      % (world, self.devices, self.num_nodes,
+                                         ", started by %s" % env.launcher if env is not None else ""))
 
     def _guarded(self, stage, model, body):
         """Runs body(); an exception fires every callback's on_exception and is re-raised (the original, even
@@ -245,24 +314,6 @@ class Trainer:
             raise
         self._teardown(stage)
         return result
-
-    def _join_job(self):
-        """This process's place: one device (the GPU that ``devices`` names). devices * num_nodes > 1, or a
-        launcher's world size > 1, needs the data-parallel step, which the fused C step does not have yet:
-        ptl.distributed launches, shards the data and reduces, but the step's all-reduce comes with the
-        executor redesign (docs/training.md, "Several GPUs and nodes")."""
-        env = _distributed.detect_environment()
-        acc = "cpu" if self.accelerator == "cpu" or not _cuda.is_available() else "cuda"
-        # "auto" is one device until the data-parallel step exists (then, as in Lightning, every visible GPU)
-        per_node = _distributed.parse_devices(1 if self.devices == "auto" else self.devices, acc)
-        world = _distributed.planned_world_size(acc, self.devices, self.num_nodes)
-        if world == 1:
-            self._dist = _distributed.Context(device=per_node[0])
-        else:
-            raise NotImplementedError("Trainer: %d ranks (devices=%r, num_nodes=%d%s) need the data-parallel training "
-                                      "step, which is not wired into the fused step yet; ptl trains on one device"
-                                      % (world, self.devices, self.num_nodes,
-                                         ", started by %s" % env.launcher if env is not None else ""))
 
     def _teardown(self, stage):
         try:
@@ -336,11 +387,10 @@ class Trainer:
     def validate(self, model, datamodule):
         """Validates ``model``'s current weights; returns ``[metrics dict]`` like Lightning. Writes no file:
         checkpoint and early-stopping callbacks act only while fitting, as in Lightning."""
+        self._join_job()
         self.model, self.datamodule = model, datamodule
         self.state.fn = "validate"
         self._engine = None
-
-        self._join_job()
 
         def run():
             self._call("setup", "validate")
@@ -400,18 +450,6 @@ class Trainer:
         model = self.model
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         write_weights(path, self._engine.ema_state_dict(), model.model_name, model.num_classes, model.names)
-
-    def _restore(self, path):
-        """Every rank resumes from the same file: with several ranks their copies must be byte-identical."""
-        if self._dist.group is not None:
-            with open(path, "rb") as f:
-                mine = hashlib.sha256(f.read()).hexdigest()
-            seen = [d.decode() for d in self._dist.group.all_gather_bytes(mine.encode())]
-            if len(set(seen)) > 1:
-                raise ValueError("ckpt_path: %s differs between ranks (sha256 %s): every rank must resume from the "
-                                 "same checkpoint" % (path, ", ".join(seen)))
-        _checkpoint.restore(self, path)
-
 
     # ----------------------------------------------------------------------------------- digests
     def digest(self):

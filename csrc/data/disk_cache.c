@@ -8,10 +8,10 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include "../file_info.h"
 #include "loader_impl.h"
 
 #define HEADER_BYTES 64
@@ -51,12 +51,12 @@ static size_t file_bytes(const ptl_dcache_key *k) { return HEADER_BYTES + (size_
 int ptl_dcache_valid(const char *path, const ptl_dcache_key *k)
 {
     unsigned char want[HEADER_BYTES], got[HEADER_BYTES];
-    struct stat st;
+    ptl_file_info st;
     int fd = open(path, O_RDONLY | O_CLOEXEC), ok = 0;
     if (fd < 0)
         return 0;
     header_of(k, want);
-    if (fstat(fd, &st) == 0 && (size_t)st.st_size == file_bytes(k) && pread(fd, got, HEADER_BYTES, 0) == HEADER_BYTES)
+    if (ptl_file_info_get(fd, NULL, &st) == 0 && st.size == file_bytes(k) && pread(fd, got, HEADER_BYTES, 0) == HEADER_BYTES)
         ok = memcmp(want, got, HEADER_BYTES) == 0;
     close(fd);
     return ok;
@@ -65,12 +65,12 @@ int ptl_dcache_valid(const char *path, const ptl_dcache_key *k)
 int ptl_dcache_map(const char *path, const ptl_dcache_key *k, const uint8_t **px, void **map, size_t *len)
 {
     unsigned char want[HEADER_BYTES];
-    struct stat st;
+    ptl_file_info st;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     size_t n = file_bytes(k);
     if (fd < 0)
         return 1;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size != n) {
+    if (ptl_file_info_get(fd, NULL, &st) != 0 || st.size != n) {
         close(fd);
         return 1;
     }

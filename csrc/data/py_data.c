@@ -789,3 +789,13 @@ int ptl_register_data(PyObject *module)
         return -1;
     return PyModule_AddFunctions(module, methods);
 }
+
+int ptl_py_batch_images(PyObject *obj, const uint8_t **px, int64_t *n, struct ptl_loader **L, int *slot)
+{
+    SlotObject *s;
+    if (images_arg(obj, px, n, &s) < 0)
+        return -1;
+    *L = s && s->loader ? s->loader->L : NULL;
+    *slot = s ? s->slot : -1;
+    return 0;
+}

@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "../file_info.h"
 #include "dataset.h"
 
 enum { ST_OK = 0, ST_SKIPPED, ST_ERROR, ST_UNSUPPORTED };
@@ -63,10 +63,10 @@ static void scan_one(scan_ctx *c, int i)
         c->status[i] = ptl_log_add(&c->logs[i], "%s: %s; image skipped", it->image, why) ? ST_ERROR : ST_SKIPPED;
         return;
     }
-    struct stat st;
-    if (stat(it->image, &st) == 0) {
-        it->src_size = (int64_t)st.st_size;
-        it->src_mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    ptl_file_info st;
+    if (ptl_file_info_get(-1, it->image, &st) == 0) {
+        it->src_size = (int64_t)st.size;
+        it->src_mtime_ns = st.mtime_ns;
     }
     ptl_load_size(it->w0, it->h0, c->cfg->load_w, c->cfg->load_h, &it->w, &it->h);
     int r = ls->path ? ptl_labels_read(ls->path, &c->cfg->rules, &it->labels, &it->n, &found, &c->logs[i], &c->dups[i])
