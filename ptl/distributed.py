@@ -49,7 +49,7 @@ import numpy as np
 
 from . import _C
 
-__all__ = ["DEFAULT_TIMEOUT_S", "ClusterEnv", "Context", "DistributedError", "Launcher", "ProcessGroup",
+__all__ = ["DEFAULT_TIMEOUT_S", "ClusterEnv", "check_same_file", "Context", "DistributedError", "Launcher", "ProcessGroup",
            "detect_environment", "first_slurm_host", "gather_metrics", "gather_rows", "nccl_communicator",
            "parse_devices", "planned_world_size", "setup",
            "timeout_seconds"]
@@ -520,6 +520,19 @@ def setup(accelerator="cpu", devices=1, num_nodes=1, strategy="auto", timeout=No
     return Context(rank, 0, node, world, per_node[0], group, launcher, None)
 
 
+def check_same_file(group, path, what="ckpt_path"):
+    """Raises ValueError on every rank unless every rank's ``path`` holds the same bytes (resuming: every rank
+    must start from one checkpoint, also when the nodes do not share a file system)."""
+    import hashlib
+    with open(path, "rb") as f:
+        mine = hashlib.sha256(f.read()).hexdigest()
+    seen = [d.decode() for d in group.all_gather_bytes(mine.encode())] if group is not None else [mine]
+    if len(set(seen)) > 1:
+        odd = [r for r, d in enumerate(seen) if d != seen[0]]
+        raise ValueError("%s: %s differs between ranks (rank(s) %s hold other bytes than rank 0): every rank must "
+                         "resume from the same checkpoint" % (what, path, ", ".join(map(str, odd))))
+
+
 # ---- validation statistics --------------------------------------------------------------------------
 
 def gather_rows(group, keys, rows):
@@ -545,7 +558,8 @@ def gather_metrics(group, met, keys):
     """A :class:`ptl.metrics.DetectionMetrics` holding every rank's images in the order of ``keys``: one
     int64 per ``met.update`` call, the image's position in the single-process validation order (global
     batch index * val batch size + position in the batch). With the same weights and batches this equals
-    the single-process accumulation, so ``compute()`` gives the single-process metrics exactly."""
+    the single-process accumulation (per-image matches, scores, classes, image classes, and the confusion
+    matrix, a sum of counts), so ``compute()`` gives the single-process metrics exactly."""
     from .metrics import IOU_THRESHOLDS, DetectionMetrics
     keys = np.asarray(keys, np.int64).reshape(-1)
     if len(keys) != len(met._tp):
@@ -555,6 +569,8 @@ def gather_metrics(group, met, keys):
             "n_gt": np.array([len(g) for g in met._gt], np.int64),
             "tp": cat(met._tp, np.uint8, (0, len(IOU_THRESHOLDS))), "conf": cat(met._conf, np.float64, (0,)),
             "cls": cat(met._cls, np.int64, (0,)), "gt": cat(met._gt, np.int64, (0,))}
+    if met.confusion is not None:
+        mine["confusion"] = met.confusion.matrix
     parts = group.all_gather_arrays(mine) if group is not None else [mine]
     images = []
     for p in parts:
@@ -565,10 +581,14 @@ def gather_metrics(group, met, keys):
     images.sort(key=lambda im: im[0])
     if len({im[0] for im in images}) != len(images):
         raise ValueError("gather_metrics: an image key was given by two ranks")
-    out = DetectionMetrics(met.names)
+    out = DetectionMetrics(met.names, met.num_classes, met.confusion_conf)
     for _, tp, conf, cls, gt in images:
         out._tp.append(tp)
         out._conf.append(conf)
         out._cls.append(cls)
         out._gt.append(gt)
+        out._img.append(np.unique(gt))
+    if out.confusion is not None:
+        for p in parts:
+            out.confusion.matrix += p["confusion"]
     return out

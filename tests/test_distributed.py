@@ -330,6 +330,31 @@ def test_launcher_needs_a_command_to_run_again(tmp_path):
     assert r.returncode != 0 and "python -c" in r.stderr and "torchrun" in r.stderr
 
 
+SAME_FILE = JOIN + """
+path = os.path.join(OUT, "ckpt%d" % (rank if os.environ["CASE"] == "differ" and rank == 2 else 0))
+with open(path, "ab") as f:
+    f.write(b"checkpoint bytes")
+g.barrier()
+try:
+    D.check_same_file(g, path)
+    save(ok=True)
+except ValueError as exc:
+    report(exc, t0)
+ctx.close()
+"""
+
+
+@pytest.mark.parametrize("case", ["same", "differ"])
+def test_every_rank_resumes_from_the_same_checkpoint(tmp_path, case):
+    res = finish(start_ranks(tmp_path, SAME_FILE, 3, env_extra={"CASE": case}))
+    assert all(rc == 0 for rc, _, _ in res.values()), res
+    if case == "same":
+        assert all(np.load(tmp_path / ("rank%d.npz" % r))["ok"] for r in range(3))
+    else:
+        for e in errors(tmp_path, range(3)).values():
+            assert "differs between ranks" in e["msg"] and "rank(s) 2" in e["msg"], e
+
+
 def test_one_process_needs_no_group():
     ctx = D.setup("cpu", devices=1, environ={})
     assert (ctx.rank, ctx.world_size, ctx.group, ctx.is_global_zero, ctx.any(True)) == (0, 1, None, True, True)

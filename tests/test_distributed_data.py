@@ -121,6 +121,7 @@ def fake_detections(batch, h, w):
 def val_state(loader, names, model=None, limit=2):
     """The metric accumulation, one key per image, and the first `limit` global batches' loss rows."""
     met, keys, loss_keys, loss_rows = ptl.metrics.DetectionMetrics(names), [], [], []
+    assert met.confusion is not None
     for b in loader:
         h, w = b.images.shape[1:3]
         _update_metrics(met, fake_detections(b, h, w), b, h, w)
@@ -147,7 +148,8 @@ merged = D.gather_metrics(ctx.group, met, keys).compute()
 lk, lr = D.gather_rows(ctx.group, loss_keys, loss_rows)
 ctx.close()
 save(ap=merged["ap"], p=merged["p"], r=merged["r"], scalars=[merged[k] for k in ("precision", "recall", "mAP50",
-     "mAP50-95", "fitness")], loss_keys=lk, loss_rows=lr, images=len(keys))
+     "mAP50-95", "fitness")], n_images=merged["n_images"], confusion=merged["confusion_matrix"], loss_keys=lk,
+     loss_rows=lr, images=len(keys))
 """
 
 
@@ -167,13 +169,14 @@ def test_sharded_validation_equals_one_process(tmp_path, coco256):
     naive = ptl.metrics.DetectionMetrics(data.names)
     for r in range(world):
         m, _, _, _ = val_state(make_data(coco256, r, world, val_batch_size=16).val_loader(), data.names)
-        for name in ("_tp", "_conf", "_cls", "_gt"):
+        for name in ("_tp", "_conf", "_cls", "_gt", "_img"):
             getattr(naive, name).extend(getattr(m, name))
     assert naive.compute()["mAP50-95"] != ref["mAP50-95"]
     for r in range(world):
         o = np.load(tmp_path / ("rank%d.npz" % r))
         assert o["ap"].tobytes() == ref["ap"].tobytes() and o["p"].tobytes() == ref["p"].tobytes()
         assert list(o["scalars"]) == [ref[k] for k in ("precision", "recall", "mAP50", "mAP50-95", "fitness")]
+        assert (o["n_images"] == ref["n_images"]).all() and (o["confusion"] == ref["confusion_matrix"]).all()
         # the validation losses: each global batch's row, summed in batch order as one process does
         assert o["loss_keys"].tolist() == loss_keys.tolist() == [0, 1]
         assert o["loss_rows"].tobytes() == loss_rows.tobytes()
