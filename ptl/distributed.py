@@ -184,6 +184,8 @@ def parse_devices(devices, accelerator, available=None):
     if available is None:
         from . import cuda
         available = cuda.device_count()
+    if available == 0:
+        raise ValueError("devices=%r on CUDA: no CUDA device is available" % (devices,))
     if devices == "auto" or devices == -1:
         ids = list(range(available))
     elif isinstance(devices, (list, tuple)):
