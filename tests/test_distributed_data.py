@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import ptl
-from ptl import distributed as D
 from ptl.engine import _update_metrics
 from ptl.objective import objective
 
