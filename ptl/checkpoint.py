@@ -55,6 +55,10 @@ def save(trainer, path):
     """Writes ``trainer``'s full training state to ``path``."""
     eng, st = trainer._engine, trainer._state
     tensors = eng.state_tensors()
+    broken = [k for k, v in tensors.items() if k.startswith(("model.", "ema.")) and np.asarray(v).dtype.kind == "f"
+              and not np.isfinite(v).all()]
+    if broken:  # the epoch's last update, which no loss has seen yet, broke the weights
+        trainer._diverged(*trainer._last_batch, tensors=broken)
     tensors["trainer.losses"] = np.asarray(trainer.loss_history, np.float32).reshape(-1, len(LOSS_NAMES))
     header = {"version": CKPT_VERSION, "epoch": st.epoch, "global_step": st.global_step,
               "batches_seen": st.batches_seen, "max_epochs": trainer.max_epochs_effective,

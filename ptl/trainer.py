@@ -18,7 +18,7 @@ from . import cuda as _cuda
 from . import distributed as _distributed
 from . import random as _random
 from . import runlog
-from .errors import ConfigError, NonFiniteLossError
+from .errors import ConfigError, DivergenceError
 from .hparams_check import check_bool, check_float, check_int
 from .runlog import check_run_name
 from .objective import LOSS_NAMES
@@ -142,6 +142,7 @@ class Trainer:
         self.num_training_batches = 0
         self.loss_history = []  # per training batch: the objective's losses vector (float32, LOSS_NAMES)
         self._resumed_from = None  # the checkpoint this fit resumed from (named when a fit diverges)
+        self._last_batch = (0, 0, 0)  # epoch, batch index and optimizer steps after the latest training batch
         self.val_history = []
         self.ap_per_class = {}  # class name -> AP50-95 of the last validation
         self.datamodule = None
@@ -341,7 +342,7 @@ class Trainer:
                 losses, batch_index, step = p
                 row = losses.array()
                 if not np.isfinite(row).all():
-                    self._diverged(row, epoch, batch_index, step)
+                    self._diverged(epoch, batch_index, step, {n: float(v) for n, v in zip(LOSS_NAMES, row)})
                 self.loss_history.append(row)
                 epoch_items.append(row[ITEM])
                 self.callback_metrics.update({"train/box_loss": float(row[7]), "train/cls_loss": float(row[8]),
@@ -355,6 +356,7 @@ class Trainer:
                 if pending is not None:
                     settle(pending)
                 pending = (current, i, step)
+                self._last_batch = (epoch, i, st.global_step)
                 self._call("on_train_batch_end", {"loss": LossValue(current, 0)}, batch, i)
                 if 0 < self.max_steps <= st.global_step:
                     self.should_stop = True
@@ -376,21 +378,26 @@ class Trainer:
             self._write_metrics()
             self._call("on_train_epoch_end")
 
-    def _diverged(self, row, epoch, batch_index, step):
-        """Stops the fit at the first non-finite loss (read one batch behind, so with no extra device
-        synchronisation). Ultralytics reloads last.pt and retries the epoch; ptl stops instead, since the
-        same data, weights and settings would diverge again: nothing is saved from the broken weights and
-        the checkpoints already written stay as they were."""
-        losses = {n: float(v) for n, v in zip(LOSS_NAMES, row)}
-        bad = ", ".join("%s=%s" % (n, v) for n, v in losses.items() if not np.isfinite(v))
+    def _diverged(self, epoch, batch_index, step, losses=None, tensors=()):
+        """Stops the fit when it diverges: at the first non-finite loss (read one batch behind, so with no
+        extra device synchronisation), or, for the last step of an epoch (whose update no later loss has
+        seen), when the checkpoint about to be written holds non-finite tensors. Ultralytics reloads
+        last.pt and retries the epoch; ptl stops instead, since the same data, weights and settings would
+        diverge again: nothing is saved from the broken weights, the files already written stay."""
+        if losses is not None:
+            what = "the loss is not finite (%s)" % ", ".join(
+                "%s=%s" % (n, v) for n, v in losses.items() if not np.isfinite(v))
+        else:
+            what = "the weights are not finite after its optimizer step (%s%s)" % (
+                ", ".join(tensors[:3]), ", ..." if len(tensors) > 3 else "")
         saver = next((c for c in self.callbacks if isinstance(c, cb.ModelCheckpoint)), None)
         kept = [saver.last_model_path, saver.best_model_path] if saver else []
         kept = sorted({p for p in kept + [self._resumed_from] if p and os.path.isfile(p)})
-        raise NonFiniteLossError(
-            "training diverged at epoch %d, batch %d (after %d optimizer steps): the loss is not finite (%s); "
-            "nothing was saved from these weights. %s; lower lr0, check the data, or use a precision with "
-            "more range" % (epoch, batch_index, step, bad, "Checkpoints kept: %s" % ", ".join(kept) if kept else
-                            "No checkpoint had been written"), epoch, batch_index, step, losses)
+        raise DivergenceError(
+            "training diverged at epoch %d, batch %d (after %d optimizer steps): %s; nothing was saved from "
+            "these weights. %s; lower lr0, check the data, or use a precision with more range" % (
+                epoch, batch_index, step, what, "Checkpoints kept: %s" % ", ".join(kept) if kept else
+                "No checkpoint had been written"), epoch, batch_index, step, losses, tensors)
 
     def _validation_loop(self, row=None):
         self._call("on_validation_start")
