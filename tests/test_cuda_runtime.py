@@ -7,11 +7,24 @@ import ptl
 MiB = 1 << 20
 
 
+QUERIES = ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved")
+
+
 def test_cpu_queries_never_raise():
-    assert isinstance(ptl.cuda.is_available(), bool)
-    assert ptl.cuda.device_count() >= 0
+    """is_available and device_count answer on any machine and agree; without a device every memory
+    query is a ValueError that says so, with one it is a byte count; a bad device name is a ValueError."""
+    avail, count = ptl.cuda.is_available(), ptl.cuda.device_count()
+    assert isinstance(avail, bool) and isinstance(count, int)
+    assert avail == (count > 0)
     assert issubclass(ptl.CudaError, RuntimeError)
-    with pytest.raises(ValueError, match="device"):
+    for q in QUERIES:
+        if avail:
+            v = getattr(ptl.cuda, q)()
+            assert isinstance(v, int) and v >= 0, (q, v)
+        else:
+            with pytest.raises(ValueError, match="no CUDA device"):
+                getattr(ptl.cuda, q)()
+    with pytest.raises(ValueError, match="gpu:0"):
         ptl.cuda.memory_allocated("gpu:0")
 
 
