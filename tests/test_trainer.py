@@ -417,7 +417,7 @@ def test_cuda_first_losses_match_cpu(coco256, tmp_path):
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4, atol=1e-6)
 
 
-def _falls(losses, k=8):
+def _falls(losses, k=16):
     """The mean total loss of the last k batches is below that of the first k."""
     t = np.asarray(losses, np.float64)[:, 0]
     return t[-k:].mean() < t[:k].mean(), (t[:k].mean(), t[-k:].mean())
@@ -425,19 +425,19 @@ def _falls(losses, k=8):
 
 @pytest.mark.cuda
 def test_cuda_fit_one_epoch_640_bf16(coco256, tmp_path):
-    """Issue 7: a 1-epoch fit at 640, batch 4, bf16-mixed, 4 workers, RAM cache on the GPU, an optimizer
+    """Issue 7: a 2-epoch fit at 640, batch 4, bf16-mixed, 4 workers, RAM cache on the GPU, an optimizer
     step every batch: the loss falls, and the same fit with the network replayed gives the same digests."""
     data = DetectionData(str(coco256 / "data.yaml"), imgsz=640, batch_size=4, workers=4, cache="ram",
                          verbose=False)
     digests = []
     for capture in (False, True):
-        tr = Trainer(max_epochs=1, precision="bf16-mixed", accelerator="cuda", enable_progress_bar=False,
+        tr = Trainer(max_epochs=2, precision="bf16-mixed", accelerator="cuda", enable_progress_bar=False,
                      default_root_dir=str(tmp_path / str(capture)), seed=0, accumulate_grad_batches=1)
         tr.fit(ptl.Detector("yolo26n", seed=0, hparams={"warmup_epochs": 0}), data, capture_network=capture)
-        assert tr.global_step == len(data.train_loader()) == len(tr.loss_history)
+        assert tr.global_step == 2 * len(data.train_loader()) == len(tr.loss_history)
         assert np.isfinite(np.asarray(tr.loss_history)).all()
         falls, means = _falls(tr.loss_history)
-        assert falls, "loss first/last 8 batches: %.4f -> %.4f" % means
+        assert falls, "loss first/last 16 batches: %.4f -> %.4f" % means
         assert np.isfinite(tr.callback_metrics["metrics/mAP50-95"])
         assert os.path.exists(os.path.join(tr.log_dir, "checkpoints", "last.ckpt"))
         digests.append(tr.digest())
@@ -509,14 +509,14 @@ def test_cuda_fit_float16_loss_scaling(coco256, tmp_path):
     first = {}
     for prec in ("16-mixed", "bf16-mixed"):
         log = _ScaleLog(2.0 ** 30)
-        tr = small_trainer(tmp_path / prec, max_epochs=1, limit_train_batches=60, precision=prec,
+        tr = small_trainer(tmp_path / prec, max_epochs=6, limit_train_batches=1.0, precision=prec,
                            accelerator="cuda", enable_checkpointing=False, accumulate_grad_batches=1,
                            callbacks=[log] if prec == "16-mixed" else [])
         tr.fit(ptl.Detector("yolo26n", seed=0, hparams={"warmup_epochs": 0}), small_data(coco256, imgsz=128))
         assert np.isfinite(np.asarray(tr.loss_history)).all()
         first[prec] = float(tr.loss_history[0][0])
         falls, means = _falls(tr.loss_history)
-        assert falls, "%s loss first/last 8 batches: %.4f -> %.4f" % ((prec,) + means)
+        assert falls, "%s loss first/last 16 batches: %.4f -> %.4f" % ((prec,) + means)
         if prec == "16-mixed":
             rows = log.rows
             skipped = [r for r in rows if r[2]]
