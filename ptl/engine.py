@@ -123,7 +123,7 @@ class Engine:
 
     # -- hyperparameters
     def model_hparams(self):
-        h = {"model": self.model.model_name, "num_classes": self.model.num_classes}
+        h = {"model": self.model.model_name, "num_classes": self.model.num_classes, "cls_width": self.model.cls_width}
         if getattr(self, "cfg", None) is not None:
             h.update({k: getattr(self.cfg, k) for k in self.cfg.__dataclass_fields__})
             name, lr0, mom, wbl = _optim.choose_optimizer(self.cfg)
@@ -221,7 +221,8 @@ class Engine:
     def ema_detector(self):
         """A new CPU Detector holding the EMA's weights (what validation inside the fit runs on)."""
         from .model import Detector
-        det = Detector(self.model.model_name, num_classes=self.model.num_classes, hparams=self.model.hparams)
+        det = Detector(self.model.model_name, num_classes=self.model.num_classes, hparams=self.model.hparams,
+                       cls_width=self.model.cls_width)
         ema = self.opt.ema
         det.flat_parameters = ema.params
         det.flat_buffers = ema.bn if ema.bn is not None else self.buffers
