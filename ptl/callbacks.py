@@ -16,6 +16,10 @@ restored, ``on_exception`` when anything raises inside ``fit`` (the exception is
 A callback's ``state_dict()`` is saved in checkpoints under its ``state_key``.
 
 The built-in callbacks check their arguments when they are made (ConfigError naming the argument).
+
+With several ranks (:mod:`ptl.distributed`) every rank runs every hook; ``trainer.global_rank``,
+``local_rank``, ``world_size`` and ``is_global_zero`` say which rank this is. The built-in callbacks write
+files and print on rank 0 only; a callback that stops the fit must decide alike on every rank.
 """
 import math
 import os
@@ -218,7 +222,7 @@ class ModelCheckpoint(Callback):
         if stage != "fit":
             return
         self._written = set()
-        if trainer.log_dir is not None or self.dirpath is not None:
+        if _global_zero(trainer) and (trainer.log_dir is not None or self.dirpath is not None):
             io.remove_stale_temporaries(self._folder(trainer))
 
     def _unused_path(self, path):
@@ -244,7 +248,7 @@ class ModelCheckpoint(Callback):
             self._written.discard(path)
 
     def _save(self, trainer, pl_module):
-        if trainer.current_epoch_completed % self.every_n_epochs:
+        if trainer.current_epoch_completed % self.every_n_epochs or not _global_zero(trainer):
             return
         metrics = trainer.callback_metrics
         d = self._dir(trainer)
@@ -301,6 +305,10 @@ class ModelCheckpoint(Callback):
     def on_train_epoch_end(self, trainer, pl_module):
         if not trainer.validated_this_epoch:
             self._save(trainer, pl_module)
+
+
+def _global_zero(trainer):
+    return getattr(trainer, "is_global_zero", True)
 
 
 def _remove(path):
@@ -418,6 +426,8 @@ class ProgressBar(Callback):
             trainer.current_epoch + 1, trainer.max_epochs_effective, done, total or "?", rate, eta, losses)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not _global_zero(trainer):
+            return
         total = trainer.num_training_batches
         last = total and batch_idx + 1 == total
         if self._tty():
@@ -436,6 +446,8 @@ class ProgressBar(Callback):
                 self._out.flush()
 
     def on_validation_end(self, trainer, pl_module):
+        if not _global_zero(trainer):
+            return
         shown = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("metrics/") or k.startswith("val/")}
         if shown:
             self._out.write("validation: " + " ".join("%s=%.4g" % (k, v) for k, v in sorted(shown.items())) + "\n")
