@@ -276,9 +276,8 @@ class Engine:
                 loss_sum += np.asarray(res["losses"])[ITEM]
                 nb += 1
                 # 8.4.190's default (nms=None): the one-to-many head with NMS; end2end: the one-to-one top-k
-                end2end = bool(getattr(trainer, "end2end", False))
-                head = out["one2one" if end2end else "one2many"]
-                dets = _metrics.postprocess(head[0], head[1], (h, w), conf=0.001, end2end=end2end)
+                head = out["one2one" if trainer.end2end else "one2many"]
+                dets = _metrics.postprocess(head[0], head[1], (h, w), conf=0.001, end2end=trainer.end2end)
                 _update_metrics(met, dets, batch, h, w)
                 trainer._call("on_validation_batch_end", None, batch, j)
         finally:
