@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from . import _C
+from . import metrics as _metrics
 
 __all__ = ["Detector"]
 
@@ -456,25 +457,30 @@ class Detector:
         g = g.numpy()
         return np.ascontiguousarray(g.transpose(0, 3, 1, 2)) if self._layout == "nchw" else g
 
-    def _detect(self, images, conf: float = 0.25, max_det: int = 300) -> list:
-        """Per image of a network-ready batch, the one-to-one head's detections (spec §8.2: top-k, no NMS),
-        eval mode: (k, 6) float32 rows x1, y1, x2, y2 (input pixels), score, class, score descending."""
+    def _detect(self, images, conf: float = 0.25, max_det: int = 300, iou: float = _metrics.NMS_IOU,
+                end2end: bool = False) -> list:
+        """Per image of a network-ready batch, eval mode, (k, 6) float32 rows x1, y1, x2, y2 (input pixels),
+        score, class, score descending: the one-to-many head with class-aware NMS of each anchor's best
+        class (8.4.190's predictor), or with ``end2end`` the one-to-one head's top-k (spec §8.2, no NMS)."""
         x = self.images(images)
         was = self.training
         self.eval()
         try:
-            _, _, b1, s1 = _C.executor_forward(self._exec, x)
+            b0, s0, b1, s1 = _C.executor_forward(self._exec, x)
         finally:
             self.train(was)
-        H, W = x.shape[1], x.shape[2]
-        out, count = _C.postprocess(b1, s1, H, W, int(max_det), float(conf))
-        out, count = out.numpy(), count.numpy()
-        return [out[i, :int(count[i])].copy() for i in range(out.shape[0])]
+        boxes, scores = (b1, s1) if end2end else (b0, s0)
+        return _metrics.postprocess(boxes, scores, (x.shape[1], x.shape[2]), max_det=max_det, conf=conf,
+                                    end2end=end2end, iou=iou, multi_label=False)
 
-    def predict(self, source, conf: float = 0.25, max_det: int = 300, **kw) -> list:
-        """Detections of the one-to-one head (spec §8.2: top-k, no NMS, eval mode), one
-        :class:`ptl.predict.Results` per image: ``boxes`` (k, 4) xyxy, ``scores`` (k,), ``classes`` (k,)
-        (``res["boxes"]`` also works), score descending, plus ``path`` and ``orig_shape``.
+    def predict(self, source, conf: float = 0.25, iou: float = _metrics.NMS_IOU, max_det: int = 300,
+                end2end: bool = False, **kw) -> list:
+        """Detections as 8.4.190's predictor gives them by default (its ``nms=None``): the one-to-many head,
+        each anchor's best class scoring above ``conf``, class-aware NMS at ``iou``, at most ``max_det``
+        per image; ``end2end=True`` (its ``nms=False``, what :meth:`export` writes): the one-to-one head's
+        top-``max_det`` without NMS. Eval mode. One :class:`ptl.predict.Results` per image: ``boxes``
+        (k, 4) xyxy clipped to the image, ``scores`` (k,), ``classes`` (k,) (``res["boxes"]`` also works),
+        score descending, plus ``path`` and ``orig_shape``.
 
         ``source``: a network-ready batch ((N, H, W, 3) uint8 or (N, 3, H, W) float in [0, 1], boxes in its
         pixels), or image files, folders, globs, ``.txt`` lists and (H, W, 3) arrays, letterboxed to
@@ -482,12 +488,13 @@ class Detector:
         ``batch_size``, ``save`` (annotated images), ``save_txt`` (YOLO labels), ``save_conf``, ``project``,
         ``name`` (files go to ``<project>/runs/<name>/version_N``)."""
         from .predict import predict
-        return predict(self, source, conf=conf, max_det=max_det, **kw)
+        return predict(self, source, conf=conf, iou=iou, max_det=max_det, end2end=end2end, **kw)
 
     def export(self, path, imgsz=640, batch: int = 1, dynamic: bool = False, half: bool = False,
                max_det: int = 300):
         """Writes this model as an end-to-end ONNX graph, output (N, max_det, 6) = x1, y1, x2, y2, score,
-        class (:mod:`ptl.export`; needs the ``onnx`` package). Returns the path."""
+        class: the one-to-one head's top-k, as ``predict(..., end2end=True)`` (:mod:`ptl.export`; needs the
+        ``onnx`` package). Returns the path."""
         from .export import export_onnx
         return export_onnx(self, path, imgsz=imgsz, batch=batch, dynamic=dynamic, half=half, max_det=max_det)
 

@@ -406,16 +406,18 @@ class Trainer:
         return [dict(self._guarded("validate", model, run)["logged"])]
 
     def predict(self, model, source, conf=0.25, max_det=300, imgsz=640, batch_size=16, save=False, save_txt=False,
-                save_conf=False, name="predict"):
-        """Detections of the one-to-one head (spec §8.2, eval mode) for ``source``: image files, folders, globs,
-        ``.txt`` lists, (H, W, 3) arrays (letterboxed to ``imgsz``, boxes in each image's pixels; a file that
-        cannot be read gives ``None`` after a DataWarning) or a network-ready batch (boxes in its pixels). One
-        :class:`ptl.predict.Results` per image (``res["boxes"]`` (k, 4) xyxy, ``"scores"``, ``"classes"``,
+                save_conf=False, name="predict", iou=None, end2end=False):
+        """Detections as :meth:`ptl.Detector.predict` gives them (8.4.190's predictor: the one-to-many head
+        with NMS at ``iou``; ``end2end=True``: the one-to-one top-k; eval mode) for ``source``: image files,
+        folders, globs, ``.txt`` lists, (H, W, 3) arrays (letterboxed to ``imgsz``, boxes in each image's
+        pixels; a file that cannot be read gives ``None`` after a DataWarning) or a network-ready batch (boxes
+        in its pixels). One :class:`ptl.predict.Results` per image (``res["boxes"]`` (k, 4) xyxy, ``"scores"``, ``"classes"``,
         score descending; ``path``, ``orig_shape``). ``save`` / ``save_txt`` write annotated images / YOLO
         label files to ``<default_root_dir>/runs/<name>/version_N`` (:mod:`ptl.predict`)."""
         from .predict import predict
         return predict(model, source, conf=conf, max_det=max_det, imgsz=imgsz, batch_size=batch_size, save=save,
-                       save_txt=save_txt, save_conf=save_conf, project=self.default_root_dir, name=name)
+                       save_txt=save_txt, save_conf=save_conf, project=self.default_root_dir, name=name, iou=iou,
+                       end2end=end2end)
 
     # -------------------------------------------------------------------------------- logs
     def _configure_run_dir(self):
