@@ -54,13 +54,18 @@ class Trainer:
     (seconds; default ``PTL_DIST_TIMEOUT`` or ``ptl.distributed.DEFAULT_TIMEOUT_S``). Rank 0 alone prints,
     logs and writes files; ``global_rank``, ``local_rank``, ``node_rank``, ``world_size`` and
     ``is_global_zero`` say where this process stands.
+
+    ``end2end`` chooses what validation measures, as 8.4.190's ``nms`` does: False (the default, its
+    ``nms=None``) the one-to-many head with class-aware NMS; True (its ``nms=False``) the one-to-one
+    head's top-300 without NMS. It is recorded in ``hparams()["trainer"]``.
     """
 
     def __init__(self, *, max_epochs=None, max_steps=-1, precision="32-true", accumulate_grad_batches=None,
                  gradient_clip_val=10.0, limit_train_batches=None, limit_val_batches=None,
                  check_val_every_n_epoch=1, callbacks=None, logger=True, enable_progress_bar=True,
                  enable_checkpointing=True, deterministic=True, default_root_dir=None, accelerator="auto",
-                 devices="auto", name="train", seed=None, num_nodes=1, strategy="auto", timeout=None):
+                 devices="auto", name="train", seed=None, num_nodes=1, strategy="auto", timeout=None,
+                 end2end=False):
         check_int("max_epochs", max_epochs, 1, none_ok=True)
         if check_int("max_steps", max_steps, -1) == 0:
             raise ConfigError("max_steps: expected -1 (no limit) or an int >= 1, got 0")
@@ -90,7 +95,8 @@ class Trainer:
         if accelerator == "cpu" and PRECISIONS[precision] != "float32":
             raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (precision,))
         for flag, value in (("logger", logger), ("enable_progress_bar", enable_progress_bar),
-                            ("enable_checkpointing", enable_checkpointing), ("deterministic", deterministic)):
+                            ("enable_checkpointing", enable_checkpointing), ("deterministic", deterministic),
+                            ("end2end", end2end)):
             check_bool(flag, value)
         if default_root_dir is not None:
             try:
@@ -119,6 +125,7 @@ class Trainer:
         self.default_root_dir = default_root_dir if default_root_dir is not None else os.getcwd()
         self.accelerator = "cuda" if accelerator == "gpu" else accelerator
         self.devices, self.num_nodes, self.strategy, self.timeout = devices, num_nodes, strategy, timeout
+        self.end2end = end2end
         self._dist = _distributed.Context()  # one process until fit() joins a job
         self.logger = logger
         self.name = name
@@ -429,16 +436,18 @@ class Trainer:
         return [dict(self._guarded("validate", model, run)["logged"])]
 
     def predict(self, model, source, conf=0.25, max_det=300, imgsz=640, batch_size=16, save=False, save_txt=False,
-                save_conf=False, name="predict"):
-        """Detections of the one-to-one head (spec §8.2, eval mode) for ``source``: image files, folders, globs,
-        ``.txt`` lists, (H, W, 3) arrays (letterboxed to ``imgsz``, boxes in each image's pixels; a file that
-        cannot be read gives ``None`` after a DataWarning) or a network-ready batch (boxes in its pixels). One
-        :class:`ptl.predict.Results` per image (``res["boxes"]`` (k, 4) xyxy, ``"scores"``, ``"classes"``,
+                save_conf=False, name="predict", iou=None, end2end=False):
+        """Detections as :meth:`ptl.Detector.predict` gives them (8.4.190's predictor: the one-to-many head
+        with NMS at ``iou``; ``end2end=True``: the one-to-one top-k; eval mode) for ``source``: image files,
+        folders, globs, ``.txt`` lists, (H, W, 3) arrays (letterboxed to ``imgsz``, boxes in each image's
+        pixels; a file that cannot be read gives ``None`` after a DataWarning) or a network-ready batch (boxes
+        in its pixels). One :class:`ptl.predict.Results` per image (``res["boxes"]`` (k, 4) xyxy, ``"scores"``, ``"classes"``,
         score descending; ``path``, ``orig_shape``). ``save`` / ``save_txt`` write annotated images / YOLO
         label files to ``<default_root_dir>/runs/<name>/version_N`` (:mod:`ptl.predict`)."""
         from .predict import predict
         return predict(model, source, conf=conf, max_det=max_det, imgsz=imgsz, batch_size=batch_size, save=save,
-                       save_txt=save_txt, save_conf=save_conf, project=self.default_root_dir, name=name)
+                       save_txt=save_txt, save_conf=save_conf, project=self.default_root_dir, name=name, iou=iou,
+                       end2end=end2end)
 
     # -------------------------------------------------------------------------------- logs
     def _configure_run_dir(self):
@@ -450,7 +459,7 @@ class Trainer:
         h = {"trainer": {k: getattr(self, k) for k in (
             "max_epochs", "max_steps", "precision", "accumulate_grad_batches", "gradient_clip_val",
             "limit_train_batches", "limit_val_batches", "check_val_every_n_epoch", "deterministic", "accelerator",
-            "seed", "capture_network")}}
+            "seed", "capture_network", "end2end")}}
         if self._engine is not None:
             h["model"] = self._engine.model_hparams()
             h["data"] = self._engine.data_hparams()
