@@ -58,6 +58,7 @@ import warnings
 import numpy as np
 
 from . import _C
+from .hparams_check import check_data_args
 
 IMG_FORMATS = {"bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "pfm", "heic"}
 STRIDE = 32  # the network's largest stride: image sizes are multiples of it
@@ -412,14 +413,6 @@ class Loader:
         return self._c.cache_info()
 
 
-def _positive_or_none(name, v):
-    if v is None:
-        return None
-    if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
-        raise ValueError("%s: expected None or an int >= 0, got %r" % (name, v))
-    return int(v)
-
-
 class DetectionData:
     """A detection dataset and its train/val loaders (augmentation defaults: spec §10).
 
@@ -453,29 +446,17 @@ class DetectionData:
                  val_batch_size=None, rect_val=True, prefetch=None, pin_memory=None, verbose=True,
                  rect=False, single_cls=False, fraction=1.0, max_pixels=_C.DATA_MAX_PIXELS,
                  jpeg_scale_pixels=_C.DATA_JPEG_SCALE_PIXELS, allow_empty_labels=False, cache_dir=None):
+        check_data_args(imgsz=imgsz, batch_size=batch_size, workers=workers, cache=cache,
+                        persistent_workers=persistent_workers, seed=seed, epochs=epochs, close_mosaic=close_mosaic,
+                        mosaic=mosaic, degrees=degrees, translate=translate, scale=scale, shear=shear,
+                        perspective=perspective, hsv_h=hsv_h, hsv_s=hsv_s, hsv_v=hsv_v, flipud=flipud, fliplr=fliplr,
+                        val_batch_size=val_batch_size, rect_val=rect_val, prefetch=prefetch, pin_memory=pin_memory,
+                        verbose=verbose, rect=rect, single_cls=single_cls, fraction=fraction, max_pixels=max_pixels,
+                        jpeg_scale_pixels=jpeg_scale_pixels, allow_empty_labels=allow_empty_labels,
+                        cache_dir=cache_dir)
         if cache is True:
             cache = "ram"
-        if cache not in (None, False, "ram", "disk"):
-            raise ValueError("cache: expected None, 'ram' or 'disk', got %r" % (cache,))
         self.imgsz_hw = check_imgsz(imgsz)
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError("batch_size: expected an int >= 1, got %r" % (batch_size,))
-        if not isinstance(workers, int) or not 0 <= workers <= 256:
-            raise ValueError("workers: expected an int in [0, 256], got %r" % (workers,))
-        for name, v, lo, hi in (("mosaic", mosaic, 0, 1), ("fliplr", fliplr, 0, 1), ("flipud", flipud, 0, 1),
-                                ("scale", scale, 0, 0.999), ("translate", translate, 0, 1),
-                                ("degrees", degrees, 0, 360), ("shear", shear, 0, 89), ("hsv_h", hsv_h, 0, 1),
-                                ("hsv_s", hsv_s, 0, 1), ("hsv_v", hsv_v, 0, 1), ("perspective", perspective, 0, 0.1)):
-            if not lo <= float(v) <= hi:
-                raise ValueError("%s: expected a value in [%g, %g], got %r" % (name, lo, hi, v))
-        if isinstance(fraction, bool) or not (
-                (isinstance(fraction, (int, np.integer)) and fraction >= 1)
-                or (isinstance(fraction, float) and 0.0 < fraction <= 1.0)):
-            raise ValueError("fraction: expected a float in (0, 1] or an image count >= 1, got %r" % (fraction,))
-        max_pixels = _positive_or_none("max_pixels", max_pixels)
-        if max_pixels == 0:
-            raise ValueError("max_pixels: expected None or an int >= 1, got 0")
-        jpeg_scale_pixels = _positive_or_none("jpeg_scale_pixels", jpeg_scale_pixels)
         self.cfg = read_data_yaml(data)
         self.single_cls = bool(single_cls)
         self.names = ["item"] if self.single_cls else self.cfg["names"]
@@ -494,8 +475,8 @@ class DetectionData:
                         fliplr=fliplr)
         self.rect_val, self.prefetch, self.verbose = bool(rect_val), prefetch, verbose
         self.rect, self.fraction = bool(rect), fraction
-        self.max_pixels = max_pixels
-        self.jpeg_scale_pixels = jpeg_scale_pixels or 0
+        self.max_pixels = None if max_pixels is None else int(max_pixels)
+        self.jpeg_scale_pixels = int(jpeg_scale_pixels or 0)
         self.allow_empty_labels = bool(allow_empty_labels)
         if pin_memory is None:
             from . import cuda
