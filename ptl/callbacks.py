@@ -35,7 +35,8 @@ from .hparams_check import check_bool, check_float, check_int
 log = logging.getLogger(__name__)
 
 HOOKS = (
-    "setup", "on_fit_start", "on_sanity_check_start", "on_sanity_check_end", "on_train_start", "on_train_epoch_start", "on_train_batch_start",
+    "setup", "on_fit_start", "on_sanity_check_start", "on_sanity_check_end", "on_train_start",
+    "on_train_epoch_start", "on_train_batch_start",
     "on_train_batch_end", "on_validation_start", "on_validation_epoch_start", "on_validation_batch_start",
     "on_validation_batch_end", "on_validation_epoch_end", "on_validation_end", "on_train_epoch_end",
     "on_save_checkpoint", "on_load_checkpoint", "on_exception", "on_train_end", "on_fit_end", "teardown",

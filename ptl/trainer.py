@@ -166,8 +166,8 @@ class Trainer:
     - ``max_epochs=None`` trains 100 epochs (Lightning: 1000); ``max_steps`` (-1: no limit) stops earlier.
     - ``precision=None`` (or ``"auto"``; Lightning: "32-true") resolves at fit time to ``"bf16-mixed"`` on a GPU
       of compute capability >= 8.0, ``"16-mixed"`` on an older GPU and ``"32-true"`` on the CPU
-      (:func:`ptl.cuda.default_precision`), as Ultralytics trains with AMP; the choice is logged.
-      ``trainer.precision`` holds the resolved value once a fit or validation has begun.
+      (:func:`ptl.cuda.default_precision`), as Ultralytics trains with AMP; a fit logs the choice and
+      ``trainer.precision`` returns it.
     - ``deterministic``: ptl is always deterministic (the same inputs give bit-identical results, on the CPU
       and on a GPU); None/True/"warn" say so, ``False`` warns that it changes nothing.
 
@@ -198,7 +198,7 @@ class Trainer:
     with a time budget depends on timing, so its digests do not repeat.
     """
 
-    def __init__(self, *, accelerator="auto", devices="auto", precision=None, logger=True, callbacks=None,
+    def __init__(self, *, accelerator="auto", devices="auto", precision=None, logger=None, callbacks=None,
                  fast_dev_run=False, max_epochs=None, max_steps=-1, max_time=None, limit_train_batches=None,
                  limit_val_batches=None, overfit_batches=0.0, val_check_interval=None, check_val_every_n_epoch=1,
                  num_sanity_val_steps=None, enable_checkpointing=None, enable_progress_bar=None,
@@ -281,7 +281,7 @@ class Trainer:
             limit_train_batches = limit_val_batches = overfit_batches
         self.max_epochs = max_epochs
         self.max_steps = max_steps
-        self.precision = "32-true" if accelerator == "cpu" and precision in (None, "auto") else precision
+        self._precision = precision
         self.accumulate_grad_batches = accumulate_grad_batches
         self.gradient_clip_val = gradient_clip_val
         self.limit_train_batches = limit_train_batches
@@ -351,6 +351,14 @@ class Trainer:
         return self.max_epochs if self.max_epochs is not None else MAX_EPOCHS
 
     @property
+    def precision(self):
+        """The precision the fit computes in: as given, or for None / "auto" the device's default
+        (:func:`ptl.cuda.default_precision`)."""
+        if self._precision in (None, "auto"):
+            return _cuda.default_precision(self.device)
+        return self._precision
+
+    @property
     def device(self):
         """``"cpu"`` or ``"cuda:N"`` (N from ``devices``: ``[N]``; the first GPU otherwise)."""
         index = self.devices[0] if isinstance(self.devices, list) else 0
@@ -392,10 +400,9 @@ class Trainer:
             getattr(c, hook)(self, self.model, *args)
 
     # -------------------------------------------------------------------------------------- fit
-    def _resolve_precision(self, device):
-        """precision None/"auto" becomes the device's default (logged); a low precision on the CPU is an error."""
-        if self.precision in (None, "auto"):
-            self.precision = _cuda.default_precision(device)
+    def _check_precision(self, device):
+        """Says which precision None / "auto" chose; a low precision on the CPU is an error."""
+        if self._precision in (None, "auto"):
             log.info("precision: %s (the default on %s)", self.precision, device)
         if device == "cpu" and PRECISIONS[self.precision] != "float32":
             raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (self.precision,))
@@ -430,7 +437,7 @@ class Trainer:
         frozen = frozen_parameter_names(self.freeze, names)
         if self.freeze is not None and len(frozen) == len(names):
             raise ConfigError("freeze=%r freezes every parameter of the model: nothing would train" % (self.freeze,))
-        self._resolve_precision(device)
+        self._check_precision(device)
         ckpt_path = self._resolve_ckpt_path(ckpt_path)
         resume = None
         if ckpt_path is not None:
@@ -694,7 +701,7 @@ class Trainer:
     def validate(self, model, datamodule):
         """Validates ``model``'s current weights; returns ``[metrics dict]`` like Lightning. Writes no file:
         checkpoint and early-stopping callbacks act only while fitting, as in Lightning."""
-        self._resolve_precision(self.device)
+        self._check_precision(self.device)
         self.model, self.datamodule = model, datamodule
         self.state.fn = "validate"
         self._engine = None

@@ -33,7 +33,8 @@ def test_every_data_argument_has_a_rule():
 
 def test_detection_data_uses_the_same_rules(coco256):
     for kw, words in (({"cache": "foo"}, "cache: expected None, 'ram' or 'disk'"), ({"imgsz": 0}, "imgsz"),
-                      ({"fraction": 0.0}, "fraction"), ({"workers": 300}, "workers"), ({"rect": 1}, "rect")):
+                      ({"fraction": 0.0}, "fraction"), ({"workers": 300}, "workers"),
+                      ({"rect": 1}, "rect")):
         with pytest.raises(ptl.ConfigError, match=words):
             ptl.DetectionData(str(coco256 / "data.yaml"), **kw)
 
