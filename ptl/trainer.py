@@ -27,6 +27,7 @@ from . import random as _random
 from . import runlog
 from .errors import ConfigError
 from .hparams_check import check_bool, check_float, check_int
+from .optim import choose_optimizer
 from .runlog import check_run_name
 from .engine import ITEM, PRECISIONS, Engine, LossValue, _limit, _PendingLosses
 
@@ -249,8 +250,7 @@ class Trainer:
                             ("enable_checkpointing", enable_checkpointing)):
             if value is not None:
                 check_bool(flag, value)
-        if deterministic not in (None, True, False, "warn") or isinstance(deterministic, int) and \
-                not isinstance(deterministic, bool):
+        if not (deterministic is None or isinstance(deterministic, bool) or deterministic == "warn"):
             raise ConfigError("deterministic: expected None, True, 'warn' or False, got %r" % (deterministic,))
         if deterministic is False:
             warnings.warn("deterministic=False changes nothing: ptl always computes deterministically (the same "
@@ -271,14 +271,14 @@ class Trainer:
             raise ConfigError("callbacks: expected a list of ptl.Callback instances, got %s" % type(callbacks).__name__)
         self.max_time = parse_max_time(max_time)
         self.freeze = _check_freeze(freeze)
+        self.overfit_batches = overfit_batches
+        if overfit_batches:  # the same first batches every epoch, and as many validation batches
+            limit_train_batches = limit_val_batches = overfit_batches
         self.fast_dev_run = dev_batches or False
         if self.fast_dev_run:  # Lightning's meaning: n batches of each, one epoch, nothing written
             limit_train_batches = limit_val_batches = dev_batches
             max_epochs, max_steps, num_sanity_val_steps, val_check_interval = 1, -1, 0, None
             logger = False
-        self.overfit_batches = overfit_batches
-        if overfit_batches:  # the same first batches every epoch, and as many validation batches
-            limit_train_batches = limit_val_batches = overfit_batches
         self.max_epochs = max_epochs
         self.max_steps = max_steps
         self._precision = precision
@@ -438,6 +438,7 @@ class Trainer:
         if self.freeze is not None and len(frozen) == len(names):
             raise ConfigError("freeze=%r freezes every parameter of the model: nothing would train" % (self.freeze,))
         self._check_precision(device)
+        self._planned_epochs = None  # a time budget re-plans each fit
         ckpt_path = self._resolve_ckpt_path(ckpt_path)
         resume = None
         if ckpt_path is not None:
@@ -453,7 +454,6 @@ class Trainer:
         self.model, self.datamodule = model, datamodule
         self.frozen_parameters = frozen
         self.should_stop = False
-        self._planned_epochs = None
         self.state.fn = "fit"
         self._configure_run_dir()
         if self.seed is not None:
@@ -488,7 +488,6 @@ class Trainer:
         hp = dict(getattr(self.model, "hparams", None) or {})
         ignored = [k for k in ("lr0", "momentum", "warmup_bias_lr") if k in hp]
         if str(hp.get("optimizer", "auto")).lower() == "auto" and ignored:
-            from .optim import choose_optimizer
             name, lr0, momentum, _ = choose_optimizer(self._engine.cfg)
             warnings.warn("optimizer=auto found, ignoring %s: auto chose %s with lr0=%g, momentum=%g (pass "
                           "optimizer='SGD', 'MuSGD' or 'AdamW' to use them)" % (
