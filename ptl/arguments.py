@@ -57,7 +57,7 @@ ARGS = (
     # data
     Arg("data", "data", "data", "path", "data.yaml (path, train, val, names)", TV),
     Arg("imgsz", "data", "imgsz", "imgsz", "image size: N or H,W (rounded up to a multiple of 32)", TV),
-    Arg("batch", "data", "batch_size", "int", "batch size", TV, ("batch_size",)),
+    Arg("batch", "data", "batch_size", "int", "batch size over all ranks", TV, ("batch_size",)),
     Arg("workers", "data", "workers", "int", "loader threads", TV),
     Arg("cache", "data", "cache", "cache", "decoded-image cache: none, ram or disk", TV),
     Arg("cache_dir", "data", "cache_dir", "path?", "disk cache folder for read-only datasets", TV),
@@ -84,7 +84,12 @@ ARGS = (
     Arg("patience", "trainer", "patience", "int?", "stop after N validations without a better fitness"),
     Arg("freeze", "trainer", "freeze", "freeze", "freeze the first N layers, or layers i,j,... / name prefixes"),
     Arg("precision", "trainer", "precision", "str?", "auto, 32-true, bf16-mixed or 16-mixed", TV),
-    Arg("device", "trainer", "devices", "device", "auto, cpu, cuda, cuda:N, N (GPU N) or N,M", TV),
+    Arg("device", "trainer", "accelerator", "device", "auto, cpu, cuda, cuda:N, N (GPU N) or GPU ordinals N,M",
+        TV),
+    Arg("devices", "trainer", "devices", "devices", "with device cpu/cuda/auto: how many (CPU processes, GPUs)", TV),
+    Arg("num_nodes", "trainer", "num_nodes", "int", "nodes of a multi-node job"),
+    Arg("strategy", "trainer", "strategy", "str", "auto or ddp"),
+    Arg("timeout", "trainer", "timeout", "float?", "seconds any wait of a distributed job may take (none: default)"),
     Arg("accumulate_grad_batches", "trainer", "accumulate_grad_batches", "int?",
         "fixed batches per optimizer step (none: the nominal batch rule)"),
     Arg("gradient_clip_val", "trainer", "gradient_clip_val", "float?", "gradient norm clip (0: none)"),
@@ -132,7 +137,7 @@ def default(arg):
     """The default of an argument, read from the object it configures."""
     if arg.target == "trainer":
         from .trainer import Trainer
-        return _signature_default(Trainer.__init__, "accelerator" if arg.name == "device" else arg.param)
+        return _signature_default(Trainer.__init__, arg.param)
     if arg.target == "data":
         from .data import DetectionData
         return _signature_default(DetectionData.__init__, arg.param)
@@ -263,7 +268,8 @@ _READERS = {"int": _int, "float": _float, "bool": _bool, "str": lambda a, v: v i
             "path": lambda a, v: os.fspath(v) if not isinstance(v, dict) else v, "imgsz": _imgsz, "cache": _cache,
             "fraction": lambda a, v: _number(a, v, "a fraction in (0, 1] or an image count"),
             "limit": lambda a, v: _number(a, v, "a batch count or a fraction"), "freeze": _freeze,
-            "device": lambda a, v: v, "dev_run": _dev_run, "deterministic": _deterministic, "hours": _hours,
+            "device": lambda a, v: v, "devices": lambda a, v: v, "dev_run": _dev_run, "deterministic": _deterministic,
+            "hours": _hours,
             "max_time": lambda a, v: v}
 
 
@@ -279,27 +285,31 @@ def coerce(arg, value):
     return _READERS[arg.kind.rstrip("?")](arg, value)
 
 
-def parse_device(device):
-    """The command line's ``device`` as Trainer's ``(accelerator, devices)``: ``auto``, ``cpu``, ``cuda`` /
-    ``gpu`` (the first GPU), ``cuda:N`` or ``N`` (GPU N), ``N,M`` or a list (GPUs N and M: data-parallel
-    training, not supported yet)."""
-    if device is None or device == "auto":
-        return "auto", "auto"
+def parse_device(device, devices="auto"):
+    """The command line's ``device`` (and ``devices``) as Trainer's ``(accelerator, devices)``: ``auto``,
+    ``cpu``, ``cuda`` / ``gpu`` with ``devices`` (how many: CPU processes, GPUs), or GPUs by ordinal: ``N``,
+    ``cuda:N``, ``N,M`` or a list (then ``devices`` must stay "auto")."""
+    if device is None or (isinstance(device, str) and device.strip().lower() in ("auto", "cpu", "cuda", "gpu")):
+        text = "auto" if device is None else device.strip().lower()
+        return {"gpu": "cuda"}.get(text, text), devices
+    ids = None
     if isinstance(device, str):
         text = device.strip().lower()
-        if text in ("cpu", "cuda", "gpu"):
-            return ("cpu" if text == "cpu" else "cuda"), "auto"
-        if text.startswith("cuda:"):
-            text = text[5:]
+        text = text[5:] if text.startswith("cuda:") else text
         items = [t.strip() for t in text.split(",") if t.strip()]
         if items and all(t.isdigit() for t in items):
-            return "cuda", [int(t) for t in items]
+            ids = [int(t) for t in items]
     elif isinstance(device, numbers.Integral) and not isinstance(device, bool) and device >= 0:
-        return "cuda", [int(device)]
+        ids = [int(device)]
     elif isinstance(device, (list, tuple)) and device and all(
             isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0 for d in device):
-        return "cuda", [int(d) for d in device]
-    raise ConfigError("device: expected auto, cpu, cuda, cuda:N, N (GPU N) or N,M, got %r" % (device,))
+        ids = [int(d) for d in device]
+    if ids is None:
+        raise ConfigError("device: expected auto, cpu, cuda, cuda:N, N (GPU N) or GPU ordinals N,M, got %r"
+                          % (device,))
+    if devices not in (None, "auto"):
+        raise ConfigError("devices: not with device=%s (the GPU ordinals already say which)" % (device,))
+    return "cuda", ids
 
 
 # ------------------------------------------------------------------------------------------ recording a run
@@ -322,8 +332,10 @@ def resolved_args(trainer, model, data, ckpt_path=None, capture_network=False):
         if not a.recorded:
             continue
         if a.target == "trainer":
-            if a.name == "device":
-                v = trainer.device
+            if a.name in ("device", "devices") and trainer.world_size == 1:  # the device alone says it
+                v = trainer.device if a.name == "device" else "auto"
+            elif a.name == "device":
+                v = trainer.accelerator
             elif a.name == "time":
                 v = None if trainer.max_time is None else trainer.max_time.total_seconds() / 3600
             elif a.name == "project":

@@ -20,6 +20,10 @@ restored, ``on_exception`` when anything raises inside ``fit`` (the exception is
 A callback's ``state_dict()`` is saved in checkpoints under its ``state_key``.
 
 The built-in callbacks check their arguments when they are made (ConfigError naming the argument).
+
+With several ranks (:mod:`ptl.distributed`) every rank runs every hook; ``trainer.global_rank``,
+``local_rank``, ``world_size`` and ``is_global_zero`` say which rank this is. The built-in callbacks write
+files and print on rank 0 only; a callback that stops the fit must decide alike on every rank.
 """
 import logging
 import math
@@ -260,7 +264,7 @@ class ModelCheckpoint(Callback):
         if stage != "fit":
             return
         self._written = set()
-        if trainer.log_dir is not None or self.dirpath is not None:
+        if _global_zero(trainer) and (trainer.log_dir is not None or self.dirpath is not None):
             io.remove_stale_temporaries(self._folder(trainer))
 
     def _unused_path(self, path):
@@ -291,7 +295,7 @@ class ModelCheckpoint(Callback):
             self._written.discard(path)
 
     def _save(self, trainer, pl_module):
-        if trainer.current_epoch_completed % self.every_n_epochs:
+        if trainer.current_epoch_completed % self.every_n_epochs or not _global_zero(trainer):
             return
         metrics = trainer.callback_metrics
         d = self._dir(trainer)
@@ -354,6 +358,10 @@ class ModelCheckpoint(Callback):
             return
         if self.save_on_train_epoch_end or not trainer.validated_this_epoch:
             self._save(trainer, pl_module)
+
+
+def _global_zero(trainer):
+    return getattr(trainer, "is_global_zero", True)
 
 
 def _remove(path):
@@ -532,6 +540,8 @@ class ProgressBar(Callback):
             trainer.current_epoch + 1, trainer.max_epochs_effective, done, total or "?", rate, eta, losses)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not _global_zero(trainer):
+            return
         total = trainer.num_training_batches
         last = total and batch_idx + 1 == total
         if self._tty():
@@ -549,7 +559,7 @@ class ProgressBar(Callback):
                 self._say(self._line(trainer, batch_idx, total))
 
     def on_validation_end(self, trainer, pl_module):
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or not _global_zero(trainer):
             return
         shown = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("metrics/") or k.startswith("val/")}
         if shown:

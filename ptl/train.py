@@ -7,6 +7,10 @@ Every argument of :mod:`ptl.arguments` is an option, in either form: ``--imgsz 6
 objects' own (``Trainer``, ``DetectionData``, ``OptimConfig``). ``resume=PATH`` (or ``last`` / ``best``)
 continues a checkpoint, ``digest=true`` prints the run's digests at the end.
 
+Several devices: ``device=0,1,2,3`` (GPU ordinals) or ``device=cpu devices=2`` (CPU processes),
+``num_nodes``; ``batch`` is then the global batch, divided over the ranks as Ultralytics does (it must
+divide evenly).
+
 Messages go to stderr through the ``ptl`` logger (INFO; ``verbose=false``: warnings and errors only), one
 line each, ``<prog>: <message>``; warnings as ``<prog>: <Category>: <message>``.
 
@@ -200,9 +204,23 @@ def _check_files(values, command):
         raise ConfigError("--model: %s does not exist" % model)
 
 
+def _world(values, accelerator, devices):
+    """The ranks of the job the arguments ask for; the global batch must divide over them."""
+    from ptl import distributed
+    try:
+        world = distributed.planned_world_size(accelerator, devices, values.get("num_nodes", 1))
+    except ValueError as exc:
+        raise ConfigError("--device %s%s: %s" % (values["device"], " --devices %s" % values["devices"]
+                                                  if values["devices"] != "auto" else "", exc)) from None
+    if values["batch"] < world or values["batch"] % world:
+        raise ConfigError("--batch %d is the batch of all %d ranks: it must be a multiple of %d"
+                          % (values["batch"], world, world))
+    return world
+
+
 def _trainer_args(values, command):
     t = _of(values, "trainer", command)
-    accelerator, devices = arguments.parse_device(t.pop("devices"))
+    accelerator, devices = arguments.parse_device(t["accelerator"], t["devices"])
     t.update(accelerator=accelerator, devices=devices, seed=values["seed"])
     if values.get("time") is not None:
         t["max_time"] = datetime.timedelta(hours=values["time"])
@@ -224,13 +242,16 @@ def _build(values, given, command="train"):
     from ptl.trainer import Trainer
 
     _check_files(values, command)
-    trainer = Trainer(**_trainer_args(values, command))
+    args = _trainer_args(values, command)
+    world = _world(values, args["accelerator"], args["devices"])
+    trainer = Trainer(**args)
     device = trainer.device
     if values.get("capture_network") and device == "cpu":
         raise ConfigError("--capture-network needs a CUDA device (--device cuda)")
     if device == "cpu" and values["precision"] not in (None, "auto", "32-true", "32", 32):
         raise ConfigError("--precision %s needs CUDA; the CPU trains in 32-true" % values["precision"])
     data_args = _of(values, "data", command)
+    data_args["batch_size"] //= world
     try:
         data = DetectionData(data_args.pop("data"), **data_args)
     except yaml.YAMLError as exc:
@@ -323,7 +344,8 @@ def _fit(values, data, model, trainer):
     trainer.fit(model, data, ckpt_path=values["resume"], capture_network=values["capture_network"])
     if trainer.log_dir is None:  # the checkpoint had finished: the ResumeWarning above says so
         return 0
-    log.info("run folder %s", trainer.log_dir)
+    if trainer.is_global_zero:
+        log.info("run folder %s", trainer.log_dir)
     if values["digest"]:
         print(json.dumps(trainer.digest(), indent=1, sort_keys=True))
     return 0

@@ -23,6 +23,7 @@ import numpy as np
 from . import callbacks as cb
 from . import checkpoint as _checkpoint
 from . import cuda as _cuda
+from . import distributed as _distributed
 from . import random as _random
 from . import runlog
 from .errors import ConfigError
@@ -91,32 +92,6 @@ def format_max_time(td):
     return "%02d:%02d:%02d:%s" % (days, hours, minutes, ("%02d" % sec) if sec == int(sec) else ("%09.6f" % sec))
 
 
-def parse_devices(devices):
-    """Lightning's ``devices``: ``"auto"``, an int (how many; -1: all), a list of device indices, or a string
-    of either (``"2"``, ``"0,1"``, ``"1,"``). Returns "auto", an int or a list of ints."""
-    if isinstance(devices, str):
-        text = devices.strip()
-        if text == "auto":
-            return "auto"
-        try:
-            if "," in text:
-                return parse_devices([int(t) for t in text.split(",") if t.strip()])
-            return parse_devices(int(text))
-        except ValueError:
-            raise ConfigError("devices: expected 'auto', a count or indices such as '0,1', got %r" % (devices,)) \
-                from None
-    if isinstance(devices, numbers.Integral) and not isinstance(devices, bool):
-        if devices == 0 or devices < -1:
-            raise ConfigError("devices: expected a count >= 1, -1 (all) or 'auto', got %r" % (devices,))
-        return int(devices)
-    if isinstance(devices, (list, tuple)) and devices and all(
-            isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0 for d in devices):
-        if len(set(devices)) != len(devices):
-            raise ConfigError("devices: an index is repeated in %r" % (devices,))
-        return [int(d) for d in devices]
-    raise ConfigError("devices: expected 'auto', an int, or a list of device indices, got %r" % (devices,))
-
-
 def _check_freeze(freeze):
     """Ultralytics' ``freeze``: None, N (the first N layers, model.0 .. model.N-1) or a list of layer
     indices and parameter-name prefixes."""
@@ -172,9 +147,11 @@ class Trainer:
     - ``deterministic``: ptl is always deterministic (the same inputs give bit-identical results, on the CPU
       and on a GPU); None/True/"warn" say so, ``False`` warns that it changes nothing.
 
-    Lightning's other shared arguments: ``accelerator`` ("auto", "cpu", "cuda"/"gpu"); ``devices``
-    ("auto", 1, ``[i]`` for GPU i, "i,"; more than one device is a ConfigError until data-parallel
-    training lands); ``logger`` (True/None: the run folder ``runs/<name>/version_N``; False: none);
+    Lightning's other shared arguments: ``accelerator`` ("auto", "cpu", "cuda"/"gpu"); ``devices`` (an int,
+    a list of GPU ordinals, ``"0,1"`` or ``"auto"``; on the CPU a number of processes; ``[i]`` trains on GPU
+    i, ``trainer.device`` is then ``"cuda:i"``), ``num_nodes`` and ``strategy="ddp"`` (``"auto"``: ddp when
+    there is more than one device) (:mod:`ptl.distributed`; more than one rank raises until the fused step
+    has its all-reduce); ``logger`` (True/None: the run folder ``runs/<name>/version_N``; False: none);
     ``fast_dev_run`` (True or n: n batches of training and validation in one epoch; no sanity check,
     checkpoint, log file or run folder; early stopping and the LR monitor off); ``max_time`` ("DD:HH:MM:SS",
     timedelta or dict: see below); ``limit_train_batches`` / ``limit_val_batches`` (count or fraction; 0
@@ -185,7 +162,10 @@ class Trainer:
     training batch, so a broken validation set fails at once; -1: all; 0: none); ``enable_checkpointing``
     and ``enable_progress_bar`` (None: True); ``default_root_dir`` (None: the current folder).
 
-    ptl's own: ``name`` (the run folder's name), ``seed`` (seeds ptl's global generator; the model's and
+    ptl's own: ``timeout`` (seconds any wait of a distributed job may take; default ``PTL_DIST_TIMEOUT`` or
+    ``ptl.distributed.DEFAULT_TIMEOUT_S``; rank 0 alone prints, logs and writes files, and ``global_rank``,
+    ``local_rank``, ``node_rank``, ``world_size`` and ``is_global_zero`` say where a process stands),
+    ``name`` (the run folder's name), ``seed`` (seeds ptl's global generator; the model's and
     data's seeds are their own), ``patience`` (Ultralytics: stop when ``fitness`` has not improved for N
     validations, an EarlyStopping on fitness; None or 0: off) and ``freeze`` (Ultralytics: N layers or a
     list of layer indices / parameter-name prefixes; recorded in hparams and args.yaml, the parameter
@@ -199,12 +179,12 @@ class Trainer:
     with a time budget depends on timing, so its digests do not repeat.
     """
 
-    def __init__(self, *, accelerator="auto", devices="auto", precision=None, logger=None, callbacks=None,
-                 fast_dev_run=False, max_epochs=None, max_steps=-1, max_time=None, limit_train_batches=None,
-                 limit_val_batches=None, overfit_batches=0.0, val_check_interval=None, check_val_every_n_epoch=1,
-                 num_sanity_val_steps=None, enable_checkpointing=None, enable_progress_bar=None,
-                 accumulate_grad_batches=None, gradient_clip_val=10.0, deterministic=None, default_root_dir=None,
-                 name="train", seed=None, patience=None, freeze=None):
+    def __init__(self, *, accelerator="auto", strategy="auto", devices="auto", num_nodes=1, precision=None,
+                 logger=None, callbacks=None, fast_dev_run=False, max_epochs=None, max_steps=-1, max_time=None,
+                 limit_train_batches=None, limit_val_batches=None, overfit_batches=0.0, val_check_interval=None,
+                 check_val_every_n_epoch=1, num_sanity_val_steps=None, enable_checkpointing=None,
+                 enable_progress_bar=None, accumulate_grad_batches=None, gradient_clip_val=10.0, deterministic=None,
+                 default_root_dir=None, name="train", seed=None, patience=None, freeze=None, timeout=None):
         check_int("max_epochs", max_epochs, 1, none_ok=True)
         if check_int("max_steps", max_steps, -1) == 0:
             raise ConfigError("max_steps: expected -1 (no limit) or an int >= 1, got 0")
@@ -217,13 +197,18 @@ class Trainer:
         check_int("check_val_every_n_epoch", check_val_every_n_epoch, 1)
         if accelerator not in ("auto", "cpu", "cuda", "gpu"):
             raise ConfigError("accelerator: expected 'cpu', 'cuda' or 'auto', got %r" % (accelerator,))
-        devices = parse_devices(devices)
-        wanted = len(devices) if isinstance(devices, list) else devices
-        if wanted != "auto" and wanted != -1 and wanted > 1:
-            raise ConfigError("devices: %r asks for %d devices; ptl trains on one device so far (data-parallel "
-                              "training is planned)" % (devices, wanted))
-        if accelerator == "cpu" and isinstance(devices, list) and devices != [0]:
-            raise ConfigError("devices: %r names device indices, but accelerator='cpu' has one device" % (devices,))
+        if strategy not in _distributed.STRATEGIES:
+            raise ConfigError("strategy: expected one of %s, got %r" % (", ".join(map(repr, _distributed.STRATEGIES)),
+                                                                      strategy))
+        check_int("num_nodes", num_nodes, 1)
+        try:
+            if accelerator == "cpu" or (accelerator == "auto" and not _cuda.is_available()):
+                _distributed.parse_devices(devices, "cpu")
+            elif devices != "auto":
+                _distributed.parse_devices(devices, "cuda", available=max(_cuda.device_count(), 1 << 16))
+            timeout = _distributed.timeout_seconds(timeout)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         for what, value in (("limit_train_batches", limit_train_batches), ("limit_val_batches", limit_val_batches),
                             ("overfit_batches", overfit_batches)):
             _limit(value, 1, what)
@@ -294,7 +279,8 @@ class Trainer:
         self.deterministic = deterministic
         self.default_root_dir = default_root_dir if default_root_dir is not None else os.getcwd()
         self.accelerator = "cuda" if accelerator == "gpu" else accelerator
-        self.devices = devices
+        self.devices, self.num_nodes, self.strategy, self.timeout = devices, num_nodes, strategy, timeout
+        self._dist = _distributed.Context()  # one process until fit() joins a job
         self.logger = logger is not False
         self.name = name
         self.seed = seed
@@ -344,6 +330,26 @@ class Trainer:
         return self._state.global_step
 
     @property
+    def global_rank(self):
+        return self._dist.rank
+
+    @property
+    def local_rank(self):
+        return self._dist.local_rank
+
+    @property
+    def node_rank(self):
+        return self._dist.node_rank
+
+    @property
+    def world_size(self):
+        return self._dist.world_size
+
+    @property
+    def is_global_zero(self):
+        return self._dist.is_global_zero
+
+    @property
     def max_epochs_effective(self):
         """The fit's planned length: max_epochs (None: 100), or a time budget's estimate once it has one."""
         if self._planned_epochs is not None:
@@ -360,24 +366,21 @@ class Trainer:
 
     @property
     def device(self):
-        """``"cpu"`` or ``"cuda:N"`` (N from ``devices``: ``[N]``; the first GPU otherwise)."""
-        index = self.devices[0] if isinstance(self.devices, list) else 0
+        """``"cpu"`` or ``"cuda:N"``: this rank's GPU once a fit has joined its job, else the first GPU that
+        ``devices`` names (``[N]``, ``"N,"``; GPU 0 for "auto" or a count)."""
         if self.accelerator == "cpu":
             return "cpu"
         if not _cuda.is_available():
             if self.accelerator == "cuda":
                 raise ConfigError("accelerator: 'cuda' requested but no CUDA device is available")
-            if isinstance(self.devices, list) and self.devices != [0]:
-                raise ConfigError("devices: %r names a GPU but no CUDA device is available" % (self.devices,))
             return "cpu"
-        count = _cuda.device_count()
-        if index >= count:
-            raise ConfigError("devices: GPU %d requested but %d CUDA device%s visible" % (
-                index, count, " is" if count == 1 else "s are"))
-        if self.devices == -1 and count > 1:
-            raise ConfigError("devices: -1 means all %d visible GPUs; ptl trains on one device so far "
-                              "(data-parallel training is planned)" % count)
-        return "cuda:%d" % index
+        if self._dist.device is not None:
+            return "cuda:%d" % self._dist.device
+        try:
+            ids = _distributed.parse_devices(1 if self.devices == "auto" else self.devices, "cuda")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return "cuda:%d" % ids[0]
 
     def log_dict(self, values):
         for k, v in values.items():
@@ -427,6 +430,7 @@ class Trainer:
             raise TypeError("model: expected a ptl.Detector, got %s" % type(model).__name__)
         if not all(hasattr(datamodule, a) for a in ("num_classes", "train_loader", "batch_size", "imgsz")):
             raise TypeError("datamodule: expected a ptl.DetectionData, got %s" % type(datamodule).__name__)
+        self._join_job()
         device = self.device  # accelerator='cuda' without a device fails here, before any work
         if capture_network and device == "cpu":
             raise ConfigError("capture_network=True: graph replay needs accelerator='cuda'")
@@ -482,6 +486,27 @@ class Trainer:
                 runlog.remove_if_empty(self.log_dir)
             raise
         return self
+
+    def _join_job(self):
+        """This process's place: one device (the GPU that ``devices`` names). devices * num_nodes > 1, or a
+        launcher's world size > 1, needs the data-parallel step, which the fused C step does not have yet:
+        ptl.distributed launches, shards the data and reduces, but the step's all-reduce is still to be
+        wired (docs/training.md, "Several GPUs and nodes")."""
+        acc = "cpu" if self.accelerator == "cpu" or not _cuda.is_available() else "cuda"
+        try:
+            # "auto" is one device until the data-parallel step exists (then, as in Lightning, every visible GPU)
+            per_node = _distributed.parse_devices(1 if self.devices == "auto" else self.devices, acc)
+            world = _distributed.planned_world_size(acc, self.devices, self.num_nodes)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if world == 1:
+            self._dist = _distributed.Context(device=per_node[0])
+        else:
+            env = _distributed.detect_environment()
+            raise NotImplementedError("Trainer: %d ranks (devices=%r, num_nodes=%d%s) need the data-parallel training "
+                                      "step, which is not wired into the fused step yet; ptl trains on one device"
+                                      % (world, self.devices, self.num_nodes,
+                                         ", started by %s" % env.launcher if env is not None else ""))
 
     def _start_messages(self, ckpt_path):
         """What the fit does that the user may not expect: ignored hyperparameters, an unapplied freeze."""
@@ -700,6 +725,7 @@ class Trainer:
     def validate(self, model, datamodule):
         """Validates ``model``'s current weights; returns ``[metrics dict]`` like Lightning. Writes no file:
         checkpoint and early-stopping callbacks act only while fitting, as in Lightning."""
+        self._join_job()
         self._check_precision(self.device)
         self.model, self.datamodule = model, datamodule
         self.state.fn = "validate"
@@ -725,10 +751,12 @@ class Trainer:
 
     # -------------------------------------------------------------------------------- logs
     def _configure_run_dir(self):
+        """Rank 0 makes the run folder (none with fast_dev_run); the other ranks are told its path."""
         if self.fast_dev_run:  # writes nothing, not even the folder
             self.log_dir = self.default_root_dir
             return
-        self.log_dir = runlog.make_run_dir(self.default_root_dir, self.name, bool(self.logger))
+        path = runlog.make_run_dir(self.default_root_dir, self.name, bool(self.logger)) if self.is_global_zero else None
+        self.log_dir = self._dist.group.broadcast_object(path) if self._dist.group is not None else path
 
     def hparams(self):
         """The fit's settings, nested by part (trainer, model, data): what hparams.yaml and checkpoints hold."""
@@ -736,7 +764,8 @@ class Trainer:
             "max_epochs", "max_steps", "precision", "accumulate_grad_batches", "gradient_clip_val",
             "limit_train_batches", "limit_val_batches", "overfit_batches", "val_check_interval",
             "check_val_every_n_epoch", "num_sanity_val_steps", "fast_dev_run", "deterministic", "accelerator",
-            "devices", "seed", "patience", "freeze", "name", "capture_network")}}
+            "devices", "num_nodes", "strategy", "timeout", "seed", "patience", "freeze", "name",
+            "capture_network")}}
         h["trainer"]["max_time"] = None if self.max_time is None else format_max_time(self.max_time)
         if self._engine is not None:
             h["model"] = self._engine.model_hparams()
@@ -744,28 +773,32 @@ class Trainer:
         return h
 
     def _write_hparams(self):
-        if self.logger:
+        if self.logger and self.is_global_zero:
             runlog.write_hparams(self.log_dir, self.hparams())
 
     def _write_args(self, ckpt_path):
-        if self.logger:
+        if self.logger and self.is_global_zero:
             from .arguments import resolved_args
             runlog.write_args(self.log_dir, resolved_args(self, self.model, self.datamodule, ckpt_path,
                                                           self.capture_network))
 
     def _write_metrics(self):
-        if self.logger:
+        if self.logger and self.is_global_zero:
             runlog.write_metrics(self.log_dir, self._epoch_rows)
 
     # ----------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, path):
-        """Writes the full training state to ``path`` (atomically: a crash leaves any previous file)."""
-        _checkpoint.save(self, path)
+        """Writes the full training state to ``path`` (atomically: a crash leaves any previous file). Rank 0
+        alone writes (the state is the same on every rank)."""
+        if self.is_global_zero:
+            _checkpoint.save(self, path)
 
     def save_weights(self, path):
         """Writes the fit's EMA weights (what validation measured) as a weights-only ``.safetensors`` that
         ``Detector.load`` reads (atomically)."""
         from .weights import write_weights
+        if not self.is_global_zero:
+            return
         model = self.model
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         write_weights(path, self._engine.ema_state_dict(), model.model_name, model.num_classes, model.names)

@@ -146,7 +146,10 @@ CASES = [
     ("model file damaged", ["--model", "{badmodel}"], "bad.safetensors"),
     ("model file of a foreign program", ["--model", "{foreign}"], "foreign.safetensors"),
     ("device unknown", ["--device", "tpu"], "device: expected auto, cpu, cuda"),
-    ("two devices", ["device=0,1"], "one device so far"),
+    ("two GPUs without one", ["device=0,1"], "--device 0,1: devices=[0, 1] on CUDA: no CUDA device is available"),
+    ("GPU ordinals with devices", ["device=0", "devices=2"], "devices: not with device=0"),
+    ("batch not a multiple of the ranks", ["device=cpu", "devices=3", "batch=4"],
+     "--batch 4 is the batch of all 3 ranks"),
     ("capture network on cpu", ["--capture-network"], "--capture-network"),
     ("low precision on cpu", ["--precision", "bf16-mixed"], "needs CUDA"),
     ("resume missing", ["--resume", "{root}/nope.ckpt"], "--resume"),
@@ -328,16 +331,16 @@ def test_argument_forms_read_alike():
 def test_device_parsing():
     from ptl.arguments import parse_device
     assert parse_device("auto") == ("auto", "auto")
-    assert parse_device("cpu") == ("cpu", "auto")
+    assert parse_device("cpu") == ("cpu", "auto") and parse_device("cpu", 2) == ("cpu", 2)
     assert parse_device("cuda") == parse_device("gpu") == ("cuda", "auto")
     assert parse_device("0") == parse_device(0) == parse_device("cuda:0") == ("cuda", [0])
     assert parse_device("cuda:1") == ("cuda", [1])
-    assert parse_device("0,1") == parse_device([0, 1]) == ("cuda", [0, 1])  # passed on: Trainer refuses two
+    assert parse_device("0,1") == parse_device([0, 1]) == ("cuda", [0, 1])  # passed on to the Trainer
     for bad in ("tpu", "cuda:x", "-1", -1, "0,a", [], True):
         with pytest.raises(ptl.ConfigError, match="device"):
             parse_device(bad)
-    with pytest.raises(ptl.ConfigError, match="one device so far"):
-        ptl.Trainer(accelerator=parse_device("0,1")[0], devices=parse_device("0,1")[1])
+    with pytest.raises(ptl.ConfigError, match="devices: not with device=0,1"):
+        parse_device("0,1", 2)
 
 
 def test_ptl_command_and_its_subcommands(files, tmp_path, capsys):

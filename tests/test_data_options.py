@@ -291,15 +291,34 @@ def test_disk_cache_survives_a_kill_while_writing(tmp_path, coco256, subset):
     assert len(list(cc.rglob("*.ptlc"))) == 32 and not list(cc.rglob("*.tmp.*"))
 
 
-def test_ctrl_c_while_filling_the_cache(tmp_path, subset):
+def test_ctrl_c_while_filling_the_cache(tmp_path, coco256):
+    """Ctrl-C during the disk cache's fill ends it promptly. The interrupt is sent once the fill has written
+    its first file, and never after the call returned (a late SIGINT would end the whole test session)."""
     import threading
-    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-    t0 = time.monotonic()
+    cc = tmp_path / "cc"
+    yaml = tmp_path / "all.yaml"  # all 256 images: far more than the fill writes before the interrupt
+    yaml.write_text("path: %s\ntrain: images/train2017\nval: [images/train2017, images/val2017]\nnames: %s\n"
+                    % (coco256, [str(i) for i in range(80)]))
+    returned, sent = threading.Event(), []
+
+    def interrupt():
+        deadline = time.monotonic() + 60
+        while not returned.is_set() and time.monotonic() < deadline:
+            if any(cc.rglob("*.ptlc")):
+                sent.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.005)
+    timer = threading.Thread(target=interrupt)
     timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        data(subset, imgsz=640, workers=1, cache="disk", cache_dir=str(tmp_path / "cc")).val_loader()
-    assert time.monotonic() - t0 < 5
-    timer.join()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            data(yaml, imgsz=640, workers=1, cache="disk", cache_dir=str(cc)).val_loader()
+    finally:
+        returned.set()
+        timer.join()
+    assert sent and time.monotonic() - sent[0] < 5
+    assert len(list(cc.rglob("*.ptlc"))) < 256, "the fill ran to the end: the interrupt came too late to test"
 
 
 # ---- imgsz --------------------------------------------------------------------------------------------------------

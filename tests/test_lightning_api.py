@@ -24,7 +24,8 @@ MODEL_CHECKPOINT = [("dirpath", None), ("filename", None), ("monitor", None), ("
 LEARNING_RATE_MONITOR = [("logging_interval", None), ("log_momentum", False), ("log_weight_decay", False)]
 
 # Lightning 2.6's Trainer (keyword-only) arguments that ptl shares, in Lightning's order, with their defaults
-TRAINER = [("accelerator", "auto"), ("devices", "auto"), ("precision", None), ("logger", None), ("callbacks", None),
+TRAINER = [("accelerator", "auto"), ("strategy", "auto"), ("devices", "auto"), ("num_nodes", 1), ("precision", None),
+           ("logger", None), ("callbacks", None),
            ("fast_dev_run", False), ("max_epochs", None), ("max_steps", -1), ("max_time", None),
            ("limit_train_batches", None), ("limit_val_batches", None), ("overfit_batches", 0.0),
            ("val_check_interval", None), ("check_val_every_n_epoch", 1), ("num_sanity_val_steps", None),
