@@ -308,7 +308,7 @@ def parse_device(device, devices="auto"):
         raise ConfigError("device: expected auto, cpu, cuda, cuda:N, N (GPU N) or GPU ordinals N,M, got %r"
                           % (device,))
     if devices not in (None, "auto"):
-        raise ConfigError("devices: not with device=%s (the GPU ordinals already say which)" % (device,))
+        raise ConfigError("--devices: not with --device %s (the GPU ordinals already say which)" % (device,))
     return "cuda", ids
 
 

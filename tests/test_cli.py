@@ -147,7 +147,7 @@ CASES = [
     ("model file of a foreign program", ["--model", "{foreign}"], "foreign.safetensors"),
     ("device unknown", ["--device", "tpu"], "device: expected auto, cpu, cuda"),
     ("two GPUs without one", ["device=0,1"], "--device 0,1: devices=[0, 1] on CUDA: no CUDA device is available"),
-    ("GPU ordinals with devices", ["device=0", "devices=2"], "devices: not with device=0"),
+    ("GPU ordinals with devices", ["device=0", "devices=2"], "--devices: not with --device 0"),
     ("batch not a multiple of the ranks", ["device=cpu", "devices=3", "batch=4"],
      "--batch 4 is the batch of all 3 ranks"),
     ("capture network on cpu", ["--capture-network"], "--capture-network"),
@@ -339,7 +339,7 @@ def test_device_parsing():
     for bad in ("tpu", "cuda:x", "-1", -1, "0,a", [], True):
         with pytest.raises(ptl.ConfigError, match="device"):
             parse_device(bad)
-    with pytest.raises(ptl.ConfigError, match="devices: not with device=0,1"):
+    with pytest.raises(ptl.ConfigError, match="--devices: not with --device 0,1"):
         parse_device("0,1", 2)
 
 
