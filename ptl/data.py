@@ -58,18 +58,21 @@ counts the replacement twice, prediction leaves the file out). ``Loader.skipped_
 """
 import hashlib
 import json
+import logging
 import math
 import os
 import re
-import sys
 import warnings
 
 import numpy as np
 
 from . import _C
+from .errors import yaml_error_line
 from .hparams_check import check_data_args
 
 IMG_FORMATS = {"bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "pfm", "heic"}
+log = logging.getLogger(__name__)
+
 STRIDE = 32  # the network's largest stride: image sizes are multiples of it
 
 __all__ = ["Batch", "DataWarning", "DetectionData", "image_files", "label_path", "read_data_yaml"]
@@ -235,7 +238,7 @@ def read_data_yaml(data):
             try:
                 cfg = yaml.safe_load(f) or {}
             except yaml.YAMLError as e:
-                raise ValueError("%s: not valid YAML (%s)" % (where, e)) from None
+                raise ValueError(yaml_error_line(e, where)) from None
         if not isinstance(cfg, dict):
             raise ValueError("%s: expected a mapping with keys path, train, val, names" % where)
         base = os.path.dirname(os.path.abspath(where))
@@ -468,7 +471,9 @@ class DetectionData:
       ``ptl._C.DATA_JPEG_SCALE_PIXELS`` (4096 x 4096); ``0`` or ``None`` decodes every JPEG at full size.
     - ``allow_empty_labels``: training on a split where no image has a label raises ValueError unless this is
       True (then, as for a validation split without labels, a DataWarning says so with the counts: images,
-      with labels, empty label files, no label file; with ``verbose`` the counts are printed for every split).
+      with labels, empty label files, no label file; with ``verbose`` the counts are said for every split).
+    - ``verbose``: the label counts and cache lines go to the ``ptl.data`` logger at INFO (the library adds no
+      handler: ``logging.basicConfig(level=logging.INFO)`` shows them; the command line prints them).
     """
 
     def __init__(self, data, imgsz=640, batch_size=16, workers=8, cache=None, persistent_workers=True, seed=0,
@@ -597,8 +602,7 @@ class DetectionData:
             cache_paths, folders = disk_cache_paths(images, "%dx%d" % (frame[1], frame[0]), self.cache_dir)
             moved = sorted(d for d, c in folders.items() if os.path.dirname(c) != d)
             if moved and self.verbose and self.cache_dir is None and self._says():
-                print("ptl.data: %s is read-only; its disk cache is under %s" % (moved[0], _cache_root(None)),
-                      file=sys.stderr)
+                log.info("%s is read-only; its disk cache is under %s", moved[0], _cache_root(None))
         hy = self.hyp
         c, info = _C.data_loader(
             images, labels, nc=self.cfg["nc"], imgsz=frame,
@@ -630,8 +634,8 @@ class DetectionData:
         if self.cache:
             need, _ = c.cache_info()
             if self.verbose and self._says():
-                print("ptl.data: caching %d %s images %s (%.2f GB)" % (
-                    info["n"], split, "in RAM" if self.cache == "ram" else "on disk", need / 1e9), file=sys.stderr)
+                log.info("caching %d %s images %s (%.2f GB)", info["n"], split,
+                         "in RAM" if self.cache == "ram" else "on disk", need / 1e9)
             c.fill_cache()
             loader.report_problems()
         self._loaders[split] = loader
@@ -651,7 +655,7 @@ class DetectionData:
             if self._says():
                 warnings.warn("%s %s: no labels found, %s%s" % (split, where, counts, hint), DataWarning, stacklevel=4)
         elif self.verbose and self._says():
-            print("ptl.data: %s %s: %s" % (split, where, counts), file=sys.stderr)
+            log.info("%s %s: %s", split, where, counts)
 
     def shapes(self, split):
         """Original (h, w) of the usable images of a split, in dataset order."""

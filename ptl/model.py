@@ -278,7 +278,8 @@ class Detector:
         strict: missing or unexpected keys raise KeyError listing them; a value of the wrong shape raises
         ValueError. Not strict (a transfer, e.g. to another class count): every tensor whose name and shape
         match is copied, the others keep the model's values, and ``Transferred a/b items from <source>``
-        with the list of what was left out goes to stderr (``verbose``); ValueError when nothing matches.
+        goes to the ``ptl.weights`` logger at INFO, the list of what was left out at DEBUG (``verbose``,
+        :meth:`ptl.weights.Transfer.report`); ValueError when nothing matches.
         """
         from .weights import plan_transfer
         plan = plan_transfer(self._index, state, source)

@@ -30,7 +30,7 @@ import sys
 import warnings
 
 from ptl import arguments
-from ptl.errors import ConfigError
+from ptl.errors import ConfigError, yaml_error_line
 
 log = logging.getLogger("ptl.train")
 _GROUPS = {"data": "data", "model": "model", "hparams": "model", "trainer": "trainer", "fit": "trainer",
@@ -118,14 +118,6 @@ def normalize(argv, parser):
     return out
 
 
-def _yaml_error_line(exc, path):
-    """A PyYAML error as one line naming the file, line and column."""
-    mark = getattr(exc, "problem_mark", None)
-    where = "%s, line %d, column %d" % (path, mark.line + 1, mark.column + 1) if mark is not None else path
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    return "%s: YAML syntax error: %s" % (where, problem)
-
-
 def read_cfg(path, command):
     """The arguments of a flat YAML file (a run's args.yaml): {name: value}. Keys of another command are
     left out; unknown keys and values that do not read are ConfigErrors naming the file."""
@@ -136,7 +128,7 @@ def read_cfg(path, command):
         with open(path) as f:
             values = yaml.safe_load(f)
     except yaml.YAMLError as exc:
-        raise ConfigError("cfg: " + _yaml_error_line(exc, path)) from None
+        raise ConfigError("cfg: " + yaml_error_line(exc, path)) from None
     if values is None:
         return {}
     if not isinstance(values, dict):
@@ -234,8 +226,6 @@ def _trainer_args(values, command):
 def _build(values, given, command="train"):
     """Data, model and trainer from the arguments; the train loader is made (and its files scanned) here,
     so that a bad dataset is reported as a user error before the fit begins."""
-    import yaml
-
     import ptl
     from ptl.data import DetectionData
     from ptl.engine import _limit
@@ -252,10 +242,7 @@ def _build(values, given, command="train"):
         raise ConfigError("--precision %s needs CUDA; the CPU trains in 32-true" % values["precision"])
     data_args = _of(values, "data", command)
     data_args["batch_size"] //= world
-    try:
-        data = DetectionData(data_args.pop("data"), **data_args)
-    except yaml.YAMLError as exc:
-        raise ConfigError(_yaml_error_line(exc, values["data"])) from None
+    data = DetectionData(data_args.pop("data"), **data_args)
     model_arg = values["model"]
     hparams = {k: v for k, v in _of(values, "hparams", command).items() if k in given}
     if model_arg.endswith((".pt", ".pth", ".safetensors", ".ckpt")):  # start from weights (ptl.weights)
@@ -264,9 +251,6 @@ def _build(values, given, command="train"):
     else:
         model = ptl.Detector(model_arg, num_classes=data.num_classes, seed=values["seed"])
     model.hparams = hparams
-    if model.num_classes != data.num_classes:
-        raise ConfigError("--model %s has %d classes but %s has %d" % (model_arg, model.num_classes, values["data"],
-                                                                       data.num_classes))
     if command == "train":
         n = len(data.train_loader())
         if _limit(trainer.limit_train_batches, n, "limit_train_batches") == 0:

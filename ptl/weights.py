@@ -16,14 +16,15 @@ transferred when the source holds it, or, for ptl files (which never do), when t
 BatchNorm (a counter is a scalar, so its shape always matches, as in Ultralytics' count).
 """
 import json
+import logging
 import os
-import sys
 
 import numpy as np
 
 __all__ = ["WeightsFile", "read_weights", "write_weights", "Transfer", "plan_transfer"]
 
 _NBT = ".num_batches_tracked"
+log = logging.getLogger(__name__)
 
 
 class WeightsFile:
@@ -98,7 +99,10 @@ class Transfer:
         return not (self.mismatched or self.missing or self.unexpected)
 
     def summary(self):
-        """``Transferred a/b items from <source>`` plus one line per kind of tensor left out."""
+        """``Transferred a/b items from <source>`` plus the tensors left out, one per line."""
+        return "\n".join(self._lines())
+
+    def _lines(self):
         lines = ["Transferred %d/%d items from %s" % (self.transferred, self.total, self.source)]
         if self.mismatched:
             lines.append("  %d tensors of another shape keep the model's initialisation:" % len(self.mismatched))
@@ -109,10 +113,18 @@ class Transfer:
         if self.unexpected:
             lines.append("  %d source tensors the model lacks are ignored:" % len(self.unexpected))
             lines += ["    " + k for k in self.unexpected]
-        return "\n".join(lines)
+        return lines
 
     def report(self, stream=None):
-        print(self.summary(), file=stream if stream is not None else sys.stderr)
+        """The summary written to ``stream``; without one, through the ``ptl.weights`` logger: the
+        ``Transferred a/b items`` line at INFO (as Ultralytics says it), the tensors left out at DEBUG."""
+        if stream is not None:
+            stream.write(self.summary() + "\n")
+            return
+        first, *rest = self._lines()
+        log.info("%s", first)
+        for line in rest:
+            log.debug("%s", line)
 
     def __repr__(self):
         return "Transfer(%d/%d from %s)" % (self.transferred, self.total, self.source)

@@ -4,6 +4,7 @@ styles (``--imgsz 64`` and ``imgsz=64``) and ``cfg=args.yaml`` give the same run
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -132,7 +133,9 @@ CASES = [
     ("project is a file", ["--project", "{afile}"], "--project"),
     ("data missing", ["--data", "{root}/missing.yaml"], "missing.yaml does not exist"),
     ("data is a folder", ["--data", "{root}"], "is not a file"),
-    ("data YAML syntax error", ["--data", "{yaml_syntax}"], "syntax.yaml: not valid YAML"),
+    ("data YAML syntax error", ["--data", "{yaml_syntax}"],
+     "syntax.yaml, line 5, column 4: YAML syntax error: expected ',' or ']', but got ':' (while parsing a flow "
+     "sequence from line 4, column 8)"),
     ("data YAML not a mapping", ["--data", "{yaml_list}"], "expected a mapping"),
     ("data without names", ["--data", "{yaml_nonames}"], "names"),
     ("train images missing", ["--data", "{yaml_notrain}"], "nothing_here"),
@@ -140,7 +143,8 @@ CASES = [
     ("cfg missing", ["cfg={root}/none.yaml"], "none.yaml does not exist"),
     ("cfg unknown key", ["--cfg", "{badcfg}"], "badcfg.yaml: unknown argument 'frobnicate'"),
     ("cfg bad value", ["--cfg", "{typecfg}"], "typecfg.yaml: epochs: expected an int, got 'two'"),
-    ("cfg YAML syntax error", ["--cfg", "{yaml_syntax}"], "syntax.yaml, line 5, column 4: YAML syntax error"),
+    ("cfg YAML syntax error", ["--cfg", "{yaml_syntax}"], "syntax.yaml, line 5, column 4: YAML syntax error: "
+     "expected ',' or ']', but got ':' (while parsing a flow sequence from line 4, column 8)"),
     ("unknown model", ["--model", "yolo26q"], "model"),
     ("model file missing", ["--model", "{root}/nope.safetensors"], "nope.safetensors does not exist"),
     ("model file damaged", ["--model", "{badmodel}"], "bad.safetensors"),
@@ -222,15 +226,55 @@ def test_subprocess_exit_status_and_one_line(files):
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
 
 
+# the cases found once the data is scanned or the fit has begun, when INFO lines come before the error
+AFTER_SCAN = ["limit train fraction leaves none", "data YAML syntax error", "resume truncated", "resume a model file",
+              "resume without grads", "resume other batch", "resume other scale"]
+
+
+@pytest.mark.parametrize("name", AFTER_SCAN)
+def test_user_error_when_verbose_is_one_line_after_the_info_lines(files, capsys, name):
+    """With the CLI's default verbosity the INFO lines said before the error (the label counts, the precision)
+    are ``ptl.train: <message>`` lines of the ptl logger, and the error is still one line, the last."""
+    extra, words = {c[0]: c[1:] for c in CASES}[name]
+    rc, err, out = run_main(files["base"] + expand(extra, files) + ["--verbose", "true"], capsys)
+    assert rc == 2 and out == "", (name, err)
+    assert all(e.startswith("ptl.train: ") for e in err) and not any("Traceback" in e for e in err), err
+    assert [e for e in err if e.startswith("ptl.train: error: ")] == [err[-1]] and words in err[-1], err
+    assert not any(e.startswith("ptl.train: error: ") or "error:" in e for e in err[:-1]), err
+
+
 def test_resume_that_continues_prints_the_digest(files, capsys):
-    """A resume for fewer epochs than planned (1 done, 3 planned, 2 asked): one warning line, one epoch."""
+    """A resume for fewer epochs than planned (1 done, 3 planned, 2 asked): one warning line, one epoch; every
+    stderr line is a ptl logger message, the digests alone are on stdout."""
     rc, err, out = run_main(files["base"] + ["--epochs", "2", "--resume", files["unfinished"], "--digest",
                                              "--checkpointing", "false", "--verbose", "true"], capsys)
     assert rc == 0, err
     assert set(json.loads(out)) == {"losses", "model", "optimizer", "schedule", "ema", "metrics"}
-    warned = [e for e in err if "Warning: " in e]
-    assert len(warned) == 1 and warned[0].startswith("ptl.train: ResumeWarning: ") and "planned for 3" in warned[0]
-    assert err[-1].startswith("ptl.train: run folder ") and not any("error" in e for e in err)
+    data = str(files["base"][1].parent / "images")
+    expected = [r"train %s/train2017: 128 images: 126 with labels, 0 empty, 2 without a label file$" % re.escape(data),
+                r"val %s/val2017: 128 images: 128 with labels, 0 empty, 0 without a label file$" % re.escape(data),
+                r"precision: 32-true \(the default on cpu\)$",
+                r"ResumeWarning: ckpt_path: .*unfinished\.ckpt comes from a run planned for 3 epoch\(s\); resuming it "
+                r"for 2 changes the learning-rate schedule",
+                r"resuming from .*unfinished\.ckpt at epoch 1$",
+                r"run folder %s\d+$" % re.escape(str(files["root"] / "runs" / "train" / "version_"))]
+    assert len(err) == len(expected), err
+    for line, pattern in zip(err, expected):
+        assert line.startswith("ptl.train: ") and re.match(pattern, line[len("ptl.train: "):]), (line, pattern)
+
+
+def test_model_file_of_other_classes_is_transferred(files, capsys):
+    """A 3-class weight file for the 80-class data: the tensors that fit are transferred and the fit runs; the
+    CLI says so in one INFO line, Ultralytics' 'Transferred a/b items' (the list of what was left out is DEBUG)."""
+    rc, err, out = run_main(files["base"] + ["--model", files["model3"], "--epochs", "1", "--checkpointing", "false",
+                                             "--verbose", "true", "--digest"], capsys)
+    assert rc == 0, err
+    assert set(json.loads(out)) == {"losses", "model", "optimizer", "schedule", "ema", "metrics"}
+    assert "ptl.train: Transferred 606/708 items from three.safetensors" in err, err
+    assert all(e.startswith("ptl.train: ") and not e.startswith("ptl.train:  ") for e in err), err
+    rc, err, _ = run_main(files["base"] + ["--model", files["model3"], "--epochs", "1", "--checkpointing", "false"],
+                          capsys)
+    assert rc == 0 and err == [], err  # verbose=false: nothing but warnings and errors
 
 
 # ---- issue 15.4 / 14.4 / 19.10: one command line, both argument styles, args.yaml --------------------------------

@@ -3,6 +3,7 @@ scan and at decode (memory bounded), DCT-scaled decoding of large JPEGs, files t
 worker reported once and replaced deterministically (any worker count, any cache), truncated images are
 corrupt, missing labels are said."""
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -327,11 +328,20 @@ def test_missing_and_empty_labels(tmp_path, jpeg):
         data(ys["nolabels"]).train_loader()
 
 
-def test_label_counts(tmp_path, coco256, capsys):
+def test_label_counts(tmp_path, coco256, caplog, capfd):
+    """The counts are an INFO record of the ptl.data logger with verbose (nothing printed past logging), and
+    no record without."""
     y = good_dataset(tmp_path, coco256, n=5)
     (tmp_path / "labels/train/im01.txt").unlink()
     (tmp_path / "labels/train/im02.txt").write_text("")
+    caplog.set_level(logging.INFO, logger="ptl")
     d = data(y, verbose=True)
     info = d.train_loader().info
     assert (info["n"], info["labeled"], info["empty"], info["missing_labels"]) == (5, 3, 1, 1)
-    assert "5 images: 3 with labels, 1 empty, 1 without a label file" in capsys.readouterr().err
+    said = [r for r in caplog.records if r.name == "ptl.data"]
+    assert len(said) == 1 and said[0].levelno == logging.INFO
+    assert "5 images: 3 with labels, 1 empty, 1 without a label file" in said[0].getMessage()
+    assert capfd.readouterr().err == ""
+    caplog.clear()
+    data(y, verbose=False).train_loader()
+    assert not [r for r in caplog.records if r.name == "ptl.data"]

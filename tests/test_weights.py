@@ -5,6 +5,7 @@ the ``ultralytics`` tests build real checkpoints with the installed package."""
 import hashlib
 import io
 import json
+import logging
 import os
 import pathlib
 import pickle
@@ -127,20 +128,28 @@ def test_training_checkpoint_takes_the_ema_entry():
     assert upt.checkpoint_from_tree("best.pt", dict(tree)).entry == "model"
 
 
-def test_detector_load_and_weights_from_pt(capsys):
+def said(caplog):
+    """(the INFO lines, the DEBUG lines) of the ptl.weights logger, captured at DEBUG."""
+    records = [r for r in caplog.records if r.name == "ptl.weights"]
+    return ("\n".join(r.getMessage() for r in records if r.levelno == logging.INFO),
+            "\n".join(r.getMessage() for r in records if r.levelno == logging.DEBUG))
+
+
+def test_detector_load_and_weights_from_pt(caplog):
+    caplog.set_level(logging.DEBUG, logger="ptl.weights")
     det = ptl.Detector.load(PT)
     ck = upt.load_ultralytics(PT)
     assert det.names == ck.names
     # another class count: every tensor that fits is copied, the class convs keep their initialisation
     five = ptl.Detector("yolo26n", num_classes=5, seed=3, weights=PT)
     init = ptl.Detector("yolo26n", num_classes=5, seed=3).state_dict()
-    err = capsys.readouterr().err
+    info, err = said(caplog)
     got, src = five.state_dict(), ck.state_dict
     copied = [k for k in got if src[k].shape == got[k].shape]
     kept = [k for k in got if k not in copied]
     nbt = sum(1 for k in src if k.endswith("num_batches_tracked") and k[:-19] + "running_mean" in got)
     total = len(got) + sum(1 for k in got if k.endswith("running_mean"))
-    assert "Transferred %d/%d items from %s" % (len(copied) + nbt, total, PT.name) in err
+    assert info == "Transferred %d/%d items from %s" % (len(copied) + nbt, total, PT.name)  # one INFO line
     assert total == 708 and kept and all(k in err for k in kept)
     assert all(np.array_equal(got[k], src[k]) for k in copied)
     assert all(np.array_equal(got[k], init[k]) for k in kept)
@@ -149,7 +158,7 @@ def test_detector_load_and_weights_from_pt(capsys):
     assert five.names == ["0", "1", "2", "3", "4"]  # not the file's: the classes differ
 
 
-def test_transfer_80_to_3_then_fine_tune(coco256, tmp_path, capsys):
+def test_transfer_80_to_3_then_fine_tune(coco256, tmp_path, caplog):
     """80 -> 3 classes from a ptl file: the counts Ultralytics would print, copied tensors equal, class
     convs untouched; a short CPU fine-tune runs, leaves the EMA weights in the model and writes
     weights-only files that load back."""
@@ -158,17 +167,19 @@ def test_transfer_80_to_3_then_fine_tune(coco256, tmp_path, capsys):
     src_path = tmp_path / "coco80.safetensors"
     src.save(src_path)
     sd80 = src.state_dict()
+    caplog.set_level(logging.DEBUG, logger="ptl.weights")
     det = ptl.Detector("yolo26n", num_classes=3, seed=7, weights=src_path)
-    err = capsys.readouterr().err
+    info, err = said(caplog)
     init = ptl.Detector("yolo26n", num_classes=3, seed=7).state_dict()
     got = det.state_dict()
     copied = [k for k in got if sd80[k].shape == got[k].shape]
     bn = [k for k in got if k.endswith("running_mean")]
     expected = len(copied) + len(bn)  # every BatchNorm's num_batches_tracked, a scalar, counts (as Ultralytics')
-    assert "Transferred %d/%d items from coco80.safetensors" % (expected, len(got) + len(bn)) in err
+    assert info == "Transferred %d/%d items from coco80.safetensors" % (expected, len(got) + len(bn))
     assert (expected, len(got) + len(bn)) == (606, 708)  # yolo26n: the class branch is 64 wide for 3 classes, 80 for 80
     assert all(np.array_equal(got[k], sd80[k]) for k in copied)
     assert all(np.array_equal(got[k], init[k]) for k in got if k not in copied)
+    assert all(k in err for k in got if k not in copied)  # what was left out is listed (DEBUG)
     for p in ("", "one2one_"):
         for i in range(3):
             for t in ("weight", "bias"):
@@ -225,6 +236,7 @@ def test_train_cli_starts_from_a_pt(coco256, tmp_path):
                         "--progress-bar", "false"], capture_output=True, text=True, timeout=900,
                        env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert r.returncode == 0, r.stderr
+    assert all(line.startswith("ptl.train: ") for line in r.stderr.splitlines()), r.stderr  # ptl logger lines
     last = tmp_path / "runs" / "train" / "version_0" / "weights" / "last.safetensors"
     assert ptl.Detector.load(last).names == ["person", "car", "dog"]
 
