@@ -15,7 +15,9 @@ from .errors import ConfigError
 __all__ = ["OPTIMIZERS", "check_bool", "check_choice", "check_data_args", "check_float", "check_hparams",
            "check_imgsz_arg", "check_int", "check_optim_config"]
 
-OPTIMIZERS = ("auto", "MuSGD", "SGD", "AdamW")  # matched case-insensitively, as optim.choose_optimizer does
+# the optimizer names (matched case-insensitively); optim.choose_optimizer, param_groups and FlatOptimizer read
+# them here, "auto" first (the optimizers themselves are the rest)
+OPTIMIZERS = ("auto", "MuSGD", "SGD", "AdamW")
 
 
 def check_int(name, value, lo=None, hi=None, *, none_ok=False):

@@ -107,14 +107,10 @@ class Detector:
 
     @hparams.setter
     def hparams(self, value) -> None:
-        value = dict(value or {})
-        unknown = sorted(set(value) - set(self.HPARAMS))
-        if unknown:
-            raise KeyError(f"hparams: unknown keys {unknown}; expected some of {list(self.HPARAMS)}")
-        for k in ("box", "cls", "dfl"):
-            if k in value and not (isinstance(value[k], (int, float)) and 0 <= value[k] < float("inf")):
-                raise ValueError(f"hparams: {k} gain must be a finite number >= 0, got {value[k]!r}")
-        self._hparams = value
+        """Every value is range-checked here (:func:`ptl.hparams_check.check_hparams`: a ConfigError naming
+        the key, before anything changes); the optimizer name is kept in its canonical spelling."""
+        from .hparams_check import check_hparams
+        self._hparams = check_hparams(dict(value or {}))
 
     # ------------------------------------------------------------------------------ structure
     @property

@@ -81,9 +81,29 @@ def test_optimizer_names_fold_case():
 @pytest.mark.parametrize("field,value", [("epochs", 0), ("batch", 0), ("max_norm", -1.0), ("nc", 0),
                                          ("n_train_images", -1), ("lr0", math.nan), ("momentum", 1.0)])
 def test_bad_optim_config(field, value):
-    cfg = dataclasses.replace(optim.OptimConfig(), **{field: value})
+    """check_optim_config refuses the value, and so does OptimConfig itself (its __post_init__ calls it)."""
+    fields = dataclasses.asdict(optim.OptimConfig())
     with pytest.raises(ptl.ConfigError, match="OptimConfig.%s: expected" % field):
-        check_optim_config(cfg)
+        check_optim_config(dict(fields, **{field: value}))
+    with pytest.raises(ptl.ConfigError, match="OptimConfig.%s: expected" % field):
+        optim.OptimConfig(**{field: value})
+    with pytest.raises(ptl.ConfigError, match="OptimConfig.%s: expected" % field):
+        dataclasses.replace(optim.OptimConfig(), **{field: value})
+
+
+def test_detector_hparams_are_checked_where_they_enter():
+    """Detector(hparams=...) and the hparams setter use check_hparams: a ConfigError naming the key, and the
+    model's hparams are unchanged after a refused assignment."""
+    det = ptl.Detector("yolo26n", num_classes=2, hparams={"optimizer": "sgd", "lr0": 0.02})
+    assert det.hparams == {"optimizer": "SGD", "lr0": 0.02}  # canonical spelling
+    for bad, words in (({"lr0": -1}, "hparams: lr0: expected"), ({"momentum": 1.0}, "hparams: momentum"),
+                       ({"box": math.inf}, "hparams: box"), ({"optimizer": "Adam"}, "hparams: optimizer"),
+                       ({"lr": 0.1}, "unknown key 'lr'")):
+        with pytest.raises(ptl.ConfigError, match=words):
+            det.hparams = bad
+        assert det.hparams == {"optimizer": "SGD", "lr0": 0.02}
+    with pytest.raises(ptl.ConfigError, match="hparams: nbs"):
+        ptl.Detector("yolo26n", num_classes=2, hparams={"nbs": 0})
 
 
 @pytest.mark.parametrize("kw,words", [
