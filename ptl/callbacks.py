@@ -531,13 +531,18 @@ class ProgressBar(Callback):
         self._t0 = time.perf_counter()
 
     def _line(self, trainer, batch_idx, total):
+        """The progress line; the epoch's last one also counts the image files the train loader has left out
+        (skipped at the scan or replaced after a failed decode, issue 18.2) when there are any."""
         done = batch_idx + 1
         elapsed = time.perf_counter() - self._t0
         rate = done / elapsed if elapsed > 0 else 0.0
         eta = (total - done) / rate if rate > 0 and total else 0.0
         losses = " ".join("%s=%.4g" % (k.split("/")[-1], v) for k, v in trainer.progress_metrics().items())
-        return "epoch %d/%d %d/%s %.2fit/s eta %.0fs %s" % (
+        line = "epoch %d/%d %d/%s %.2fit/s eta %.0fs %s" % (
             trainer.current_epoch + 1, trainer.max_epochs_effective, done, total or "?", rate, eta, losses)
+        loader = getattr(getattr(trainer, "_engine", None), "train_loader", None)
+        skipped = getattr(loader, "skipped_files", 0) if total and done == total else 0
+        return line + (" skipped %d image file%s" % (skipped, "" if skipped == 1 else "s") if skipped else "")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if not _global_zero(trainer):

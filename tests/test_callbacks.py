@@ -198,6 +198,7 @@ def test_progress_bar_plain_lines(tmp_path):
         bar.on_train_batch_end(tr, None, None, None, i)
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and lines[-1].startswith("epoch 1/10 4/4") and "box_loss=1.5" in lines[-1]
+    assert "skipped" not in out.getvalue()  # no loader, nothing skipped: the line does not mention it
 
 
 def test_close_mosaic_configures_the_data(tmp_path):
