@@ -24,16 +24,16 @@ USAGE = """usage: ptl {train,val,predict,export} [options | key=value ...]
 Options take either form: --imgsz 640 or imgsz=640; cfg=args.yaml reads a run's arguments."""
 
 
-def _predict(argv, prog):  # its messages name it python -m ptl.predict
+def _predict(argv, prog):
     from . import predict
     from .train import normalize
-    return predict.main(normalize(argv, predict.build_parser()))
+    return predict.main(normalize(argv, predict.build_parser(prog)), prog)
 
 
 def _export(argv, prog):
     from . import export
     from .train import normalize
-    return export.main(normalize(argv, export.build_parser()))
+    return export.main(normalize(argv, export.build_parser(prog)), prog)
 
 
 def _train(argv, prog):

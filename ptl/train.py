@@ -275,10 +275,10 @@ def _load_model_file(path, data, seed):
     try:
         return ptl.Detector.load(path, num_classes=data.num_classes, names=data.names, seed=seed)
     except (ValueError, KeyError, OSError) as exc:  # a file that is not such weights (CheckpointError included)
-        raise ConfigError("--model: %s" % _one_line(exc)) from None
+        raise ConfigError("--model: %s" % one_line(exc)) from None
 
 
-def _one_line(message):
+def one_line(message):
     return " ".join(str(message).split()) or "error"
 
 
@@ -296,7 +296,7 @@ def cli_logging(prog):
     try:
         with warnings.catch_warnings():
             warnings.showwarning = lambda message, category, *rest, **kw: logger.warning(
-                "%s: %s", category.__name__, _one_line(message))
+                "%s: %s", category.__name__, one_line(message))
             yield logger
     finally:
         logger.removeHandler(handler)
@@ -314,12 +314,12 @@ def _run(argv, command, prog, body):
             data, model, trainer = _build(values, given, command)
             return body(values, data, model, trainer)
         except ConfigError as exc:
-            print("%s: error: %s" % (prog, _one_line(exc)), file=sys.stderr)
+            print("%s: error: %s" % (prog, one_line(exc)), file=sys.stderr)
             return 2
         except (ValueError, TypeError, KeyError, OSError) as exc:
             if not _before_fit(exc):
                 raise
-            print("%s: error: %s" % (prog, _one_line(exc.args[0] if isinstance(exc, KeyError) and exc.args
+            print("%s: error: %s" % (prog, one_line(exc.args[0] if isinstance(exc, KeyError) and exc.args
                                                      else exc)), file=sys.stderr)
             return 2
 

@@ -412,6 +412,16 @@ def test_ptl_command_and_its_subcommands(files, tmp_path, capsys):
     assert cli.main(["predict", "model=%s" % weights, "source=%s" % src, "imgsz=64", "project=%s" % tmp_path,
                      "save_txt=true", "no_save=true"]) == 0
     assert list((tmp_path / "runs" / "predict" / "version_0" / "labels").glob("*.txt"))
+    out, err = capsys.readouterr()  # the detections on stdout, the messages through the logger on stderr
+    assert out.startswith(src + ": ") and out.count("\n") == 1
+    assert err.splitlines() == ["ptl predict: predictions saved to %s" % (tmp_path / "runs" / "predict" / "version_0")]
+    assert cli.main(["predict", "model=%s" % files["badmodel"], "source=%s" % src]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ptl predict: error: ") and "bad.safetensors" in err, err
     pytest.importorskip("onnx")
     assert cli.main(["export", "model=%s" % weights, "imgsz=64", "output=%s" % (tmp_path / "m.onnx")]) == 0
     assert (tmp_path / "m.onnx").stat().st_size > 1_000_000
+    assert capsys.readouterr().err.splitlines() == ["ptl export: wrote %s" % (tmp_path / "m.onnx")]
+    assert cli.main(["export", "model=%s" % files["badmodel"]]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ptl export: error: ") and "bad.safetensors" in err, err
