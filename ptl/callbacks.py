@@ -2,9 +2,13 @@
 
 Order during ``Trainer.fit`` (as in Lightning 2.x with validation at the end of each epoch)::
 
-    setup(stage="fit") -> on_fit_start -> on_train_start
+    setup(stage="fit") -> on_fit_start
+      [sanity check: num_sanity_val_steps batches, trainer.sanity_checking is True]
+        on_sanity_check_start -> on_validation_start -> ... -> on_validation_end -> on_sanity_check_end
+    -> on_train_start
       per epoch: on_train_epoch_start
         per batch: on_train_batch_start -> on_train_batch_end
+          [every val_check_interval batches: the validation hooks below, trainer.validating_mid_epoch True]
         [validation] on_validation_start -> on_validation_epoch_start
                      -> (on_validation_batch_start -> on_validation_batch_end)*
                      -> on_validation_epoch_end -> on_validation_end
@@ -21,17 +25,22 @@ With several ranks (:mod:`ptl.distributed`) every rank runs every hook; ``traine
 ``local_rank``, ``world_size`` and ``is_global_zero`` say which rank this is. The built-in callbacks write
 files and print on rank 0 only; a callback that stops the fit must decide alike on every rank.
 """
+import logging
 import math
 import os
 import sys
 import time
+import warnings
 
 from . import io
 from .errors import ConfigError
 from .hparams_check import check_bool, check_float, check_int
 
+log = logging.getLogger(__name__)
+
 HOOKS = (
-    "setup", "on_fit_start", "on_train_start", "on_train_epoch_start", "on_train_batch_start",
+    "setup", "on_fit_start", "on_sanity_check_start", "on_sanity_check_end", "on_train_start",
+    "on_train_epoch_start", "on_train_batch_start",
     "on_train_batch_end", "on_validation_start", "on_validation_epoch_start", "on_validation_batch_start",
     "on_validation_batch_end", "on_validation_epoch_end", "on_validation_end", "on_train_epoch_end",
     "on_save_checkpoint", "on_load_checkpoint", "on_exception", "on_train_end", "on_fit_end", "teardown",
@@ -55,6 +64,8 @@ class Callback:
     def teardown(self, trainer, pl_module, stage): pass
     def on_fit_start(self, trainer, pl_module): pass
     def on_fit_end(self, trainer, pl_module): pass
+    def on_sanity_check_start(self, trainer, pl_module): pass
+    def on_sanity_check_end(self, trainer, pl_module): pass
     def on_train_start(self, trainer, pl_module): pass
     def on_train_end(self, trainer, pl_module): pass
     def on_train_epoch_start(self, trainer, pl_module): pass
@@ -117,21 +128,36 @@ def _template_fields(template):
 class ModelCheckpoint(Callback):
     """Saves checkpoints after each validation (or training epoch when there is none).
 
-    ``monitor`` names a metric of ``trainer.callback_metrics`` (None: keep the latest only),
-    ``mode`` "min"/"max", ``save_top_k`` how many best to keep (-1 all, 0 none), ``save_last`` also
-    writes ``last.ckpt``. ``filename`` is a template such as ``"{epoch}-{step}-{metrics/mAP50-95:.4f}"``
-    (metric names may contain "/" and "-"; the ``.ckpt`` suffix is added). ``save_weights``: beside the
-    full training checkpoints, ``<run>/weights/best.safetensors`` (whenever the best checkpoint changes)
-    and ``last.safetensors`` (with ``save_last``) hold the EMA weights alone, for ``Detector.load``.
+    Lightning 2.6's arguments, in its order and with its defaults: ``monitor`` names a metric of
+    ``trainer.callback_metrics`` (None: keep the latest only), ``mode`` "min"/"max", ``save_top_k`` how many
+    best to keep (-1 all, 0 none), ``save_last`` also writes ``last.ckpt``, ``verbose`` logs each save.
+    ``filename`` is a template such as ``"{epoch}-{step}-{metrics/mAP50-95:.4f}"`` (metric names may contain
+    "/" and "-", written as "_"; the ``.ckpt`` suffix is added; default ``"{epoch}-{step}"``); with
+    ``auto_insert_metric_name`` each field is written ``name=value`` (``epoch=3-step=120.ckpt``).
+    ``every_n_epochs`` (None: 1) saves every n-th epoch; ``save_on_train_epoch_end=True`` saves at the end of
+    the training epoch even when it validated (None: after validation, or at the epoch end without one);
+    ``enable_version_counter=False`` overwrites a file of that name instead of adding ``-v1``.
 
-    Only files this fit wrote are ever removed or overwritten: a checkpoint of an earlier run (in a
-    shared folder, or the top-k list a resumed fit inherits) keeps its file, and a name that an earlier
-    run's file already has gets a ``-v1``, ``-v2``, ... suffix, as in Lightning. At the start of a fit
-    the temporary files of killed checkpoint writes in the folder are removed.
+    ptl writes a checkpoint only at an epoch's end, where resuming from it is exact: ``save_on_exception``,
+    ``every_n_train_steps`` and ``train_time_interval`` (mid-epoch checkpoints) take only their defaults,
+    and validations inside an epoch (``val_check_interval``) write none. ``save_weights_only=True`` is
+    refused as well: the weights-only files are ptl's ``save_weights`` (keyword only, like
+    ``monitor_optional``): beside the full training checkpoints, ``<run>/weights/best.safetensors``
+    (whenever the best checkpoint changes) and ``last.safetensors`` (with ``save_last``) hold the EMA
+    weights alone, for ``Detector.load``. Nothing is written during ``fast_dev_run``.
+
+    Only files this fit wrote are ever removed or overwritten (unless ``enable_version_counter=False``): a
+    checkpoint of an earlier run (in a shared folder, or the top-k list a resumed fit inherits) keeps its
+    file, and a name that an earlier run's file already has gets a ``-v1``, ``-v2``, ... suffix, as in
+    Lightning. At the start of a fit the temporary files of killed checkpoint writes in the folder are
+    removed.
     """
 
-    def __init__(self, dirpath=None, filename=None, monitor=None, mode="min", save_top_k=1, save_last=None,
-                 every_n_epochs=1, monitor_optional=False, save_weights=True):
+    def __init__(self, dirpath=None, filename=None, monitor=None, verbose=False, save_last=None, save_top_k=1,
+                 save_on_exception=False, save_weights_only=False, mode="min", auto_insert_metric_name=True,
+                 every_n_train_steps=None, train_time_interval=None, every_n_epochs=None,
+                 save_on_train_epoch_end=None, enable_version_counter=True, *, monitor_optional=False,
+                 save_weights=True):
         if dirpath is not None:
             try:
                 dirpath = os.fspath(dirpath)
@@ -141,8 +167,20 @@ class ModelCheckpoint(Callback):
                 raise ConfigError("dirpath: %s exists and is not a folder" % dirpath)
         if filename is not None and (not isinstance(filename, str) or not filename):
             raise ConfigError("filename: expected a file name template or None, got %r" % (filename,))
+        epoch_end_only = "ptl checkpoints at epoch ends, where resuming is exact (use every_n_epochs)"
+        for name, value, allowed, why in (
+                ("save_on_exception", save_on_exception, (False,), "a checkpoint mid-epoch would not resume exactly"),
+                ("save_weights_only", save_weights_only, (False,),
+                 "ptl writes the weights alone as weights/*.safetensors beside each checkpoint (save_weights)"),
+                ("every_n_train_steps", every_n_train_steps, (None, 0), epoch_end_only),
+                ("train_time_interval", train_time_interval, (None,), epoch_end_only)):
+            if not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
+                raise ConfigError("%s: only %s supported (%s), got %r" % (
+                    name, " or ".join(map(repr, allowed)), why, value))
         self.dirpath = dirpath
-        self.filename = filename or "epoch={epoch}-step={step}"
+        self.verbose = check_bool("verbose", verbose)
+        self.auto_insert_metric_name = check_bool("auto_insert_metric_name", auto_insert_metric_name)
+        self.filename = filename or "{epoch}-{step}"
         fields = _template_fields(self.filename)
         literal = self.filename
         for name, spec in fields:
@@ -161,7 +199,11 @@ class ModelCheckpoint(Callback):
         if save_last is not None:
             check_bool("save_last", save_last)
         self.save_last = save_last
-        self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, 1)
+        self.every_n_epochs = check_int("every_n_epochs", 1 if every_n_epochs is None else every_n_epochs, 1)
+        if save_on_train_epoch_end is not None:
+            check_bool("save_on_train_epoch_end", save_on_train_epoch_end)
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self.enable_version_counter = check_bool("enable_version_counter", enable_version_counter)
         # the trainer's default checkpointer skips top-k when nothing validates
         self.monitor_optional = check_bool("monitor_optional", monitor_optional)
         self.save_weights = check_bool("save_weights", save_weights)
@@ -206,7 +248,7 @@ class ModelCheckpoint(Callback):
             else:
                 raise KeyError("filename: %r is neither epoch, step nor a logged metric (have: %s)"
                                % (name, ", ".join(sorted(metrics))))
-            out.append(format(v, spec))
+            out.append(("%s=" % name if self.auto_insert_metric_name else "") + format(v, spec))
             i = k + 1
         return "".join(out).replace("/", "_") + ".ckpt"
 
@@ -226,10 +268,10 @@ class ModelCheckpoint(Callback):
             io.remove_stale_temporaries(self._folder(trainer))
 
     def _unused_path(self, path):
-        """``path``, or with a -vN suffix when an earlier run's file has that name."""
+        """``path``, or with a -vN suffix when an earlier run's file has that name (enable_version_counter)."""
         stem, ext = os.path.splitext(path)
         candidate, version = path, 0
-        while candidate not in self._written and os.path.lexists(candidate):
+        while self.enable_version_counter and candidate not in self._written and os.path.lexists(candidate):
             version += 1
             candidate = "%s-v%d%s" % (stem, version, ext)
         return candidate
@@ -238,6 +280,11 @@ class ModelCheckpoint(Callback):
         path = self._unused_path(path)
         trainer.save_checkpoint(path)
         self._written.add(path)
+        if self.verbose:
+            shown = "" if self.monitor is None or self.monitor not in trainer.callback_metrics else \
+                " (%s=%.5g)" % (self.monitor, float(trainer.callback_metrics[self.monitor]))
+            log.info("epoch %d, step %d: checkpoint %s%s", trainer.current_epoch_completed - 1, trainer.global_step,
+                     path, shown)
         return path
 
     def _drop(self, path):
@@ -298,12 +345,18 @@ class ModelCheckpoint(Callback):
         if self.best_model_path == path:
             self._save_weights(trainer, "best")
 
+    def _skip(self, trainer):
+        return trainer.sanity_checking or trainer.state.fn != "fit" or trainer.fast_dev_run or \
+            trainer.validating_mid_epoch
+
     def on_validation_end(self, trainer, pl_module):
-        if not trainer.sanity_checking and trainer.state.fn == "fit":
+        if not self._skip(trainer) and not self.save_on_train_epoch_end:
             self._save(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer, pl_module):
-        if not trainer.validated_this_epoch:
+        if self._skip(trainer) or self.save_on_train_epoch_end is False:
+            return
+        if self.save_on_train_epoch_end or not trainer.validated_this_epoch:
             self._save(trainer, pl_module)
 
 
@@ -320,14 +373,34 @@ def _remove(path):
 
 class EarlyStopping(Callback):
     """Stops fitting when ``monitor`` has not improved by more than ``min_delta`` for ``patience``
-    validations."""
+    validation checks (Lightning 2.6's arguments, order and defaults).
 
-    def __init__(self, monitor, patience=3, mode="min", min_delta=0.0, check_finite=True):
+    ``mode`` "min"/"max"; ``strict``: a missing metric raises (else a RuntimeWarning with ``verbose``, and
+    the check is skipped); ``check_finite``: stop when the metric is NaN or infinite; ``stopping_threshold``:
+    stop once the metric is better than it; ``divergence_threshold``: stop once it is worse than it;
+    ``check_on_train_epoch_end``: check at the end of the training epoch instead of after each validation
+    (None: after validation); ``verbose``: log each improvement and the stop through the ``ptl`` logger.
+    ``log_rank_zero_only`` is accepted for Lightning's sake (ptl runs one process). The check is skipped in
+    the sanity check and with ``fast_dev_run``. ``Trainer(patience=N)`` is Ultralytics' early stopping:
+    this callback on ``fitness`` with ``mode="max"``.
+    """
+
+    def __init__(self, monitor, min_delta=0.0, patience=3, verbose=False, mode="min", strict=True,
+                 check_finite=True, stopping_threshold=None, divergence_threshold=None, check_on_train_epoch_end=None,
+                 log_rank_zero_only=False):
         self.monitor = _check_metric_name("monitor", monitor)
-        self.patience = check_int("patience", patience, 0)
-        self.mode = _check_mode(mode)
         self.min_delta = abs(check_float("min_delta", min_delta))
+        self.patience = check_int("patience", patience, 0)
+        self.verbose = check_bool("verbose", verbose)
+        self.mode = _check_mode(mode)
+        self.strict = check_bool("strict", strict)
         self.check_finite = check_bool("check_finite", check_finite)
+        self.stopping_threshold = check_float("stopping_threshold", stopping_threshold, none_ok=True)
+        self.divergence_threshold = check_float("divergence_threshold", divergence_threshold, none_ok=True)
+        if check_on_train_epoch_end is not None:
+            check_bool("check_on_train_epoch_end", check_on_train_epoch_end)
+        self.check_on_train_epoch_end = check_on_train_epoch_end
+        self.log_rank_zero_only = check_bool("log_rank_zero_only", log_rank_zero_only)
         self.best_score = None
         self.wait_count = 0
         self.stopped_epoch = 0
@@ -341,61 +414,95 @@ class EarlyStopping(Callback):
         self.wait_count = state.get("wait_count", 0)
         self.stopped_epoch = state.get("stopped_epoch", 0)
 
+    def _skip(self, trainer):
+        return trainer.sanity_checking or trainer.state.fn != "fit" or trainer.fast_dev_run
+
     def on_validation_end(self, trainer, pl_module):
-        if trainer.sanity_checking or trainer.state.fn != "fit":
-            return
+        if not self.check_on_train_epoch_end and not self._skip(trainer):
+            self._check(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if self.check_on_train_epoch_end and not self._skip(trainer):
+            self._check(trainer)
+
+    def _check(self, trainer):
         metrics = trainer.callback_metrics
         if self.monitor not in metrics:
-            raise KeyError("EarlyStopping(monitor=%r): metric not found; logged metrics: %s"
-                           % (self.monitor, ", ".join(sorted(metrics))))
+            message = "EarlyStopping(monitor=%r): metric not found; logged metrics: %s" % (
+                self.monitor, ", ".join(sorted(metrics)))
+            if self.strict:
+                raise RuntimeError(message)
+            if self.verbose:
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
+            return
         value = float(metrics[self.monitor])
-        if self.check_finite and not math.isfinite(value):
+        stop, reason = self._evaluate(value)
+        if stop:
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch
-            return
+        if reason and self.verbose:
+            log.info("EarlyStopping: %s", reason)
+
+    def _evaluate(self, value):
+        """(stop?, why) for a new value of the metric; updates best_score and wait_count."""
+        sign = 1.0 if self.mode == "max" else -1.0  # better means larger after multiplying by sign
+        if self.check_finite and not math.isfinite(value):
+            return True, "%s = %r is not finite; stopping" % (self.monitor, value)
+        if self.stopping_threshold is not None and sign * value > sign * self.stopping_threshold:
+            return True, "%s = %.5g reached the stopping threshold %g" % (self.monitor, value,
+                                                                          self.stopping_threshold)
+        if self.divergence_threshold is not None and sign * value < sign * self.divergence_threshold:
+            return True, "%s = %.5g is past the divergence threshold %g" % (self.monitor, value,
+                                                                            self.divergence_threshold)
         # an improvement must beat the best by more than min_delta
-        shifted = value + self.min_delta if self.mode == "min" else value - self.min_delta
-        if self.best_score is None or _better(self.mode, shifted, self.best_score):
-            self.best_score = value
-            self.wait_count = 0
-        else:
-            self.wait_count += 1
-            if self.wait_count >= self.patience:
-                trainer.should_stop = True
-                self.stopped_epoch = trainer.current_epoch
+        if self.best_score is None or sign * (value - self.best_score) > self.min_delta:
+            self.best_score, self.wait_count = value, 0
+            return False, "%s improved to %.5g" % (self.monitor, value)
+        self.wait_count += 1
+        if self.wait_count >= self.patience:
+            return True, "%s did not improve in the last %d checks (best %.5g); stopping" % (
+                self.monitor, self.wait_count, self.best_score)
+        return False, None
 
 
 class LearningRateMonitor(Callback):
-    """Logs each parameter group's learning rate (``lr-<group>``) and momentum (``momentum-<group>``)
-    every ``logging_interval`` ("step" or "epoch")."""
+    """Logs each parameter group's learning rate (``lr-<group>``), with ``log_momentum`` its momentum
+    (``momentum-<group>``) and with ``log_weight_decay`` its weight decay (``weight_decay-<group>``), every
+    ``logging_interval`` ("step" or "epoch"; None, Lightning's default, follows the schedule's own interval:
+    ptl's learning rate is set per epoch after the warm-up, so None logs per epoch)."""
 
-    def __init__(self, logging_interval="epoch", log_momentum=True):
-        if logging_interval not in ("step", "epoch"):
-            raise ConfigError("logging_interval: expected 'step' or 'epoch', got %r" % (logging_interval,))
+    def __init__(self, logging_interval=None, log_momentum=False, log_weight_decay=False):
+        if logging_interval not in (None, "step", "epoch"):
+            raise ConfigError("logging_interval: expected 'step', 'epoch' or None, got %r" % (logging_interval,))
         self.logging_interval = logging_interval
         self.log_momentum = check_bool("log_momentum", log_momentum)
+        self.log_weight_decay = check_bool("log_weight_decay", log_weight_decay)
         self.history = []
 
     def _log(self, trainer):
         values = {}
-        for name, lr, momentum in trainer.group_schedule():
+        for name, lr, momentum, weight_decay in trainer.group_schedule():
             values["lr-%s" % name] = lr
             if self.log_momentum:
                 values["momentum-%s" % name] = momentum
+            if self.log_weight_decay:
+                values["weight_decay-%s" % name] = weight_decay
         self.history.append((trainer.global_step, values))
         trainer.log_dict(values)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if self.logging_interval == "step":
+        if self.logging_interval == "step" and not trainer.fast_dev_run:
             self._log(trainer)
 
     def on_train_epoch_start(self, trainer, pl_module):
-        if self.logging_interval == "epoch":
+        if self.logging_interval in (None, "epoch") and not trainer.fast_dev_run:
             self._log(trainer)
 
 
 class ProgressBar(Callback):
-    """A live bar on a TTY (it/s, ETA, losses) and plain periodic lines otherwise."""
+    """A live bar on a TTY (it/s, ETA, losses), redrawn in place on ``stream`` (default stderr); otherwise
+    plain lines, ``lines_per_epoch`` per epoch, through the ``ptl.callbacks`` logger (or written to
+    ``stream`` when one is given). Silent during the sanity check."""
 
     def __init__(self, refresh_rate=1, stream=None, lines_per_epoch=4):
         self.refresh_rate = check_int("refresh_rate", refresh_rate, 1)
@@ -413,17 +520,29 @@ class ProgressBar(Callback):
         isatty = getattr(self._out, "isatty", None)
         return bool(isatty and isatty())
 
+    def _say(self, line):
+        if self.stream is None:
+            log.info(line)
+        else:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
     def on_train_epoch_start(self, trainer, pl_module):
         self._t0 = time.perf_counter()
 
     def _line(self, trainer, batch_idx, total):
+        """The progress line; the epoch's last one also counts the image files the train loader has left out
+        (skipped at the scan or replaced after a failed decode, issue 18.2) when there are any."""
         done = batch_idx + 1
         elapsed = time.perf_counter() - self._t0
         rate = done / elapsed if elapsed > 0 else 0.0
         eta = (total - done) / rate if rate > 0 and total else 0.0
         losses = " ".join("%s=%.4g" % (k.split("/")[-1], v) for k, v in trainer.progress_metrics().items())
-        return "epoch %d/%d %d/%s %.2fit/s eta %.0fs %s" % (
+        line = "epoch %d/%d %d/%s %.2fit/s eta %.0fs %s" % (
             trainer.current_epoch + 1, trainer.max_epochs_effective, done, total or "?", rate, eta, losses)
+        loader = getattr(getattr(trainer, "_engine", None), "train_loader", None)
+        skipped = getattr(loader, "skipped_files", 0) if total and done == total else 0
+        return line + (" skipped %d image file%s" % (skipped, "" if skipped == 1 else "s") if skipped else "")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if not _global_zero(trainer):
@@ -442,16 +561,14 @@ class ProgressBar(Callback):
         else:
             every = max(1, (total or 1) // max(1, self.lines_per_epoch))
             if (batch_idx + 1) % every == 0 or last:
-                self._out.write(self._line(trainer, batch_idx, total) + "\n")
-                self._out.flush()
+                self._say(self._line(trainer, batch_idx, total))
 
     def on_validation_end(self, trainer, pl_module):
-        if not _global_zero(trainer):
+        if trainer.sanity_checking or not _global_zero(trainer):
             return
         shown = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("metrics/") or k.startswith("val/")}
         if shown:
-            self._out.write("validation: " + " ".join("%s=%.4g" % (k, v) for k, v in sorted(shown.items())) + "\n")
-            self._out.flush()
+            self._say("validation: " + " ".join("%s=%.4g" % (k, v) for k, v in sorted(shown.items())))
 
 
 class CloseMosaic(Callback):

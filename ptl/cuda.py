@@ -10,6 +10,7 @@ the ``ptl[cuda]`` extra (``nvidia-cublas``, ``nvidia-cudnn-cu13`` under a ``sys.
 :class:`ptl.CudaError` naming the missing library and the package to install. See :func:`libraries`.
 """
 import contextlib
+import ctypes
 import os
 import sys
 
@@ -65,6 +66,40 @@ def device_count():
 
 def get_device_name(device=None):
     return _C.cuda_get_device_name(_index(device))
+
+
+_CU_ATTR_CC_MAJOR, _CU_ATTR_CC_MINOR = 75, 76  # CUdevice_attribute values of cuda.h
+
+
+def get_device_capability(device=None):
+    """``(major, minor)`` compute capability of the device (``(9, 0)`` on an H200), read through the CUDA
+    driver library (``libcuda.so.1``, present wherever a GPU can be used). Raises ValueError without a
+    driver or with a device index it does not have."""
+    index = _index(device)
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        raise ValueError("get_device_capability: the CUDA driver (libcuda.so.1) is not installed") from None
+    dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    for what, rc in (("cuInit", lambda: lib.cuInit(0)),
+                     ("cuDeviceGet", lambda: lib.cuDeviceGet(ctypes.byref(dev), index)),
+                     ("cuDeviceGetAttribute", lambda: lib.cuDeviceGetAttribute(ctypes.byref(major),
+                                                                               _CU_ATTR_CC_MAJOR, dev)),
+                     ("cuDeviceGetAttribute", lambda: lib.cuDeviceGetAttribute(ctypes.byref(minor),
+                                                                               _CU_ATTR_CC_MINOR, dev))):
+        code = rc()
+        if code != 0:
+            raise ValueError("get_device_capability: %s failed for device %d (CUresult %d)" % (what, index, code))
+    return major.value, minor.value
+
+
+def default_precision(device):
+    """The precision a fit uses when none is asked for: ``"32-true"`` on the CPU; on a GPU ``"bf16-mixed"``
+    where it computes in bfloat16 natively (compute capability >= 8.0, Ampere and later), else
+    ``"16-mixed"`` (float16 with a loss scale), as Ultralytics trains with AMP by default."""
+    if device == "cpu":
+        return "32-true"
+    return "bf16-mixed" if get_device_capability(device)[0] >= 8 else "16-mixed"
 
 
 def synchronize(device=None):

@@ -58,17 +58,21 @@ counts the replacement twice, prediction leaves the file out). ``Loader.skipped_
 """
 import hashlib
 import json
+import logging
 import math
 import os
 import re
-import sys
 import warnings
 
 import numpy as np
 
 from . import _C
+from .errors import yaml_error_line
+from .hparams_check import check_data_args
 
 IMG_FORMATS = {"bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "pfm", "heic"}
+log = logging.getLogger(__name__)
+
 STRIDE = 32  # the network's largest stride: image sizes are multiples of it
 
 __all__ = ["Batch", "DataWarning", "DetectionData", "image_files", "label_path", "read_data_yaml"]
@@ -234,7 +238,7 @@ def read_data_yaml(data):
             try:
                 cfg = yaml.safe_load(f) or {}
             except yaml.YAMLError as e:
-                raise ValueError("%s: not valid YAML (%s)" % (where, e)) from None
+                raise ValueError(yaml_error_line(e, where)) from None
         if not isinstance(cfg, dict):
             raise ValueError("%s: expected a mapping with keys path, train, val, names" % where)
         base = os.path.dirname(os.path.abspath(where))
@@ -443,14 +447,6 @@ class Loader:
         return self._c.cache_info()
 
 
-def _positive_or_none(name, v):
-    if v is None:
-        return None
-    if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
-        raise ValueError("%s: expected None or an int >= 0, got %r" % (name, v))
-    return int(v)
-
-
 class DetectionData:
     """A detection dataset and its train/val loaders (augmentation defaults: spec §10).
 
@@ -475,7 +471,9 @@ class DetectionData:
       ``ptl._C.DATA_JPEG_SCALE_PIXELS`` (4096 x 4096); ``0`` or ``None`` decodes every JPEG at full size.
     - ``allow_empty_labels``: training on a split where no image has a label raises ValueError unless this is
       True (then, as for a validation split without labels, a DataWarning says so with the counts: images,
-      with labels, empty label files, no label file; with ``verbose`` the counts are printed for every split).
+      with labels, empty label files, no label file; with ``verbose`` the counts are said for every split).
+    - ``verbose``: the label counts and cache lines go to the ``ptl.data`` logger at INFO (the library adds no
+      handler: ``logging.basicConfig(level=logging.INFO)`` shows them; the command line prints them).
     """
 
     def __init__(self, data, imgsz=640, batch_size=16, workers=8, cache=None, persistent_workers=True, seed=0,
@@ -484,29 +482,17 @@ class DetectionData:
                  val_batch_size=None, rect_val=True, prefetch=None, pin_memory=None, verbose=True,
                  rect=False, single_cls=False, fraction=1.0, max_pixels=_C.DATA_MAX_PIXELS,
                  jpeg_scale_pixels=_C.DATA_JPEG_SCALE_PIXELS, allow_empty_labels=False, cache_dir=None):
+        check_data_args(imgsz=imgsz, batch_size=batch_size, workers=workers, cache=cache,
+                        persistent_workers=persistent_workers, seed=seed, epochs=epochs, close_mosaic=close_mosaic,
+                        mosaic=mosaic, degrees=degrees, translate=translate, scale=scale, shear=shear,
+                        perspective=perspective, hsv_h=hsv_h, hsv_s=hsv_s, hsv_v=hsv_v, flipud=flipud, fliplr=fliplr,
+                        val_batch_size=val_batch_size, rect_val=rect_val, prefetch=prefetch, pin_memory=pin_memory,
+                        verbose=verbose, rect=rect, single_cls=single_cls, fraction=fraction, max_pixels=max_pixels,
+                        jpeg_scale_pixels=jpeg_scale_pixels, allow_empty_labels=allow_empty_labels,
+                        cache_dir=cache_dir)
         if cache is True:
             cache = "ram"
-        if cache not in (None, False, "ram", "disk"):
-            raise ValueError("cache: expected None, 'ram' or 'disk', got %r" % (cache,))
         self.imgsz_hw = check_imgsz(imgsz)
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError("batch_size: expected an int >= 1, got %r" % (batch_size,))
-        if not isinstance(workers, int) or not 0 <= workers <= 256:
-            raise ValueError("workers: expected an int in [0, 256], got %r" % (workers,))
-        for name, v, lo, hi in (("mosaic", mosaic, 0, 1), ("fliplr", fliplr, 0, 1), ("flipud", flipud, 0, 1),
-                                ("scale", scale, 0, 0.999), ("translate", translate, 0, 1),
-                                ("degrees", degrees, 0, 360), ("shear", shear, 0, 89), ("hsv_h", hsv_h, 0, 1),
-                                ("hsv_s", hsv_s, 0, 1), ("hsv_v", hsv_v, 0, 1), ("perspective", perspective, 0, 0.1)):
-            if not lo <= float(v) <= hi:
-                raise ValueError("%s: expected a value in [%g, %g], got %r" % (name, lo, hi, v))
-        if isinstance(fraction, bool) or not (
-                (isinstance(fraction, (int, np.integer)) and fraction >= 1)
-                or (isinstance(fraction, float) and 0.0 < fraction <= 1.0)):
-            raise ValueError("fraction: expected a float in (0, 1] or an image count >= 1, got %r" % (fraction,))
-        max_pixels = _positive_or_none("max_pixels", max_pixels)
-        if max_pixels == 0:
-            raise ValueError("max_pixels: expected None or an int >= 1, got 0")
-        jpeg_scale_pixels = _positive_or_none("jpeg_scale_pixels", jpeg_scale_pixels)
         self.cfg = read_data_yaml(data)
         self.single_cls = bool(single_cls)
         self.names = ["item"] if self.single_cls else self.cfg["names"]
@@ -525,8 +511,8 @@ class DetectionData:
                         fliplr=fliplr)
         self.rect_val, self.prefetch, self.verbose = bool(rect_val), prefetch, verbose
         self.rect, self.fraction = bool(rect), fraction
-        self.max_pixels = max_pixels
-        self.jpeg_scale_pixels = jpeg_scale_pixels or 0
+        self.max_pixels = None if max_pixels is None else int(max_pixels)
+        self.jpeg_scale_pixels = int(jpeg_scale_pixels or 0)
         self.allow_empty_labels = bool(allow_empty_labels)
         if pin_memory is None:
             from . import cuda
@@ -616,8 +602,7 @@ class DetectionData:
             cache_paths, folders = disk_cache_paths(images, "%dx%d" % (frame[1], frame[0]), self.cache_dir)
             moved = sorted(d for d, c in folders.items() if os.path.dirname(c) != d)
             if moved and self.verbose and self.cache_dir is None and self._says():
-                print("ptl.data: %s is read-only; its disk cache is under %s" % (moved[0], _cache_root(None)),
-                      file=sys.stderr)
+                log.info("%s is read-only; its disk cache is under %s", moved[0], _cache_root(None))
         hy = self.hyp
         c, info = _C.data_loader(
             images, labels, nc=self.cfg["nc"], imgsz=frame,
@@ -649,8 +634,8 @@ class DetectionData:
         if self.cache:
             need, _ = c.cache_info()
             if self.verbose and self._says():
-                print("ptl.data: caching %d %s images %s (%.2f GB)" % (
-                    info["n"], split, "in RAM" if self.cache == "ram" else "on disk", need / 1e9), file=sys.stderr)
+                log.info("caching %d %s images %s (%.2f GB)", info["n"], split,
+                         "in RAM" if self.cache == "ram" else "on disk", need / 1e9)
             c.fill_cache()
             loader.report_problems()
         self._loaders[split] = loader
@@ -670,7 +655,7 @@ class DetectionData:
             if self._says():
                 warnings.warn("%s %s: no labels found, %s%s" % (split, where, counts, hint), DataWarning, stacklevel=4)
         elif self.verbose and self._says():
-            print("ptl.data: %s %s: %s" % (split, where, counts), file=sys.stderr)
+            log.info("%s %s: %s", split, where, counts)
 
     def shapes(self, split):
         """Original (h, w) of the usable images of a split, in dataset order."""

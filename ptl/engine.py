@@ -1,6 +1,7 @@
 """The training machinery of one fit (``Engine``): the model's flat buffers, optimizer, schedule, EMA,
 loaders, the fused C step per batch and validation of the EMA weights. ``ptl.Trainer`` drives it."""
 import contextlib
+import os
 
 import numpy as np
 
@@ -132,10 +133,20 @@ class Engine:
         h["names"] = self.model.names
         return h
 
+    # the data options a checkpoint records beyond the augmentation (a datamodule without one leaves it out)
+    DATA_OPTIONS = ("rect", "single_cls", "fraction", "close_mosaic", "rect_val", "val_batch_size", "max_pixels",
+                    "jpeg_scale_pixels", "allow_empty_labels", "cache_dir")
+
     def data_hparams(self):
+        """The data's settings as hparams.yaml and checkpoints record them; resume compares them
+        (ptl.checkpoint: imgsz and batch_size must match, a changed option is a ResumeWarning)."""
         d = self.data
-        return {"data": d.cfg.get("yaml"), "imgsz": d.imgsz, "batch_size": d.batch_size, "workers": d.workers,
-                "cache": d.cache, "seed": d.seed, **d.hyp}
+        h = {"data": d.cfg.get("yaml"), "imgsz": d.imgsz, "batch_size": d.batch_size, "workers": d.workers,
+             "cache": d.cache, "seed": d.seed, **d.hyp}
+        h.update({k: getattr(d, k) for k in self.DATA_OPTIONS if hasattr(d, k)})
+        if h.get("cache_dir") is not None:
+            h["cache_dir"] = os.fspath(h["cache_dir"])
+        return h
 
     # -- one batch
     def _due(self, ni):

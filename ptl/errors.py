@@ -6,7 +6,7 @@ exactly these (and argparse's own errors) as one line on stderr and exits with s
 exception keeps its traceback.
 """
 
-__all__ = ["CheckpointError", "ConfigError", "DivergenceError", "ResumeWarning"]
+__all__ = ["CheckpointError", "ConfigError", "DivergenceError", "ResumeWarning", "yaml_error_line"]
 
 
 class ConfigError(ValueError):
@@ -33,3 +33,16 @@ class DivergenceError(FloatingPointError):
 class ResumeWarning(UserWarning):
     """Resuming does something an uninterrupted run would not (a changed schedule or hyperparameters), or
     there is nothing left to train."""
+
+
+def yaml_error_line(exc, path):
+    """A PyYAML error as one line naming the file, line and column (1-based), e.g. ``data.yaml, line 5,
+    column 4: YAML syntax error: expected ',' or ']', but got ':' (while parsing a flow sequence from line
+    4, column 8)``; the data YAML and the ``cfg`` file are reported alike."""
+    mark = getattr(exc, "problem_mark", None)
+    where = "%s, line %d, column %d" % (path, mark.line + 1, mark.column + 1) if mark is not None else str(path)
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or ["not valid YAML"])[0]
+    context, cmark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and cmark is not None:
+        problem += " (%s from line %d, column %d)" % (context, cmark.line + 1, cmark.column + 1)
+    return "%s: YAML syntax error: %s" % (where, " ".join(problem.split()))

@@ -25,6 +25,7 @@ Command line: ``python -m ptl.export --model best.safetensors --imgsz 640 [--bat
 """
 import argparse
 import json
+import logging
 import os
 import sys
 
@@ -33,6 +34,7 @@ import numpy as np
 __all__ = ["export_onnx", "build_onnx", "OPSET"]
 
 OPSET = 17
+log = logging.getLogger(__name__)
 
 
 def _onnx():
@@ -266,8 +268,8 @@ def export_onnx(model, path, imgsz=640, batch=1, dynamic=False, half=False, max_
     return path
 
 
-def build_parser():
-    p = argparse.ArgumentParser(prog="python -m ptl.export",
+def build_parser(prog="ptl.export"):
+    p = argparse.ArgumentParser(prog=prog,
                                 description="Export a YOLO26 detector to ONNX (end to end: (N, max_det, 6)).")
     p.add_argument("--model", required=True,
                    help="weights: a ptl .safetensors (e.g. runs/train/version_0/weights/best.safetensors), a training "
@@ -281,22 +283,26 @@ def build_parser():
     return p
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+def main(argv=None, prog="ptl.export"):
+    """The export command line; messages through the ``ptl`` logger on stderr as ``<prog>: <message>``. Exit
+    status 0, or 2 for a user error (one line on stderr)."""
     from .model import Detector
+    from .train import cli_logging, one_line
+    args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
     if len(args.imgsz) not in (1, 2):
-        print("ptl.export: error: --imgsz takes one value or height width", file=sys.stderr)
+        print("%s: error: --imgsz takes one value or height width" % prog, file=sys.stderr)
         return 2
     imgsz = args.imgsz[0] if len(args.imgsz) == 1 else tuple(args.imgsz)
     out = args.output or os.path.splitext(args.model)[0] + ".onnx"
-    try:
-        model = Detector.load(args.model)
-        export_onnx(model, out, imgsz=imgsz, batch=args.batch, dynamic=args.dynamic, half=args.half,
-                    max_det=args.max_det)
-    except (ValueError, TypeError, KeyError, OSError, ImportError) as exc:
-        print("ptl.export: error: %s" % exc, file=sys.stderr)
-        return 2
-    print("ptl.export: wrote %s" % out, file=sys.stderr)
+    with cli_logging(prog):
+        try:
+            model = Detector.load(args.model)
+            export_onnx(model, out, imgsz=imgsz, batch=args.batch, dynamic=args.dynamic, half=args.half,
+                        max_det=args.max_det)
+        except (ValueError, TypeError, KeyError, OSError, ImportError) as exc:
+            print("%s: error: %s" % (prog, one_line(exc)), file=sys.stderr)
+            return 2
+        log.info("wrote %s", out)
     return 0
 
 

@@ -8,13 +8,16 @@ the callbacks and the command line.
 """
 import math
 import numbers
+import os
 
 from .errors import ConfigError
 
 __all__ = ["OPTIMIZERS", "check_bool", "check_choice", "check_data_args", "check_float", "check_hparams",
-           "check_int", "check_optim_config"]
+           "check_imgsz_arg", "check_int", "check_optim_config"]
 
-OPTIMIZERS = ("auto", "MuSGD", "SGD", "AdamW")  # matched case-insensitively, as optim.choose_optimizer does
+# the optimizer names (matched case-insensitively); optim.choose_optimizer, param_groups and FlatOptimizer read
+# them here, "auto" first (the optimizers themselves are the rest)
+OPTIMIZERS = ("auto", "MuSGD", "SGD", "AdamW")
 
 
 def check_int(name, value, lo=None, hi=None, *, none_ok=False):
@@ -130,26 +133,86 @@ _AUGMENT_RANGES = {"mosaic": (0.0, 1.0), "fliplr": (0.0, 1.0), "flipud": (0.0, 1
                    "translate": (0.0, 1.0), "degrees": (0.0, 360.0), "shear": (0.0, 89.0), "hsv_h": (0.0, 1.0),
                    "hsv_s": (0.0, 1.0), "hsv_v": (0.0, 1.0), "perspective": (0.0, 0.1)}
 MAX_WORKERS = 256
+CACHE_CHOICES = (None, False, True, "ram", "disk")  # True means "ram" (Ultralytics' cache=True)
 
 
-def check_data_args(imgsz=640, batch_size=16, workers=8, cache=None, seed=0, close_mosaic=10,
-                    val_batch_size=None, prefetch=None, **augment):
-    """Checks DetectionData's arguments (the augmentation ones by keyword: mosaic, fliplr, flipud, scale,
-    translate, degrees, shear, hsv_h, hsv_s, hsv_v, perspective)."""
-    check_int("imgsz", imgsz, 32)
-    if imgsz % 32:
-        raise ConfigError("imgsz: expected a multiple of 32 (the network's largest stride), got %r" % (imgsz,))
-    check_int("batch_size", batch_size, 1)
-    check_int("workers", workers, 0, MAX_WORKERS)
-    if cache not in (None, False, "ram"):
-        raise ConfigError("cache: expected None or 'ram', got %r" % (cache,))
-    check_int("seed", seed, 0, 2 ** 64 - 1)
-    check_int("close_mosaic", close_mosaic, 0)
-    check_int("val_batch_size", val_batch_size, 1, none_ok=True)
-    check_int("prefetch", prefetch, 1, none_ok=True)
-    unknown = sorted(set(augment) - set(_AUGMENT_RANGES))
+def check_imgsz_arg(name, value):
+    """An image size: an int >= 1 or (h, w) ints >= 1. Rounding up to the stride is DetectionData's (with a
+    warning), so any positive size passes here."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise ConfigError("%s: expected an int or (h, w), got %r" % (name, value))
+        for v in value:
+            _check_size(name, v, value)
+        return value
+    return _check_size(name, value, value)
+
+
+def _check_size(name, v, whole):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        raise ConfigError("%s: expected an int >= 1 or (h, w) ints >= 1, got %r" % (name, whole))
+    return v
+
+
+def _check_cache(name, value):
+    if not any(value is c or (isinstance(c, str) and value == c) for c in CACHE_CHOICES):
+        raise ConfigError("%s: expected None, 'ram' or 'disk' (True means 'ram'), got %r" % (name, value))
+    return value
+
+
+def _check_fraction(name, value):
+    if isinstance(value, bool) or not (
+            (isinstance(value, numbers.Integral) and value >= 1)
+            or (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and 0.0 < value <= 1.0)):
+        raise ConfigError("%s: expected a float in (0, 1] or an image count >= 1, got %r" % (name, value))
+    return value
+
+
+def _check_path(name, value):
+    if value is None:
+        return value
+    try:
+        return os.fspath(value)
+    except TypeError:
+        raise ConfigError("%s: expected a folder path or None, got %r" % (name, value)) from None
+
+
+def _check_optional_bool(name, value):
+    return value if value is None else check_bool(name, value)
+
+
+# name -> check(name, value) of every DetectionData argument but ``data`` (read_data_yaml checks that file)
+_DATA_RULES = {
+    "imgsz": check_imgsz_arg,
+    "batch_size": lambda n, v: check_int(n, v, 1),
+    "workers": lambda n, v: check_int(n, v, 0, MAX_WORKERS),
+    "cache": _check_cache,
+    "persistent_workers": check_bool,
+    "seed": lambda n, v: check_int(n, v, 0, 2 ** 64 - 1),
+    "epochs": lambda n, v: check_int(n, v, 1, none_ok=True),
+    "close_mosaic": lambda n, v: check_int(n, v, 0),
+    "val_batch_size": lambda n, v: check_int(n, v, 1, none_ok=True),
+    "rect_val": check_bool,
+    "prefetch": lambda n, v: check_int(n, v, 1, none_ok=True),
+    "pin_memory": _check_optional_bool,
+    "verbose": check_bool,
+    "rect": check_bool,
+    "single_cls": check_bool,
+    "fraction": _check_fraction,
+    "max_pixels": lambda n, v: check_int(n, v, 1, none_ok=True),
+    "jpeg_scale_pixels": lambda n, v: check_int(n, v, 0, none_ok=True),
+    "allow_empty_labels": check_bool,
+    "cache_dir": _check_path,
+}
+_DATA_RULES.update({k: (lambda lo, hi: lambda n, v: check_float(n, v, lo, hi))(*r) for k, r in _AUGMENT_RANGES.items()})
+
+
+def check_data_args(**args):
+    """Checks any of DetectionData's arguments, given by keyword (``DetectionData.__init__`` and the command
+    line both call it: one set of rules). Unknown names are an error. ``imgsz`` not a multiple of 32 passes:
+    DetectionData rounds it up with a warning, as Ultralytics does."""
+    unknown = sorted(set(args) - set(_DATA_RULES))
     if unknown:
         raise ConfigError("unknown data argument%s %s" % ("s" if len(unknown) > 1 else "", ", ".join(unknown)))
-    for k, v in augment.items():
-        lo, hi = _AUGMENT_RANGES[k]
-        check_float(k, v, lo, hi)
+    for k, v in args.items():
+        _DATA_RULES[k](k, v)

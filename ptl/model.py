@@ -130,14 +130,10 @@ class Detector:
 
     @hparams.setter
     def hparams(self, value) -> None:
-        value = dict(value or {})
-        unknown = sorted(set(value) - set(self.HPARAMS))
-        if unknown:
-            raise KeyError(f"hparams: unknown keys {unknown}; expected some of {list(self.HPARAMS)}")
-        for k in ("box", "cls", "dfl"):
-            if k in value and not (isinstance(value[k], (int, float)) and 0 <= value[k] < float("inf")):
-                raise ValueError(f"hparams: {k} gain must be a finite number >= 0, got {value[k]!r}")
-        self._hparams = value
+        """Every value is range-checked here (:func:`ptl.hparams_check.check_hparams`: a ConfigError naming
+        the key, before anything changes); the optimizer name is kept in its canonical spelling."""
+        from .hparams_check import check_hparams
+        self._hparams = check_hparams(dict(value or {}))
 
     # ------------------------------------------------------------------------------ structure
     @property
@@ -302,7 +298,8 @@ class Detector:
         strict: missing or unexpected keys raise KeyError listing them; a value of the wrong shape raises
         ValueError. Not strict (a transfer, e.g. to another class count): every tensor whose name and shape
         match is copied, the others keep the model's values, and ``Transferred a/b items from <source>``
-        with the list of what was left out goes to stderr (``verbose``); ValueError when nothing matches.
+        goes to the ``ptl.weights`` logger at INFO, the list of what was left out at DEBUG (``verbose``,
+        :meth:`ptl.weights.Transfer.report`); ValueError when nothing matches.
         ``names``: the class names of ``state``'s class rows; when given, the rows of the final class convs
         are remapped to this model's :attr:`names` as Ultralytics 8.4.190 does (:func:`ptl.weights.remap_rows`);
         not strict, a first conv of another shape takes the source's leading filters (:mod:`ptl.weights`).

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _C
+from .hparams_check import OPTIMIZERS, check_choice, check_optim_config
 
 # Layouts and defaults come from csrc/optim/optim.h (one source), exported by the extension.
 DEFAULTS = _C.OPTIM_DEFAULTS
@@ -101,10 +102,8 @@ def param_groups(table, optimizer="MuSGD", lr0=0.01, momentum=0.937, weight_deca
     Returns a list of dicts: param_group, kind, lr, initial_lr, momentum, weight_decay, params (indices
     into the table)."""
     specs = param_specs(table)
-    opt = optimizer.lower()
-    if opt not in ("musgd", "sgd", "adamw"):
-        raise ValueError("optimizer: expected 'MuSGD', 'SGD' or 'AdamW', got %r" % (optimizer,))
-    use_muon = opt == "musgd"
+    opt = check_choice("optimizer", optimizer, OPTIMIZERS[1:], fold_case=True)
+    use_muon = opt == "MuSGD"
     cls = {"weight": [], "bn": [], "bias": [], "muon": []}
     for i, s in enumerate(specs):
         if len(s.shape) in (2, 4) and use_muon:
@@ -116,7 +115,7 @@ def param_groups(table, optimizer="MuSGD", lr0=0.01, momentum=0.937, weight_deca
         else:
             cls["weight"].append(i)
     decay = {"weight": weight_decay, "bn": 0.0, "bias": 0.0, "muon": weight_decay}
-    kind = {"sgd": "sgd", "adamw": "adamw", "musgd": "sgd"}[opt]
+    kind = {"SGD": "sgd", "AdamW": "adamw", "MuSGD": "sgd"}[opt]
     groups = []
     for name in (("weight", "bn", "bias", "muon") if use_muon else ("weight", "bn", "bias")):
         k = "muon" if name == "muon" else kind
@@ -156,21 +155,21 @@ class OptimConfig:
     nc: int = 80
     n_train_images: int = 0
 
+    def __post_init__(self):  # a bad value is a ConfigError naming the field, before any work
+        check_optim_config(self)
+
 
 def choose_optimizer(cfg):
     """optimizer=auto as 8.4.190: MuSGD (lr 0.01) for more than 10000 iterations, else AdamW with
     lr round(0.002 * 5 / (4 + nc), 6); momentum 0.9 and warm-up bias lr 0 either way.
     Returns (name, lr0, construction momentum, warmup_bias_lr)."""
-    name = cfg.optimizer
-    if name.lower() == "auto":
+    name = check_choice("optimizer", cfg.optimizer, OPTIMIZERS, fold_case=True)
+    if name == "auto":
         iterations = math.ceil(cfg.n_train_images / max(cfg.batch, cfg.nbs)) * cfg.epochs
         if iterations > 10000:
             return "MuSGD", 0.01, 0.9, 0.0
         return "AdamW", round(0.002 * 5 / (4 + cfg.nc), 6), 0.9, 0.0
-    canon = {"musgd": "MuSGD", "sgd": "SGD", "adamw": "AdamW"}.get(name.lower())
-    if canon is None:
-        raise ValueError("optimizer: expected 'auto', 'MuSGD', 'SGD' or 'AdamW', got %r" % (name,))
-    return canon, cfg.lr0, cfg.momentum, cfg.warmup_bias_lr
+    return name, cfg.lr0, cfg.momentum, cfg.warmup_bias_lr
 
 
 def accumulate_steps(batch, nbs=64):
@@ -335,9 +334,7 @@ class FlatOptimizer:
         self.specs = param_specs(table)
         if not isinstance(optimizer, str):
             raise TypeError("optimizer: expected 'MuSGD', 'SGD' or 'AdamW', got %r" % (optimizer,))
-        self.optimizer = {"musgd": "MuSGD", "sgd": "SGD", "adamw": "AdamW"}.get(optimizer.lower())
-        if self.optimizer is None:
-            raise ValueError("optimizer: expected 'MuSGD', 'SGD' or 'AdamW', got %r" % (optimizer,))
+        self.optimizer = check_choice("optimizer", optimizer, OPTIMIZERS[1:], fold_case=True)
         self.param_groups = param_groups(self.specs, self.optimizer, lr0, momentum, weight_decay)
         if not (max_norm is None or max_norm >= 0):
             raise ValueError("max_norm: expected None or >= 0, got %r" % (max_norm,))

@@ -25,6 +25,7 @@ Command line: ``python -m ptl.predict --model best.safetensors --source images/ 
 """
 import argparse
 import glob
+import logging
 import os
 import sys
 import tempfile
@@ -32,6 +33,8 @@ import tempfile
 import numpy as np
 
 __all__ = ["Results", "predict", "resolve_source", "main"]
+
+log = logging.getLogger(__name__)
 
 _FIELDS = ("boxes", "scores", "classes")
 
@@ -263,15 +266,15 @@ def save_results(results, project=None, name="predict", save=True, save_txt=Fals
         if save_txt:
             res.save_txt(os.path.join(out, "labels", base + ".txt"), save_conf=save_conf)
         res.save_dir = out
-    print("ptl: predictions saved to %s" % out, file=sys.stderr)
+    log.info("predictions saved to %s", out)
     return out
 
 
 # ----------------------------------------------------------------------------------- command line
 
-def build_parser():
+def build_parser(prog="ptl.predict"):
     from .metrics import NMS_IOU
-    p = argparse.ArgumentParser(prog="python -m ptl.predict", description="Detect objects with a YOLO26 model.")
+    p = argparse.ArgumentParser(prog=prog, description="Detect objects with a YOLO26 model.")
     p.add_argument("--model", required=True, help="weights: ptl .safetensors / .ckpt, or an Ultralytics .pt")
     p.add_argument("--source", required=True, nargs="+", help="image files, folders, globs or .txt lists")
     p.add_argument("--imgsz", type=int, default=640, help="letterbox size, a multiple of 32 (640)")
@@ -290,20 +293,24 @@ def build_parser():
     return p
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+def main(argv=None, prog="ptl.predict"):
+    """The prediction command line: one line per image on stdout (its detections by class); messages through the
+    ``ptl`` logger on stderr as ``<prog>: <message>``. Exit status 0, or 2 for a user error (one line)."""
     from .model import Detector
-    try:
-        model = Detector.load(args.model)
-        if args.device != "cpu":
-            model.to(args.device)
-        results = predict(model, args.source, conf=args.conf, iou=args.iou, end2end=args.end2end,
-                          max_det=args.max_det, imgsz=args.imgsz,
-                          batch_size=args.batch, save=not args.no_save, save_txt=args.save_txt,
-                          save_conf=args.save_conf, project=args.project, name=args.name)
-    except (ValueError, TypeError, KeyError, OSError) as exc:
-        print("ptl.predict: error: %s" % exc, file=sys.stderr)
-        return 2
+    from .train import cli_logging, one_line
+    args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
+    with cli_logging(prog):
+        try:
+            model = Detector.load(args.model)
+            if args.device != "cpu":
+                model.to(args.device)
+            results = predict(model, args.source, conf=args.conf, iou=args.iou, end2end=args.end2end,
+                              max_det=args.max_det, imgsz=args.imgsz,
+                              batch_size=args.batch, save=not args.no_save, save_txt=args.save_txt,
+                              save_conf=args.save_conf, project=args.project, name=args.name)
+        except (ValueError, TypeError, KeyError, OSError) as exc:
+            print("%s: error: %s" % (prog, one_line(exc)), file=sys.stderr)
+            return 2
     for res in results:
         if res is not None:
             counts = {}

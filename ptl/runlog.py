@@ -1,8 +1,10 @@
-"""The run folder's files: ``runs/<name>/version_N``, ``hparams.yaml``, ``metrics.csv`` (one row per
-epoch, rewritten atomically) and ``results.png`` (its curves, when matplotlib is installed)."""
+"""The run folder's files: ``runs/<name>/version_N``, ``args.yaml`` (every resolved argument, flat: what
+``ptl train cfg=args.yaml`` reads back), ``hparams.yaml`` (the settings nested by part, for Lightning users;
+valid YAML that ``yaml.safe_load`` reads back), ``metrics.csv`` (one row per epoch, rewritten atomically)
+and ``results.png`` (its curves, when matplotlib is installed). Every file is written atomically."""
 import csv
+import logging
 import os
-import sys
 
 from .checkpoint import jsonable
 from .errors import ConfigError
@@ -38,10 +40,36 @@ def remove_if_empty(path):
         pass
 
 
-def write_hparams(log_dir, hparams):
+log = logging.getLogger(__name__)
+
+
+def _write_text(path, text):
+    """Writes ``text`` to ``path`` through a temporary file that is flushed and renamed."""
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _yaml_text(values, flow):
     import yaml
-    with open(os.path.join(log_dir, "hparams.yaml"), "w") as f:
-        yaml.safe_dump(jsonable(hparams), f, sort_keys=False)
+    return yaml.safe_dump(jsonable(values), sort_keys=False, default_flow_style=flow, width=1 << 16)
+
+
+def write_hparams(log_dir, hparams):
+    """``hparams.yaml``: nested by part (trainer, model, data); lists inline."""
+    _write_text(os.path.join(log_dir, "hparams.yaml"), _yaml_text(hparams, None))
+
+
+def write_args(log_dir, args):
+    """``args.yaml``: one ``key: value`` line per argument (:func:`ptl.arguments.resolved_args`)."""
+    _write_text(os.path.join(log_dir, "args.yaml"), _yaml_text(args, False))
 
 
 def write_metrics(log_dir, rows):
@@ -66,7 +94,7 @@ def plot_results(csv_path, png_path):
         import matplotlib.pyplot as plt
     except ImportError:
         if not getattr(plot_results, "warned", False):
-            print("ptl: matplotlib is not installed; results.png skipped", file=sys.stderr)
+            log.warning("matplotlib is not installed; results.png skipped")
             plot_results.warned = True
         return
     with open(csv_path) as f:

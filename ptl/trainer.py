@@ -5,10 +5,18 @@ branches), backward, and an optimizer step (clip, MuSGD/SGD/AdamW, EMA) whenever
 accumulation says so; per epoch the o2m/o2o weight update, validation of the EMA weights, logging and
 checkpoints. Callbacks run between steps, never inside one. The machinery of one fit is
 :class:`ptl.engine.Engine`; checkpoints are :mod:`ptl.checkpoint`; the run folder's files :mod:`ptl.runlog`.
+Messages go through the ``ptl.trainer`` logger (the library adds no handler; the command line shows INFO).
 """
+import datetime
 import hashlib
+import json
+import logging
+import math
+import numbers
 import os
+import struct
 import time
+import warnings
 
 import numpy as np
 
@@ -20,9 +28,16 @@ from . import random as _random
 from . import runlog
 from .errors import ConfigError, DivergenceError
 from .hparams_check import check_bool, check_float, check_int
+from .optim import choose_optimizer
 from .runlog import check_run_name
 from .objective import LOSS_NAMES
 from .engine import ITEM, PRECISIONS, Engine, LossValue, _limit, _PendingLosses
+
+log = logging.getLogger(__name__)
+
+MAX_EPOCHS = 100  # max_epochs=None trains this many epochs: Ultralytics' default (Lightning's None means 1000)
+NUM_SANITY_VAL_STEPS = 2  # num_sanity_val_steps=None: Lightning's default
+_clock = time.perf_counter  # the time budget's clock (a test replaces it)
 
 
 class _TrainerState:
@@ -41,36 +56,148 @@ class _FitState:
         self.batches_seen = 0      # training batches consumed (ni of the next batch, across epochs)
 
 
+def parse_max_time(value):
+    """Lightning's ``max_time``: ``"DD:HH:MM:SS"``, a ``datetime.timedelta``, a dict of timedelta's keywords
+    (``{"hours": 1, "minutes": 30}``) or None; returns a positive timedelta or None."""
+    if value is None:
+        return None
+    if isinstance(value, datetime.timedelta):
+        out = value
+    elif isinstance(value, dict):
+        try:
+            out = datetime.timedelta(**value)
+        except TypeError as e:
+            raise ConfigError("max_time: %s in %r" % (e, value)) from None
+    elif isinstance(value, str):
+        parts = value.split(":")
+        try:
+            days, hours, minutes, seconds = (float(p) for p in parts) if len(parts) == 4 else (None,) * 4
+        except ValueError:
+            days = None
+        if days is None:
+            raise ConfigError("max_time: expected 'DD:HH:MM:SS', a timedelta or a dict, got %r" % (value,))
+        out = datetime.timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    else:
+        raise ConfigError("max_time: expected 'DD:HH:MM:SS', a timedelta or a dict, got %r" % (value,))
+    if not out.total_seconds() > 0:
+        raise ConfigError("max_time: expected a positive duration, got %r" % (value,))
+    return out
+
+
+def format_max_time(td):
+    """A timedelta as ``"DD:HH:MM:SS"`` (seconds with a fraction when there is one)."""
+    seconds = td.total_seconds()
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, sec = divmod(rest, 60)
+    return "%02d:%02d:%02d:%s" % (days, hours, minutes, ("%02d" % sec) if sec == int(sec) else ("%09.6f" % sec))
+
+
+def _check_freeze(freeze):
+    """Ultralytics' ``freeze``: None, N (the first N layers, model.0 .. model.N-1) or a list of layer
+    indices and parameter-name prefixes."""
+    if freeze is None or (isinstance(freeze, numbers.Integral) and not isinstance(freeze, bool) and freeze >= 0):
+        return freeze
+    if isinstance(freeze, (list, tuple)) and all(
+            (isinstance(f, numbers.Integral) and not isinstance(f, bool) and f >= 0) or (isinstance(f, str) and f)
+            for f in freeze):
+        return list(freeze)
+    raise ConfigError("freeze: expected None, a layer count >= 0, or a list of layer indices and parameter-name "
+                      "prefixes, got %r" % (freeze,))
+
+
+def frozen_parameter_names(freeze, names):
+    """The parameter names ``freeze`` selects out of ``names``: N freezes layers ``model.0.`` ..
+    ``model.{N-1}.``; in a list, an int i freezes ``model.{i}.`` and a string is a name prefix (as given).
+    YOLO26 has no DFL layer (reg_max 1), so Ultralytics' always-frozen ``.dfl`` selects nothing here."""
+    if freeze is None:
+        return []
+    items = range(freeze) if isinstance(freeze, numbers.Integral) else freeze
+    prefixes = [f if isinstance(f, str) else "model.%d." % f for f in items]
+    return [n for n in names if any(n.startswith(p) for p in prefixes)]
+
+
+def _recorded_best(path):
+    """The best checkpoint that the ModelCheckpoint state in checkpoint ``path`` names, read from the file's
+    header alone; None when there is none or the header cannot be read (the caller looks further)."""
+    try:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(min(n, 1 << 26)))
+        state = json.loads(header["__metadata__"][_checkpoint.HEADER_KEY])
+        return state["callbacks"][cb.ModelCheckpoint.__qualname__]["best_model_path"] or None
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+
+
 class Trainer:
-    """Fits a :class:`ptl.Detector` on :class:`ptl.DetectionData` (Lightning's argument names).
+    """Fits a :class:`ptl.Detector` on :class:`ptl.DetectionData`, with Lightning 2.6's argument names and,
+    where the meaning is the same, its defaults (keyword arguments only, as in Lightning).
 
-    Detector hyperparameters (optimizer, lr0, lrf, momentum, weight_decay, warmup_*, EMA, cos_lr) come
-    from ``model.hparams`` (spec §10 defaults). ``accumulate_grad_batches=None`` follows the spec's
-    nominal batch of 64 (with its warm-up ramp); an int fixes the number of batches per step.
+    Detector hyperparameters (optimizer, lr0, lrf, momentum, weight_decay, warmup_*, EMA, cos_lr) come from
+    ``model.hparams`` (spec §10 defaults). Where ptl keeps Ultralytics' default instead of Lightning's:
 
-    Several devices (:mod:`ptl.distributed`): ``devices`` (an int, a list of GPU ordinals, ``"0,1"`` or
-    ``"auto"``; on the CPU a number of processes), ``num_nodes`` and ``strategy="ddp"`` (``"auto"``: ddp
-    when there is more than one device) as in Lightning; ``timeout`` bounds every wait of a distributed job
-    (seconds; default ``PTL_DIST_TIMEOUT`` or ``ptl.distributed.DEFAULT_TIMEOUT_S``). Rank 0 alone prints,
-    logs and writes files; ``global_rank``, ``local_rank``, ``node_rank``, ``world_size`` and
-    ``is_global_zero`` say where this process stands.
+    - ``accumulate_grad_batches=None`` (Lightning: 1) follows the nominal batch of 64 (``nbs``) with its
+      warm-up ramp; an int fixes the number of batches per optimizer step.
+    - ``gradient_clip_val=10.0`` (Lightning: None): gradients are clipped to norm 10 (0 or None: no clipping).
+    - ``max_epochs=None`` trains 100 epochs (Lightning: 1000); ``max_steps`` (-1: no limit) stops earlier.
+    - ``precision=None`` (or ``"auto"``; Lightning: "32-true") resolves at fit time to ``"bf16-mixed"`` on a GPU
+      of compute capability >= 8.0, ``"16-mixed"`` on an older GPU and ``"32-true"`` on the CPU
+      (:func:`ptl.cuda.default_precision`), as Ultralytics trains with AMP; a fit logs the choice and
+      ``trainer.precision`` returns it.
+    - ``deterministic``: ptl is always deterministic (the same inputs give bit-identical results, on the CPU
+      and on a GPU); None/True/"warn" say so, ``False`` warns that it changes nothing.
+
+    Lightning's other shared arguments: ``accelerator`` ("auto", "cpu", "cuda"/"gpu"); ``devices`` (an int,
+    a list of GPU ordinals, ``"0,1"`` or ``"auto"``; on the CPU a number of processes; ``[i]`` trains on GPU
+    i, ``trainer.device`` is then ``"cuda:i"``), ``num_nodes`` and ``strategy="ddp"`` (``"auto"``: ddp when
+    there is more than one device) (:mod:`ptl.distributed`; more than one rank raises until the fused step
+    has its all-reduce); ``logger`` (True/None: the run folder ``runs/<name>/version_N``; False: none);
+    ``fast_dev_run`` (True or n: n batches of training and validation in one epoch; no sanity check,
+    checkpoint, log file or run folder; early stopping and the LR monitor off); ``max_time`` ("DD:HH:MM:SS",
+    timedelta or dict: see below); ``limit_train_batches`` / ``limit_val_batches`` (count or fraction; 0
+    val batches: no validation); ``overfit_batches`` (count or fraction: the same first batches every epoch,
+    epoch 0's images and augmentation, and as many validation batches); ``val_check_interval`` (None/1.0:
+    at the epoch end; a fraction f: also every f of the epoch; an int n: also every n training batches);
+    ``check_val_every_n_epoch``; ``num_sanity_val_steps`` (None: 2 validation batches before the first
+    training batch, so a broken validation set fails at once; -1: all; 0: none); ``enable_checkpointing``
+    and ``enable_progress_bar`` (None: True); ``default_root_dir`` (None: the current folder).
+
+    ptl's own: ``timeout`` (seconds any wait of a distributed job may take; default ``PTL_DIST_TIMEOUT`` or
+    ``ptl.distributed.DEFAULT_TIMEOUT_S``; rank 0 alone prints, logs and writes files, and ``global_rank``,
+    ``local_rank``, ``node_rank``, ``world_size`` and ``is_global_zero`` say where a process stands),
+    ``name`` (the run folder's name), ``seed`` (seeds ptl's global generator; the model's and
+    data's seeds are their own), ``patience`` (Ultralytics: stop when ``fitness`` has not improved for N
+    validations, an EarlyStopping on fitness; None or 0: off) and ``freeze`` (Ultralytics: N layers or a
+    list of layer indices / parameter-name prefixes; recorded in hparams and args.yaml, the parameter
+    names in ``trainer.frozen_parameters``).
+
+    A time budget (``max_time``; ``time=H`` hours on the command line) works as Ultralytics' ``time``: the
+    fit stops after the optimizer step that passes it (then validates and checkpoints as at an epoch's
+    end, so ``last.ckpt`` holds the stopped run), and after every epoch the planned number of epochs is
+    re-estimated as ``ceil(budget / mean epoch time)`` (at most an explicit ``max_epochs``), which sets the
+    learning-rate schedule's length, close_mosaic and the o2m/o2o weights for the following epochs. A run
+    with a time budget depends on timing, so its digests do not repeat.
 
     ``end2end`` chooses what validation measures, as 8.4.190's ``nms`` does: False (the default, its
     ``nms=None``) the one-to-many head with class-aware NMS; True (its ``nms=False``) the one-to-one
     head's top-300 without NMS. It is recorded in ``hparams()["trainer"]``.
     """
 
-    def __init__(self, *, max_epochs=None, max_steps=-1, precision="32-true", accumulate_grad_batches=None,
-                 gradient_clip_val=10.0, limit_train_batches=None, limit_val_batches=None,
-                 check_val_every_n_epoch=1, callbacks=None, logger=True, enable_progress_bar=True,
-                 enable_checkpointing=True, deterministic=True, default_root_dir=None, accelerator="auto",
-                 devices="auto", name="train", seed=None, num_nodes=1, strategy="auto", timeout=None,
+    def __init__(self, *, accelerator="auto", strategy="auto", devices="auto", num_nodes=1, precision=None,
+                 logger=None, callbacks=None, fast_dev_run=False, max_epochs=None, max_steps=-1, max_time=None,
+                 limit_train_batches=None, limit_val_batches=None, overfit_batches=0.0, val_check_interval=None,
+                 check_val_every_n_epoch=1, num_sanity_val_steps=None, enable_checkpointing=None,
+                 enable_progress_bar=None, accumulate_grad_batches=None, gradient_clip_val=10.0, deterministic=None,
+                 default_root_dir=None, name="train", seed=None, patience=None, freeze=None, timeout=None,
                  end2end=False):
         check_int("max_epochs", max_epochs, 1, none_ok=True)
         if check_int("max_steps", max_steps, -1) == 0:
             raise ConfigError("max_steps: expected -1 (no limit) or an int >= 1, got 0")
-        if not isinstance(precision, (str, int)) or precision not in PRECISIONS:
-            raise ConfigError("precision: expected '32-true', '16-mixed' or 'bf16-mixed', got %r" % (precision,))
+        if precision is not None and (not isinstance(precision, (str, int)) or isinstance(precision, bool)
+                                      or (precision not in PRECISIONS and precision != "auto")):
+            raise ConfigError("precision: expected None/'auto', '32-true', '16-mixed' or 'bf16-mixed', got %r"
+                              % (precision,))
         check_int("accumulate_grad_batches", accumulate_grad_batches, 1, none_ok=True)
         check_float("gradient_clip_val", gradient_clip_val, 0.0, none_ok=True)
         check_int("check_val_every_n_epoch", check_val_every_n_epoch, 1)
@@ -88,16 +215,38 @@ class Trainer:
             timeout = _distributed.timeout_seconds(timeout)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        _limit(limit_train_batches, 1, "limit_train_batches")
-        _limit(limit_val_batches, 1, "limit_val_batches")
+        for what, value in (("limit_train_batches", limit_train_batches), ("limit_val_batches", limit_val_batches),
+                            ("overfit_batches", overfit_batches)):
+            _limit(value, 1, what)
         if limit_train_batches is not None and not isinstance(limit_train_batches, bool) and limit_train_batches == 0:
             raise ConfigError("limit_train_batches: 0 leaves no training batch to run")
-        if accelerator == "cpu" and PRECISIONS[precision] != "float32":
+        if val_check_interval is not None:
+            if isinstance(val_check_interval, bool) or not isinstance(val_check_interval, numbers.Real):
+                raise ConfigError("val_check_interval: expected None, a fraction in (0, 1] or a batch count >= 1, "
+                                  "got %r" % (val_check_interval,))
+            if isinstance(val_check_interval, numbers.Integral):
+                check_int("val_check_interval", val_check_interval, 1)
+            else:
+                check_float("val_check_interval", val_check_interval, 0.0, 1.0, lo_open=True)
+        check_int("num_sanity_val_steps", num_sanity_val_steps, -1, none_ok=True)
+        if isinstance(fast_dev_run, bool):
+            dev_batches = int(fast_dev_run)
+        else:
+            dev_batches = check_int("fast_dev_run", fast_dev_run, 0)
+        if accelerator == "cpu" and precision not in (None, "auto") and PRECISIONS[precision] != "float32":
             raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (precision,))
-        for flag, value in (("logger", logger), ("enable_progress_bar", enable_progress_bar),
-                            ("enable_checkpointing", enable_checkpointing), ("deterministic", deterministic),
-                            ("end2end", end2end)):
-            check_bool(flag, value)
+        if logger is not None:
+            check_bool("logger", logger)
+        check_bool("end2end", end2end)
+        for flag, value in (("enable_progress_bar", enable_progress_bar),
+                            ("enable_checkpointing", enable_checkpointing)):
+            if value is not None:
+                check_bool(flag, value)
+        if not (deterministic is None or isinstance(deterministic, bool) or deterministic == "warn"):
+            raise ConfigError("deterministic: expected None, True, 'warn' or False, got %r" % (deterministic,))
+        if deterministic is False:
+            warnings.warn("deterministic=False changes nothing: ptl always computes deterministically (the same "
+                          "inputs give bit-identical results)", UserWarning, stacklevel=2)
         if default_root_dir is not None:
             try:
                 default_root_dir = os.fspath(default_root_dir)
@@ -107,42 +256,59 @@ class Trainer:
                 raise ConfigError("default_root_dir: %s exists and is not a folder" % default_root_dir)
         check_run_name(name)
         check_int("seed", seed, 0, 2 ** 64 - 1, none_ok=True)
+        check_int("patience", patience, 0, none_ok=True)
         if isinstance(callbacks, cb.Callback):
             callbacks = [callbacks]
         elif callbacks is not None and not isinstance(callbacks, (list, tuple)):
             raise ConfigError("callbacks: expected a list of ptl.Callback instances, got %s" % type(callbacks).__name__)
+        self.max_time = parse_max_time(max_time)
+        self.freeze = _check_freeze(freeze)
+        self.overfit_batches = overfit_batches
+        if overfit_batches:  # the same first batches every epoch, and as many validation batches
+            limit_train_batches = limit_val_batches = overfit_batches
+        self.fast_dev_run = dev_batches or False
+        if self.fast_dev_run:  # Lightning's meaning: n batches of each, one epoch, nothing written
+            limit_train_batches = limit_val_batches = dev_batches
+            max_epochs, max_steps, num_sanity_val_steps, val_check_interval = 1, -1, 0, None
+            logger = False
         self.max_epochs = max_epochs
         self.max_steps = max_steps
-        self.precision = precision
+        self._precision = precision
         self.accumulate_grad_batches = accumulate_grad_batches
         self.gradient_clip_val = gradient_clip_val
         self.limit_train_batches = limit_train_batches
         self.limit_val_batches = limit_val_batches
+        self.val_check_interval = 1.0 if val_check_interval is None else val_check_interval
         self.check_val_every_n_epoch = check_val_every_n_epoch
-        self.enable_checkpointing = enable_checkpointing
-        self.enable_progress_bar = enable_progress_bar
+        self.num_sanity_val_steps = NUM_SANITY_VAL_STEPS if num_sanity_val_steps is None else num_sanity_val_steps
+        self.enable_checkpointing = enable_checkpointing is not False
+        self.enable_progress_bar = enable_progress_bar is not False
         self.deterministic = deterministic
         self.default_root_dir = default_root_dir if default_root_dir is not None else os.getcwd()
         self.accelerator = "cuda" if accelerator == "gpu" else accelerator
         self.devices, self.num_nodes, self.strategy, self.timeout = devices, num_nodes, strategy, timeout
         self.end2end = end2end
         self._dist = _distributed.Context()  # one process until fit() joins a job
-        self.logger = logger
+        self.logger = logger is not False
         self.name = name
         self.seed = seed
+        self.patience = patience
         self.callbacks = list(callbacks or [])
         for c in self.callbacks:
             if not isinstance(c, cb.Callback):
                 raise TypeError("callbacks: expected ptl.Callback instances, got %s" % type(c).__name__)
-        if enable_checkpointing and not any(isinstance(c, cb.ModelCheckpoint) for c in self.callbacks):
+        if patience:
+            self.callbacks.append(cb.EarlyStopping("fitness", patience=patience, mode="max"))
+        if self.enable_checkpointing and not any(isinstance(c, cb.ModelCheckpoint) for c in self.callbacks):
             self.callbacks.append(cb.ModelCheckpoint(filename="best", monitor="fitness", mode="max", save_last=True,
                                                      monitor_optional=True))
-        if enable_progress_bar and not any(isinstance(c, cb.ProgressBar) for c in self.callbacks):
+        if self.enable_progress_bar and not any(isinstance(c, cb.ProgressBar) for c in self.callbacks):
             self.callbacks.append(cb.ProgressBar())
         self.callback_metrics = {}
         self.logged_metrics = {}
         self.should_stop = False
         self.sanity_checking = False
+        self.validating_mid_epoch = False  # a val_check_interval validation inside an epoch (no checkpoint)
         self.state = _TrainerState()
         self.validated_this_epoch = False
         self.current_epoch_completed = 0
@@ -152,12 +318,16 @@ class Trainer:
         self._last_batch = (0, 0, 0)  # epoch, batch index and optimizer steps after the latest training batch
         self.val_history = []
         self.ap_per_class = {}  # class name -> AP50-95 of the last validation
+        self.frozen_parameters = []  # the parameter names ``freeze`` selects (set when a fit starts)
+        self.run_args = {}  # flat arguments args.yaml records beyond the objects' own (the CLI's weights file)
         self.datamodule = None
         self.model = None
         self.log_dir = None
         self._state = _FitState()
         self._engine = None
         self._epoch_rows = []
+        self._planned_epochs = None  # a time budget's estimate of the fit's length
+        self._train_start = None
         self.capture_network = False
 
     # -------------------------------------------------------------------------------- properties
@@ -191,18 +361,36 @@ class Trainer:
 
     @property
     def max_epochs_effective(self):
-        return self.max_epochs if self.max_epochs is not None else 100
+        """The fit's planned length: max_epochs (None: 100), or a time budget's estimate once it has one."""
+        if self._planned_epochs is not None:
+            return self._planned_epochs
+        return self.max_epochs if self.max_epochs is not None else MAX_EPOCHS
+
+    @property
+    def precision(self):
+        """The precision the fit computes in: as given, or for None / "auto" the device's default
+        (:func:`ptl.cuda.default_precision`)."""
+        if self._precision in (None, "auto"):
+            return _cuda.default_precision(self.device)
+        return self._precision
 
     @property
     def device(self):
+        """``"cpu"`` or ``"cuda:N"``: this rank's GPU once a fit has joined its job, else the first GPU that
+        ``devices`` names (``[N]``, ``"N,"``; GPU 0 for "auto" or a count)."""
         if self.accelerator == "cpu":
             return "cpu"
-        gpu = "cuda" if not self._dist.device else "cuda:%d" % self._dist.device  # this rank's GPU
-        if self.accelerator == "cuda":
-            if not _cuda.is_available():
+        if not _cuda.is_available():
+            if self.accelerator == "cuda":
                 raise ConfigError("accelerator: 'cuda' requested but no CUDA device is available")
-            return gpu
-        return gpu if _cuda.is_available() else "cpu"
+            return "cpu"
+        if self._dist.device is not None:
+            return "cuda:%d" % self._dist.device
+        try:
+            ids = _distributed.parse_devices(1 if self.devices == "auto" else self.devices, "cuda")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return "cuda:%d" % ids[0]
 
     def log_dict(self, values):
         for k, v in values.items():
@@ -210,10 +398,10 @@ class Trainer:
             self.callback_metrics[k] = float(v)
 
     def group_schedule(self):
-        """[(group name, lr, momentum)] of the optimizer's parameter groups, as last set."""
+        """[(group name, lr, momentum, weight decay)] of the optimizer's parameter groups, as last set."""
         if self._engine is None:
             return []
-        return [("pg%d_%s" % (i, g["param_group"]), float(g["lr"]), float(g["momentum"]))
+        return [("pg%d_%s" % (i, g["param_group"]), float(g["lr"]), float(g["momentum"]), float(g["weight_decay"]))
                 for i, g in enumerate(self._engine.opt.param_groups)]
 
     def progress_metrics(self):
@@ -225,12 +413,23 @@ class Trainer:
             getattr(c, hook)(self, self.model, *args)
 
     # -------------------------------------------------------------------------------------- fit
+    def _check_precision(self, device):
+        """Says which precision None / "auto" chose; a low precision on the CPU is an error."""
+        if self._precision in (None, "auto"):
+            log.info("precision: %s (the default on %s)", self.precision, device)
+        if device == "cpu" and PRECISIONS[self.precision] != "float32":
+            raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (self.precision,))
+
     def fit(self, model, datamodule, ckpt_path=None, capture_network=False):
-        """Trains ``model`` on ``datamodule``; ``ckpt_path`` resumes from a checkpoint of this trainer.
-        ``capture_network=True`` (CUDA): the first full-size step runs eagerly, then the network's forward
-        and backward are recorded as CUDA graphs and replayed on every full-size step after it (the
-        objective, optimizer and EMA stay eager); the replayed network computes the bits of the eager one,
-        so the fit's results are those of an eager fit (docs/training.md).
+        """Trains ``model`` on ``datamodule``; ``ckpt_path`` resumes from a checkpoint of this trainer: a
+        path, or ``"last"`` / ``"best"`` as in Lightning (the ModelCheckpoint callback's last / best file
+        of an earlier fit of this trainer; for a fresh trainer, the newest run folder
+        ``<default_root_dir>/runs/<name>/version_N`` holding one: its ``checkpoints/last.ckpt``, or the best
+        checkpoint that file records, else ``checkpoints/best.ckpt``). ``capture_network=True`` (CUDA): the
+        first full-size step runs eagerly, then the network's forward and backward are recorded as CUDA
+        graphs and replayed on every full-size step after it (the objective, optimizer and EMA stay eager);
+        the replayed network computes the bits of the eager one, so the fit's results are those of an
+        eager fit (docs/training.md).
 
         Resuming (docs/training.md): the whole checkpoint is read and checked against the model, the data
         and the run before anything changes; a bad one raises :class:`ptl.CheckpointError`. A checkpoint
@@ -245,11 +444,16 @@ class Trainer:
         device = self.device  # accelerator='cuda' without a device fails here, before any work
         if capture_network and device == "cpu":
             raise ConfigError("capture_network=True: graph replay needs accelerator='cuda'")
-        if device == "cpu" and PRECISIONS[self.precision] != "float32":
-            raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (self.precision,))
         if datamodule.num_classes != model.num_classes:
             raise ConfigError("datamodule: %d classes in %s but the model has %d" % (
                 datamodule.num_classes, getattr(datamodule, "cfg", {}).get("yaml", "data.yaml"), model.num_classes))
+        names = [n for n, _, _ in model.parameter_table()]
+        frozen = frozen_parameter_names(self.freeze, names)
+        if self.freeze is not None and len(frozen) == len(names):
+            raise ConfigError("freeze=%r freezes every parameter of the model: nothing would train" % (self.freeze,))
+        self._check_precision(device)
+        self._planned_epochs = None  # a time budget re-plans each fit
+        ckpt_path = self._resolve_ckpt_path(ckpt_path)
         resume = self._resumed_from = None
         if ckpt_path is not None:
             resume = _checkpoint.read(ckpt_path)
@@ -263,6 +467,7 @@ class Trainer:
                 return self
         self.capture_network = bool(capture_network)
         self.model, self.datamodule = model, datamodule
+        self.frozen_parameters = frozen
         self.should_stop = False
         self.state.fn = "fit"
         self._configure_run_dir()
@@ -274,8 +479,12 @@ class Trainer:
             self._engine = Engine(self, model, datamodule)
             if resume is not None:
                 _checkpoint.restore(self, resume)
+            self._start_messages(ckpt_path)
             self._write_hparams()
+            self._write_args(ckpt_path)
             self._call("on_fit_start")
+            self._sanity_check()
+            self._train_start = _clock()
             self._call("on_train_start")
             self._fit_loop()
             self._engine.adopt_ema()  # the model now holds what validation and the best checkpoint measured
@@ -310,6 +519,53 @@ class Trainer:
                                       % (world, self.devices, self.num_nodes,
                                          ", started by %s" % env.launcher if env is not None else ""))
 
+    def _start_messages(self, ckpt_path):
+        """What the fit does that the user may not expect: ignored hyperparameters, an unapplied freeze."""
+        hp = dict(getattr(self.model, "hparams", None) or {})
+        ignored = [k for k in ("lr0", "momentum", "warmup_bias_lr") if k in hp]
+        if str(hp.get("optimizer", "auto")).lower() == "auto" and ignored:
+            name, lr0, momentum, _ = choose_optimizer(self._engine.cfg)
+            warnings.warn("optimizer=auto found, ignoring %s: auto chose %s with lr0=%g, momentum=%g (pass "
+                          "optimizer='SGD', 'MuSGD' or 'AdamW' to use them)" % (
+                              ", ".join("%s=%r" % (k, hp[k]) for k in ignored), name, lr0, momentum),
+                          UserWarning, stacklevel=4)
+        if self.frozen_parameters:
+            warnings.warn("freeze=%r selects %d parameter tensors (trainer.frozen_parameters); it is recorded in "
+                          "hparams.yaml and args.yaml but this executor does not freeze them yet"
+                          % (self.freeze, len(self.frozen_parameters)), UserWarning, stacklevel=4)
+        if ckpt_path is not None:
+            log.info("resuming from %s at epoch %d", ckpt_path, self._state.epoch)
+        if self.max_time is not None:
+            log.info("time budget %s: the planned epochs are re-estimated after each epoch",
+                     format_max_time(self.max_time))
+
+    def _resolve_ckpt_path(self, ckpt_path):
+        """``"last"`` / ``"best"`` to a file (see :meth:`fit`); any other value is returned as it is."""
+        if not isinstance(ckpt_path, str) or ckpt_path not in ("last", "best"):
+            return ckpt_path
+        checkpointers = [c for c in self.callbacks if isinstance(c, cb.ModelCheckpoint)]
+        for c in checkpointers:  # an earlier fit of this trainer
+            path = c.last_model_path if ckpt_path == "last" else c.best_model_path
+            if path and os.path.isfile(path):
+                return path
+        folders = [c.dirpath for c in checkpointers if c.dirpath is not None]
+        base = os.path.join(self.default_root_dir, "runs", self.name)
+        if os.path.isdir(base):
+            versions = sorted((int(d.split("_")[1]), d) for d in os.listdir(base)
+                              if d.startswith("version_") and d.split("_")[1].isdigit())
+            folders += [os.path.join(base, d, "checkpoints") for _, d in reversed(versions)]
+        for folder in folders:
+            last = os.path.join(folder, "last.ckpt")
+            if ckpt_path == "last" and os.path.isfile(last):
+                return last
+            if ckpt_path == "best":
+                best = _recorded_best(last) if os.path.isfile(last) else None
+                for path in (best, os.path.join(folder, "best.ckpt")):
+                    if path and os.path.isfile(path):
+                        return path
+        raise ConfigError("ckpt_path=%r: no %s checkpoint found (looked in %s)" % (
+            ckpt_path, ckpt_path, ", ".join(folders) or "%s, which does not exist" % base))
+
     def _guarded(self, stage, model, body):
         """Runs body(); an exception fires every callback's on_exception and is re-raised (the original, even
         when a callback's handler fails); teardown runs either way."""
@@ -334,16 +590,81 @@ class Trainer:
             if self._engine is not None:
                 self._engine.close()
 
+    def _sanity_check(self):
+        """Validates num_sanity_val_steps batches before training (Lightning): a broken validation set fails
+        here, not after an epoch. The results are discarded; checkpoints and early stopping skip it."""
+        eng = self._engine
+        if self.num_sanity_val_steps == 0 or not eng.has_val:
+            return
+        total = _limit(self.limit_val_batches, len(eng.val_loader), "limit_val_batches")
+        steps = total if self.num_sanity_val_steps == -1 else min(self.num_sanity_val_steps, total)
+        self.sanity_checking = True
+        try:
+            self._call("on_sanity_check_start")
+            self._run_validation(steps)
+            self._call("on_validation_epoch_end")
+            self._call("on_validation_end")
+            self._call("on_sanity_check_end")
+        finally:
+            self.sanity_checking = False
+
+    def _run_validation(self, max_batches=None):
+        """The validation hooks around one pass of the engine over (at most max_batches) validation batches."""
+        self._call("on_validation_start")
+        self._call("on_validation_epoch_start")
+        limit = self.limit_val_batches
+        if max_batches is not None:  # the engine reads the trainer's limit
+            self.limit_val_batches = max_batches
+        try:
+            res = self._engine.validate(self)
+        finally:
+            self.limit_val_batches = limit
+        return res
+
+    def _data_epoch(self, epoch):
+        """The data epoch a training epoch reads: itself, or epoch 0's batches again with overfit_batches."""
+        return 0 if self.overfit_batches else epoch
+
+    def _mid_epoch_every(self):
+        """Training batches between validations inside an epoch (val_check_interval), or None."""
+        v, nb = self.val_check_interval, self.num_training_batches
+        if isinstance(v, numbers.Integral):
+            if v > nb:
+                raise ConfigError("val_check_interval=%d: more than the %d training batches of an epoch" % (v, nb))
+            return v if v < nb else None
+        return max(1, int(nb * v)) if v < 1.0 else None
+
+    def _time_up(self):
+        return self.max_time is not None and _clock() - self._train_start >= self.max_time.total_seconds()
+
+    def _replan(self, epochs_run):
+        """A time budget's estimate of the fit's length after ``epochs_run`` epochs of this fit (Ultralytics:
+        ceil(budget / mean epoch time), at most an explicit max_epochs); it sets the schedule's length."""
+        mean = (_clock() - self._train_start) / max(epochs_run, 1)
+        planned = max(1, math.ceil(self.max_time.total_seconds() / mean)) if mean > 0 else self.max_epochs_effective
+        if self.max_epochs is not None:
+            planned = min(planned, self.max_epochs)
+        if planned != self.max_epochs_effective:
+            log.info("time budget: %d epochs planned (%.3g s per epoch)", planned, mean)
+        self._planned_epochs = planned
+        # the learning-rate schedule reads the optimizer config's epochs, close_mosaic the data's
+        self._engine.cfg.epochs = planned
+        self.datamodule.epochs = planned
+
     def _fit_loop(self):
         eng, st = self._engine, self._state
+        every = self._mid_epoch_every()
+        first_epoch = st.epoch
         while st.epoch < self.max_epochs_effective and not self.should_stop:
             epoch = st.epoch
-            self.datamodule.set_epoch(epoch)
+            self.datamodule.set_epoch(self._data_epoch(epoch))
             self.validated_this_epoch = False
             self._call("on_train_epoch_start")
             t0 = time.perf_counter()
             epoch_items = []
             pending = None  # the previous batch's losses: read once the next batch is queued
+            validates = eng.has_val and (epoch + 1) % self.check_val_every_n_epoch == 0
+            since_val = 0  # training batches since the last validation of this epoch
 
             def settle(p):
                 losses, batch_index, step = p
@@ -354,32 +675,49 @@ class Trainer:
                 epoch_items.append(row[ITEM])
                 self.callback_metrics.update({"train/box_loss": float(row[7]), "train/cls_loss": float(row[8]),
                                               "train/l1_loss": float(row[9])})
+            res = None
             for i, batch in enumerate(eng.train_loader):
                 if i >= self.num_training_batches:
                     break
                 self._call("on_train_batch_start", batch, i)
-                step = st.global_step
+                steps_before = st.global_step
                 current = _PendingLosses(eng.train_step(batch, epoch, i))
                 if pending is not None:
                     settle(pending)
-                pending = (current, i, step)
+                pending = (current, i, steps_before)
                 self._last_batch = (epoch, i, st.global_step)
+                since_val += 1
                 self._call("on_train_batch_end", {"loss": LossValue(current, 0)}, batch, i)
-                if 0 < self.max_steps <= st.global_step:
+                if 0 < self.max_steps <= st.global_step or (st.global_step > steps_before and self._time_up()):
                     self.should_stop = True
+                if not self.should_stop and validates and every and (i + 1) % every == 0 \
+                        and i + 1 < self.num_training_batches:
+                    self.validating_mid_epoch = True
+                    try:
+                        res = self._validation_loop()
+                    finally:
+                        self.validating_mid_epoch = False
+                    since_val = 0
+                if self.should_stop:
                     break
             if pending is not None:
                 settle(pending)
             eng.end_epoch()
             st.epoch += 1
             self.current_epoch_completed = st.epoch
+            if self.max_time is not None:
+                self._replan(st.epoch - first_epoch)
+                if self._time_up():
+                    self.should_stop = True
             mean = np.mean(epoch_items, axis=0) if epoch_items else np.zeros(3)
             row = {"epoch": epoch, "step": st.global_step, "train/box_loss": mean[0], "train/cls_loss": mean[1],
                    "train/l1_loss": mean[2]}
-            row.update({"lr/%s" % n: lr for n, lr, _ in self.group_schedule()})
+            row.update({"lr/%s" % n: lr for n, lr, _, _ in self.group_schedule()})
             self.log_dict({k: v for k, v in row.items() if k not in ("epoch", "step")})
-            if (epoch + 1) % self.check_val_every_n_epoch == 0 and eng.has_val:
+            if validates and since_val:
                 self._validation_loop(row)
+            elif res is not None:  # stopped right after a validation inside the epoch: that one counts
+                row.update(res["logged"])
             row["time"] = time.perf_counter() - t0
             self._epoch_rows.append(row)
             self._write_metrics()
@@ -407,10 +745,9 @@ class Trainer:
                 "No checkpoint had been written"), epoch, batch_index, step, losses, tensors)
 
     def _validation_loop(self, row=None):
-        self._call("on_validation_start")
-        self._call("on_validation_epoch_start")
-        res = self._engine.validate(self)
-        self.validated_this_epoch = True
+        res = self._run_validation()
+        if not self.validating_mid_epoch:
+            self.validated_this_epoch = True
         self.ap_per_class = res["ap_per_class"]
         self.val_history.append(res)
         self.log_dict(res["logged"])
@@ -425,6 +762,7 @@ class Trainer:
         """Validates ``model``'s current weights; returns ``[metrics dict]`` like Lightning. Writes no file:
         checkpoint and early-stopping callbacks act only while fitting, as in Lightning."""
         self._join_job()
+        self._check_precision(self.device)
         self.model, self.datamodule = model, datamodule
         self.state.fn = "validate"
         self._engine = None
@@ -451,15 +789,22 @@ class Trainer:
 
     # -------------------------------------------------------------------------------- logs
     def _configure_run_dir(self):
-        """Rank 0 makes the run folder; the other ranks are told its path."""
+        """Rank 0 makes the run folder (none with fast_dev_run); the other ranks are told its path."""
+        if self.fast_dev_run:  # writes nothing, not even the folder
+            self.log_dir = self.default_root_dir
+            return
         path = runlog.make_run_dir(self.default_root_dir, self.name, bool(self.logger)) if self.is_global_zero else None
         self.log_dir = self._dist.group.broadcast_object(path) if self._dist.group is not None else path
 
     def hparams(self):
+        """The fit's settings, nested by part (trainer, model, data): what hparams.yaml and checkpoints hold."""
         h = {"trainer": {k: getattr(self, k) for k in (
             "max_epochs", "max_steps", "precision", "accumulate_grad_batches", "gradient_clip_val",
-            "limit_train_batches", "limit_val_batches", "check_val_every_n_epoch", "deterministic", "accelerator",
-            "seed", "capture_network", "end2end")}}
+            "limit_train_batches", "limit_val_batches", "overfit_batches", "val_check_interval",
+            "check_val_every_n_epoch", "num_sanity_val_steps", "fast_dev_run", "deterministic", "accelerator",
+            "devices", "num_nodes", "strategy", "timeout", "seed", "patience", "freeze", "name",
+            "capture_network", "end2end")}}
+        h["trainer"]["max_time"] = None if self.max_time is None else format_max_time(self.max_time)
         if self._engine is not None:
             h["model"] = self._engine.model_hparams()
             h["data"] = self._engine.data_hparams()
@@ -468,6 +813,12 @@ class Trainer:
     def _write_hparams(self):
         if self.logger and self.is_global_zero:
             runlog.write_hparams(self.log_dir, self.hparams())
+
+    def _write_args(self, ckpt_path):
+        if self.logger and self.is_global_zero:
+            from .arguments import resolved_args
+            runlog.write_args(self.log_dir, resolved_args(self, self.model, self.datamodule, ckpt_path,
+                                                          self.capture_network))
 
     def _write_metrics(self):
         if self.logger and self.is_global_zero:

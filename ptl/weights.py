@@ -32,9 +32,9 @@ same scale), the new model is built with the source's class-branch width (``Dete
 every hidden tensor of that branch transfers; only the final class convs get the new class count.
 """
 import json
+import logging
 import os
 import re
-import sys
 
 import numpy as np
 
@@ -44,6 +44,7 @@ __all__ = ["WeightsFile", "read_weights", "write_weights", "Transfer", "plan_tra
 _NBT = ".num_batches_tracked"
 _CLS_OUT = re.compile(r"model\.23\.(?:one2one_)?cv3\.\d+\.2\.(?:weight|bias)")  # the final class convs
 _FIRST_CONV = "model.0.conv.weight"
+log = logging.getLogger(__name__)
 
 
 class WeightsFile:
@@ -169,7 +170,10 @@ class Transfer:
         return not (self.mismatched or self.missing or self.unexpected)
 
     def summary(self):
-        """``Transferred a/b items from <source>`` plus one line per kind of tensor left out."""
+        """``Transferred a/b items from <source>`` plus the tensors left out, one per line."""
+        return "\n".join(self._lines())
+
+    def _lines(self):
         lines = ["Transferred %d/%d items from %s" % (self.transferred, self.total, self.source)]
         lines += ["  " + n for n in self.notes]
         remapped = [k for k in self.parts if _CLS_OUT.fullmatch(k)]
@@ -193,10 +197,18 @@ class Transfer:
         if self.unexpected:
             lines.append("  %d source tensors the model lacks are ignored:" % len(self.unexpected))
             lines += ["    " + k for k in self.unexpected]
-        return "\n".join(lines)
+        return lines
 
     def report(self, stream=None):
-        print(self.summary(), file=stream if stream is not None else sys.stderr)
+        """The summary written to ``stream``; without one, through the ``ptl.weights`` logger: the
+        ``Transferred a/b items`` line at INFO (as Ultralytics says it), the tensors left out at DEBUG."""
+        if stream is not None:
+            stream.write(self.summary() + "\n")
+            return
+        first, *rest = self._lines()
+        log.info("%s", first)
+        for line in rest:
+            log.debug("%s", line)
 
     def __repr__(self):
         return "Transfer(%d/%d from %s)" % (self.transferred, self.total, self.source)

@@ -18,6 +18,8 @@ class FakeTrainer:
         self.global_step = 0
         self.should_stop = False
         self.sanity_checking = False
+        self.fast_dev_run = False
+        self.validating_mid_epoch = False
         self.state = types.SimpleNamespace(fn="fit")  # checkpointing and early stopping act only while fitting
         self.validated_this_epoch = True
         self.num_training_batches = 4
@@ -42,7 +44,7 @@ class FakeTrainer:
         self.logged.update(d)
 
     def group_schedule(self):
-        return [("pg0_weight", 0.01 * (1 + self.global_step), 0.9), ("pg1_bias", 0.1, 0.8)]
+        return [("pg0_weight", 0.01 * (1 + self.global_step), 0.9, 5e-4), ("pg1_bias", 0.1, 0.8, 0.0)]
 
     def progress_metrics(self):
         return {"train/box_loss": 1.5}
@@ -61,8 +63,9 @@ def test_model_checkpoint_keeps_top_k_and_last(tmp_path):
         tr.end_epoch(**{"metrics/mAP50-95": score})
         ck.on_validation_end(tr, None)
     files = sorted(os.listdir(tmp_path / "checkpoints"))
-    assert files == ["1-0.300.ckpt", "4-0.400.ckpt", "last.ckpt"]
-    assert ck.best_model_score == 0.4 and ck.best_model_path.endswith("4-0.400.ckpt")
+    # Lightning's auto_insert_metric_name: each field written name=value ("/" as "_")
+    assert files == ["epoch=1-metrics_mAP50-95=0.300.ckpt", "epoch=4-metrics_mAP50-95=0.400.ckpt", "last.ckpt"]
+    assert ck.best_model_score == 0.4 and ck.best_model_path.endswith("epoch=4-metrics_mAP50-95=0.400.ckpt")
     # weights-only files: best.safetensors whenever the best changed (0.1, 0.3, 0.4), last every time
     best, last = os.path.join("weights", "best.safetensors"), os.path.join("weights", "last.safetensors")
     assert tr.weights == [best, last, best, last, last, last, best, last]
@@ -101,14 +104,87 @@ def test_early_stopping_patience_and_min_delta(tmp_path):
     assert tr2.should_stop
 
 
+def test_early_stopping_positional_order_is_lightnings(tmp_path):
+    """EarlyStopping("m", 0.5) is min_delta 0.5 (Lightning's order monitor, min_delta, patience), not patience."""
+    es = cb.EarlyStopping("val/loss", 0.5, 1)
+    assert (es.min_delta, es.patience) == (0.5, 1)
+    tr = FakeTrainer(tmp_path)
+    for loss, stop in ((1.0, False), (0.6, True)):  # 0.4 better: not more than min_delta, and patience 1
+        tr.callback_metrics["val/loss"] = loss
+        es.on_validation_end(tr, None)
+        assert tr.should_stop == stop
+
+
+def test_early_stopping_thresholds_strict_and_when(tmp_path):
+    def run(es, values, hook="on_validation_end"):
+        tr = FakeTrainer(tmp_path)
+        for i, v in enumerate(values):
+            tr.current_epoch = i
+            tr.callback_metrics["m"] = v
+            getattr(es, hook)(tr, None)
+            if tr.should_stop:
+                return i
+        return None
+    assert run(cb.EarlyStopping("m", mode="max", stopping_threshold=0.5, patience=100), [0.1, 0.4, 0.6, 0.7]) == 2
+    assert run(cb.EarlyStopping("m", divergence_threshold=5.0, patience=100), [1.0, 2.0, 6.0]) == 2
+    assert run(cb.EarlyStopping("m", patience=100), [1.0, float("inf")]) == 1  # check_finite
+    assert run(cb.EarlyStopping("m", patience=100, check_finite=False), [1.0, float("inf")]) is None
+    # check_on_train_epoch_end moves the check from validation's end to the training epoch's end
+    late = cb.EarlyStopping("m", patience=0, check_on_train_epoch_end=True)
+    assert run(late, [1.0, 2.0]) is None and run(late, [1.0, 2.0], "on_train_epoch_end") == 1
+    tr = FakeTrainer(tmp_path)
+    with pytest.raises(RuntimeError, match="metric not found"):
+        cb.EarlyStopping("missing").on_validation_end(tr, None)
+    cb.EarlyStopping("missing", strict=False).on_validation_end(tr, None)  # skipped, no stop
+    assert not tr.should_stop
+    tr.fast_dev_run = 1  # Lightning: early stopping is off with fast_dev_run
+    tr.callback_metrics["m"] = float("nan")
+    cb.EarlyStopping("m").on_validation_end(tr, None)
+    assert not tr.should_stop
+
+
+def test_model_checkpoint_lightning_options(tmp_path):
+    tr = FakeTrainer(tmp_path)
+    plain = cb.ModelCheckpoint(dirpath=tmp_path / "a", auto_insert_metric_name=False)
+    tr.end_epoch(loss=1.0)
+    plain.on_validation_end(tr, None)
+    assert os.listdir(tmp_path / "a") == ["0-4.ckpt"]  # Lightning's default "{epoch}-{step}", no names
+    # save_on_train_epoch_end=True: at the training epoch's end even when it validated
+    at_end = cb.ModelCheckpoint(dirpath=tmp_path / "b", save_on_train_epoch_end=True)
+    at_end.on_validation_end(tr, None)
+    assert not os.path.exists(tmp_path / "b")
+    at_end.on_train_epoch_end(tr, None)
+    assert os.listdir(tmp_path / "b") == ["epoch=0-step=4.ckpt"]
+    # enable_version_counter=False overwrites an older run's file of the same name instead of adding -v1
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "last.ckpt").write_text("older run")
+    over = cb.ModelCheckpoint(dirpath=tmp_path / "c", save_top_k=0, save_last=True, enable_version_counter=False)
+    over.on_validation_end(tr, None)
+    assert os.listdir(tmp_path / "c") == ["last.ckpt"] and (tmp_path / "c" / "last.ckpt").read_text() != "older run"
+    # nothing is written in the sanity check, with fast_dev_run, or for a validation inside an epoch
+    quiet = cb.ModelCheckpoint(dirpath=tmp_path / "d")
+    for attr in ("sanity_checking", "fast_dev_run", "validating_mid_epoch"):
+        setattr(tr, attr, True)
+        quiet.on_validation_end(tr, None)
+        quiet.on_train_epoch_end(tr, None)
+        setattr(tr, attr, False)
+    assert not os.path.exists(tmp_path / "d")
+
+
 def test_learning_rate_monitor(tmp_path):
     tr = FakeTrainer(tmp_path)
-    lrm = cb.LearningRateMonitor(logging_interval="step")
+    lrm = cb.LearningRateMonitor(logging_interval="step", log_momentum=True, log_weight_decay=True)
     lrm.on_train_batch_start(tr, None, None, 0)
-    assert tr.logged == {"lr-pg0_weight": 0.01, "momentum-pg0_weight": 0.9, "lr-pg1_bias": 0.1,
-                         "momentum-pg1_bias": 0.8}
+    assert tr.logged == {"lr-pg0_weight": 0.01, "momentum-pg0_weight": 0.9, "weight_decay-pg0_weight": 5e-4,
+                         "lr-pg1_bias": 0.1, "momentum-pg1_bias": 0.8, "weight_decay-pg1_bias": 0.0}
     lrm.on_train_epoch_start(tr, None)  # epoch logging is off in step mode
     assert len(lrm.history) == 1
+    tr2 = FakeTrainer(tmp_path)
+    default = cb.LearningRateMonitor()  # Lightning's defaults: the schedule's interval (ptl: epoch), lr only
+    default.on_train_batch_start(tr2, None, None, 0)
+    assert tr2.logged == {}
+    default.on_train_epoch_start(tr2, None)
+    assert tr2.logged == {"lr-pg0_weight": 0.01, "lr-pg1_bias": 0.1}
     with pytest.raises(ValueError, match="logging_interval"):
         cb.LearningRateMonitor(logging_interval="batch")
 
@@ -122,6 +198,7 @@ def test_progress_bar_plain_lines(tmp_path):
         bar.on_train_batch_end(tr, None, None, None, i)
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and lines[-1].startswith("epoch 1/10 4/4") and "box_loss=1.5" in lines[-1]
+    assert "skipped" not in out.getvalue()  # no loader, nothing skipped: the line does not mention it
 
 
 def test_close_mosaic_configures_the_data(tmp_path):
@@ -231,6 +308,17 @@ def test_stale_temporaries_are_removed_when_a_run_starts(tmp_path):
     (lambda: cb.EarlyStopping(monitor="fitness", mode="best"), "mode"),
     (lambda: cb.EarlyStopping(monitor="fitness", check_finite="no"), "check_finite"),
     (lambda: cb.LearningRateMonitor(log_momentum=None), "log_momentum"),
+    (lambda: cb.LearningRateMonitor(log_weight_decay=1), "log_weight_decay"),
+    (lambda: cb.EarlyStopping("m", strict=None), "strict"),
+    (lambda: cb.EarlyStopping("m", stopping_threshold="high"), "stopping_threshold"),
+    (lambda: cb.EarlyStopping("m", check_on_train_epoch_end="yes"), "check_on_train_epoch_end"),
+    (lambda: cb.ModelCheckpoint(verbose=1), "verbose"),
+    (lambda: cb.ModelCheckpoint(save_on_exception=True), "save_on_exception"),
+    (lambda: cb.ModelCheckpoint(save_weights_only=True), "save_weights_only"),
+    (lambda: cb.ModelCheckpoint(every_n_train_steps=100), "every_n_train_steps"),
+    (lambda: cb.ModelCheckpoint(train_time_interval=5), "train_time_interval"),
+    (lambda: cb.ModelCheckpoint(save_on_train_epoch_end=1), "save_on_train_epoch_end"),
+    (lambda: cb.ModelCheckpoint(enable_version_counter=None), "enable_version_counter"),
     (lambda: cb.ProgressBar(refresh_rate=0), "refresh_rate"),
     (lambda: cb.ProgressBar(lines_per_epoch=0), "lines_per_epoch"),
     (lambda: cb.ProgressBar(stream="stderr"), "stream"),
@@ -243,4 +331,6 @@ def test_callback_arguments_are_range_checked(make, words):
 
 def test_metric_names_with_slashes_are_allowed_in_filenames(tmp_path):
     ck = cb.ModelCheckpoint(filename="{epoch:03d}-{metrics/mAP50-95:.3f}")
+    assert ck.format_name({"metrics/mAP50-95": 0.5}, 7, 1) == "epoch=007-metrics_mAP50-95=0.500.ckpt"
+    ck = cb.ModelCheckpoint(filename="{epoch:03d}-{metrics/mAP50-95:.3f}", auto_insert_metric_name=False)
     assert ck.format_name({"metrics/mAP50-95": 0.5}, 7, 1) == "007-0.500.ckpt"

@@ -191,6 +191,21 @@ def test_changed_hyperparameters_warn(good, coco256, tmp_path):
             model, small_data(coco256), ckpt_path=good[0])
 
 
+def test_changed_data_options_warn(good, coco256, tmp_path):
+    """The newer data options are recorded (hparams.yaml, the checkpoint) and compared on resume: a changed one
+    that changes the batches is named in the ResumeWarning; one that does not (the cache) is not."""
+    with pytest.warns(ptl.ResumeWarning) as rec:
+        small_trainer(tmp_path, enable_checkpointing=False, callbacks=[StopAfter(2)]).fit(
+            ptl.Detector("yolo26n"), small_data(coco256, close_mosaic=2, jpeg_scale_pixels=0, cache="ram"),
+            ckpt_path=good[0])
+    said = " ".join(str(w.message) for w in rec)
+    assert "close_mosaic 10 -> 2" in said and "jpeg_scale_pixels %d -> 0" % ptl._C.DATA_JPEG_SCALE_PIXELS in said
+    assert "cache" not in said
+    data = json.loads(ptl.load_safetensors(good[0])[1]["ptl.trainer"])["hparams"]["data"]
+    assert (data["rect"], data["single_cls"], data["fraction"], data["close_mosaic"], data["cache_dir"]) == (
+        False, False, 1.0, 10, None)
+
+
 # -------------------------------------------------------------------------- older runs' files untouched
 def test_resumed_fit_never_touches_the_older_runs_files(good, coco256, tmp_path):
     """Issue 18.6: a resumed fit in version_1 inherits version_0's top-k list; its better checkpoints

@@ -2,7 +2,9 @@
 scan and at decode (memory bounded), DCT-scaled decoding of large JPEGs, files that fail to decode in a
 worker reported once and replaced deterministically (any worker count, any cache), truncated images are
 corrupt, missing labels are said."""
+import io
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -280,12 +282,17 @@ def test_fit_finishes_past_files_that_fail_to_decode(tmp_path, coco256, jpeg):
     d.train_loader()
     d.val_loader()
     swap_in_bad_files(tmp_path, jpeg, {2: "jpeg_corrupt_body.jpg", 3: "png_bomb.png", 5: "png_truncated.png"})
-    tr = ptl.Trainer(max_epochs=1, accelerator="cpu", enable_progress_bar=False, enable_checkpointing=False,
-                     logger=False, default_root_dir=str(tmp_path / "runs"), limit_val_batches=0)
+    out = io.StringIO()
+    tr = ptl.Trainer(max_epochs=1, accelerator="cpu", enable_checkpointing=False, logger=False,
+                     default_root_dir=str(tmp_path / "runs"), limit_val_batches=0,
+                     callbacks=[ptl.ProgressBar(stream=out, lines_per_epoch=2)])
     with pytest.warns(DataWarning, match=r"im02\.jpg: its size changed since the dataset scan.*replaced"):
         tr.fit(ptl.Detector("yolo26n", num_classes=80), d)
     assert tr.current_epoch_completed == 1 and np.isfinite(tr.loss_history).all()
     assert d.train_loader().skipped_files == 3  # 2, 3, 5 (8 is past the 8 images of this dataset)
+    lines = out.getvalue().splitlines()  # the end-of-epoch line counts them, the one before does not
+    assert len(lines) == 2 and lines[-1].startswith("epoch 1/1 2/2") and lines[-1].endswith(" skipped 3 image files")
+    assert "skipped" not in lines[0]
 
 
 def test_every_file_failing_is_an_error_not_a_hang(tmp_path, coco256, jpeg):
@@ -327,11 +334,20 @@ def test_missing_and_empty_labels(tmp_path, jpeg):
         data(ys["nolabels"]).train_loader()
 
 
-def test_label_counts(tmp_path, coco256, capsys):
+def test_label_counts(tmp_path, coco256, caplog, capfd):
+    """The counts are an INFO record of the ptl.data logger with verbose (nothing printed past logging), and
+    no record without."""
     y = good_dataset(tmp_path, coco256, n=5)
     (tmp_path / "labels/train/im01.txt").unlink()
     (tmp_path / "labels/train/im02.txt").write_text("")
+    caplog.set_level(logging.INFO, logger="ptl")
     d = data(y, verbose=True)
     info = d.train_loader().info
     assert (info["n"], info["labeled"], info["empty"], info["missing_labels"]) == (5, 3, 1, 1)
-    assert "5 images: 3 with labels, 1 empty, 1 without a label file" in capsys.readouterr().err
+    said = [r for r in caplog.records if r.name == "ptl.data"]
+    assert len(said) == 1 and said[0].levelno == logging.INFO
+    assert "5 images: 3 with labels, 1 empty, 1 without a label file" in said[0].getMessage()
+    assert capfd.readouterr().err == ""
+    caplog.clear()
+    data(y, verbose=False).train_loader()
+    assert not [r for r in caplog.records if r.name == "ptl.data"]

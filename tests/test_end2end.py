@@ -118,8 +118,8 @@ def test_cli_end2end_flag(coco256, tmp_path):
     from ptl import train
     base = ["--data", str(coco256 / "data.yaml"), "--imgsz", "64", "--batch", "4", "--workers", "2", "--device",
             "cpu", "--project", str(tmp_path)]
-    for flags, want in (([], False), (["--end2end"], True)):
-        _, _, trainer = train._build(train.build_parser().parse_args(base + flags))
+    for flags, want in (([], False), (["--end2end"], True), (["end2end=true"], True)):
+        _, _, trainer = train._build(*train.resolve(base + flags))
         assert trainer.end2end is want
 
 

@@ -1,5 +1,5 @@
 """ptl.hparams_check: range checks of hyperparameters, optimizer settings and data arguments (issue 18.8),
-called directly (the lead wires them into Detector.hparams / OptimConfig / DetectionData)."""
+called directly; DetectionData and the command line check their data arguments with check_data_args."""
 import dataclasses
 import math
 
@@ -19,6 +19,24 @@ def test_defaults_pass():
     check_optim_config(optim.OptimConfig())
     check_data_args()
     check_data_args(imgsz=32, batch_size=1, workers=0, cache="ram", mosaic=0.0, scale=0.999, perspective=0.1)
+    # issue 19: any positive size (DetectionData rounds it up to 32 with a warning), (h, w), the disk cache
+    check_data_args(imgsz=100, cache="disk", fraction=0.25, max_pixels=None, jpeg_scale_pixels=0, rect=True)
+    check_data_args(imgsz=(100, 150), cache=True, fraction=5, cache_dir="/tmp")
+
+
+def test_every_data_argument_has_a_rule():
+    """DetectionData checks its arguments with check_data_args: one rule per parameter, no other."""
+    import inspect
+    params = set(inspect.signature(ptl.DetectionData.__init__).parameters) - {"self", "data"}
+    assert set(check_data_args.__globals__["_DATA_RULES"]) == params
+
+
+def test_detection_data_uses_the_same_rules(coco256):
+    for kw, words in (({"cache": "foo"}, "cache: expected None, 'ram' or 'disk'"), ({"imgsz": 0}, "imgsz"),
+                      ({"fraction": 0.0}, "fraction"), ({"workers": 300}, "workers"),
+                      ({"rect": 1}, "rect")):
+        with pytest.raises(ptl.ConfigError, match=words):
+            ptl.DetectionData(str(coco256 / "data.yaml"), **kw)
 
 
 def test_every_hyperparameter_has_a_rule():
@@ -63,20 +81,47 @@ def test_optimizer_names_fold_case():
 @pytest.mark.parametrize("field,value", [("epochs", 0), ("batch", 0), ("max_norm", -1.0), ("nc", 0),
                                          ("n_train_images", -1), ("lr0", math.nan), ("momentum", 1.0)])
 def test_bad_optim_config(field, value):
-    cfg = dataclasses.replace(optim.OptimConfig(), **{field: value})
+    """check_optim_config refuses the value, and so does OptimConfig itself (its __post_init__ calls it)."""
+    fields = dataclasses.asdict(optim.OptimConfig())
     with pytest.raises(ptl.ConfigError, match="OptimConfig.%s: expected" % field):
-        check_optim_config(cfg)
+        check_optim_config(dict(fields, **{field: value}))
+    with pytest.raises(ptl.ConfigError, match="OptimConfig.%s: expected" % field):
+        optim.OptimConfig(**{field: value})
+    with pytest.raises(ptl.ConfigError, match="OptimConfig.%s: expected" % field):
+        dataclasses.replace(optim.OptimConfig(), **{field: value})
+
+
+def test_detector_hparams_are_checked_where_they_enter():
+    """Detector(hparams=...) and the hparams setter use check_hparams: a ConfigError naming the key, and the
+    model's hparams are unchanged after a refused assignment."""
+    det = ptl.Detector("yolo26n", num_classes=2, hparams={"optimizer": "sgd", "lr0": 0.02})
+    assert det.hparams == {"optimizer": "SGD", "lr0": 0.02}  # canonical spelling
+    for bad, words in (({"lr0": -1}, "hparams: lr0: expected"), ({"momentum": 1.0}, "hparams: momentum"),
+                       ({"box": math.inf}, "hparams: box"), ({"optimizer": "Adam"}, "hparams: optimizer"),
+                       ({"lr": 0.1}, "unknown key 'lr'")):
+        with pytest.raises(ptl.ConfigError, match=words):
+            det.hparams = bad
+        assert det.hparams == {"optimizer": "SGD", "lr0": 0.02}
+    with pytest.raises(ptl.ConfigError, match="hparams: nbs"):
+        ptl.Detector("yolo26n", num_classes=2, hparams={"nbs": 0})
 
 
 @pytest.mark.parametrize("kw,words", [
-    ({"imgsz": 100}, "imgsz"), ({"imgsz": 0}, "imgsz"), ({"imgsz": 64.0}, "imgsz"), ({"batch_size": 0}, "batch_size"),
+    ({"imgsz": 0}, "imgsz"), ({"imgsz": 64.0}, "imgsz"), ({"imgsz": (64, 0)}, "imgsz"), ({"imgsz": [64]}, "imgsz"),
+    ({"imgsz": "640"}, "imgsz"), ({"batch_size": 0}, "batch_size"),
     ({"batch_size": 2.5}, "batch_size"), ({"workers": -1}, "workers"), ({"workers": 257}, "workers"),
-    ({"cache": "disk"}, "cache"), ({"seed": -1}, "seed"), ({"close_mosaic": -1}, "close_mosaic"),
+    ({"cache": "foo"}, "cache"), ({"cache": "RAM "}, "cache"), ({"seed": -1}, "seed"),
+    ({"close_mosaic": -1}, "close_mosaic"),
     ({"val_batch_size": 0}, "val_batch_size"), ({"prefetch": 0}, "prefetch"),
     ({"mosaic": 1.01}, "mosaic"), ({"mosaic": -0.1}, "mosaic"), ({"fliplr": 2}, "fliplr"), ({"flipud": -1}, "flipud"),
     ({"scale": 1.0}, "scale"), ({"translate": 1.5}, "translate"), ({"degrees": 361}, "degrees"),
     ({"shear": 90}, "shear"), ({"hsv_h": math.nan}, "hsv_h"), ({"hsv_s": 1.5}, "hsv_s"), ({"hsv_v": -0.5}, "hsv_v"),
     ({"perspective": 0.2}, "perspective"), ({"mixup": 0.5}, "unknown data argument mixup"),
+    ({"fraction": 0.0}, "fraction"), ({"fraction": 1.5}, "fraction"), ({"fraction": True}, "fraction"),
+    ({"fraction": -2}, "fraction"), ({"max_pixels": 0}, "max_pixels"), ({"jpeg_scale_pixels": -1}, "jpeg_scale"),
+    ({"rect": "yes"}, "rect"), ({"single_cls": 1}, "single_cls"), ({"allow_empty_labels": None}, "allow_empty"),
+    ({"verbose": "no"}, "verbose"), ({"persistent_workers": 0}, "persistent_workers"), ({"epochs": 0}, "epochs"),
+    ({"pin_memory": "auto"}, "pin_memory"), ({"rect_val": None}, "rect_val"), ({"cache_dir": 3}, "cache_dir"),
 ])
 def test_bad_data_argument_names_itself(kw, words):
     with pytest.raises(ptl.ConfigError, match=words):

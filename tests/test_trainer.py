@@ -1,5 +1,6 @@
 """Trainer: hook order, artifacts, digests, exact resume, crash safety, CLI (CPU fits on coco256)."""
 import json
+import math
 import os
 import signal
 import subprocess
@@ -48,7 +49,9 @@ class Recorder(cb.Callback):
 
 
 def expected_order(epochs, batches):
-    seq = ["setup", "on_fit_start", "on_train_start"]
+    seq = ["setup", "on_fit_start", "on_sanity_check_start", "on_validation_start", "on_validation_epoch_start",
+           "on_validation_batch_start", "on_validation_batch_end", "on_validation_epoch_end", "on_validation_end",
+           "on_sanity_check_end", "on_train_start"]
     for _ in range(epochs):
         seq.append("on_train_epoch_start")
         seq += ["on_train_batch_start", "on_train_batch_end"] * batches
@@ -292,6 +295,15 @@ def test_limit_val_batches_zero_skips_validation(coco256, tmp_path):
     ({"accelerator": "tpu"}, "accelerator"), ({"devices": 0}, "devices"), ({"devices": True}, "devices"),
     ({"devices": [0, 1], "accelerator": "cpu"}, "devices"), ({"num_nodes": 0}, "num_nodes"),
     ({"strategy": "fsdp"}, "strategy"), ({"timeout": -1}, "timeout"),
+    ({"devices": [1, 1], "accelerator": "cuda"}, "twice"), ({"devices": "x"}, "devices"),
+    ({"max_time": "1:00"}, "max_time"), ({"max_time": "00:00:00:00"}, "positive"), ({"max_time": 5}, "max_time"),
+    ({"max_time": {"hour": 1}}, "max_time"), ({"val_check_interval": 0}, "val_check_interval"),
+    ({"val_check_interval": 1.5}, "val_check_interval"), ({"val_check_interval": "1"}, "val_check_interval"),
+    ({"num_sanity_val_steps": -2}, "num_sanity_val_steps"), ({"fast_dev_run": -1}, "fast_dev_run"),
+    ({"fast_dev_run": 1.5}, "fast_dev_run"), ({"overfit_batches": -1}, "overfit_batches"),
+    ({"overfit_batches": 1.5}, "overfit_batches"), ({"patience": -1}, "patience"), ({"patience": 1.0}, "patience"),
+    ({"freeze": -1}, "freeze"), ({"freeze": [1, ""]}, "freeze"), ({"freeze": "10"}, "freeze"),
+    ({"precision": True}, "precision"),
     ({"limit_train_batches": 1.5}, "limit_train_batches"), ({"limit_train_batches": -1}, "limit_train_batches"),
     ({"limit_train_batches": 0}, "limit_train_batches"), ({"limit_train_batches": 0.0}, "limit_train_batches"),
     ({"limit_val_batches": "all"}, "limit_val_batches"),
@@ -301,7 +313,8 @@ def test_limit_val_batches_zero_skips_validation(coco256, tmp_path):
     ({"check_val_every_n_epoch": 0}, "check_val_every_n_epoch"),
     ({"callbacks": [object()]}, "callbacks"), ({"callbacks": "ProgressBar"}, "callbacks"),
     ({"logger": "tensorboard"}, "logger"), ({"enable_progress_bar": 1}, "enable_progress_bar"),
-    ({"enable_checkpointing": None}, "enable_checkpointing"), ({"deterministic": "warn"}, "deterministic"),
+    ({"enable_checkpointing": 0}, "enable_checkpointing"), ({"deterministic": "yes"}, "deterministic"),
+    ({"deterministic": 1}, "deterministic"),
     ({"default_root_dir": 5}, "default_root_dir"), ({"default_root_dir": __file__}, "not a folder"),
     ({"name": ""}, "name"), ({"name": "a/b"}, "name"), ({"name": ".."}, "name"), ({"name": 3}, "name"),
     ({"seed": -1}, "seed"), ({"seed": 2 ** 64}, "seed"), ({"seed": "0"}, "seed"),
@@ -411,7 +424,7 @@ def test_cuda_first_losses_match_cpu(coco256, tmp_path):
     losses = []
     for acc in ("cpu", "cuda"):
         tr = small_trainer(tmp_path / acc, max_epochs=1, limit_train_batches=1, limit_val_batches=1,
-                           accelerator=acc, enable_checkpointing=False)
+                           accelerator=acc, enable_checkpointing=False, precision="32-true")
         tr.fit(ptl.Detector("yolo26n"), small_data(coco256, imgsz=128))
         losses.append(np.asarray(tr.loss_history[0], np.float64))
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4, atol=1e-6)
@@ -647,3 +660,265 @@ def test_fused_step_accumulates_parameter_gradients(coco256, tmp_path):
     assert not np.any(step(b1, optimize=True))  # the update zeroes the gradients after using them
     assert not np.array_equal(model.flat_parameters, p0)
     eng.close()
+
+
+# ---- issue 15.5 / 19.5: Lightning's loop options and the time budget ----------------------------------------------
+
+class Counter(cb.Callback):
+    """Counts hooks (outside the sanity check unless asked) and records the training batches' indices."""
+
+    def __init__(self):
+        self.counts, self.sanity, self.batches, self.saves = {}, [], [], 0
+
+    def _hit(self, trainer, name):
+        if trainer.sanity_checking:
+            self.sanity.append(name)
+        else:
+            self.counts[name] = self.counts.get(name, 0) + 1
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._hit(trainer, "train_batch")
+        self.batches.append((trainer.current_epoch, batch.indices.tolist(), hash(batch.images.tobytes())))
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._hit(trainer, "val_batch")
+
+    def on_validation_end(self, trainer, pl_module):
+        self._hit(trainer, "validation%s" % ("_mid" if trainer.validating_mid_epoch else ""))
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        self.saves += 1
+
+
+def test_time_budget_stops_with_a_loadable_checkpoint(coco256, tmp_path):
+    """A 1-second budget stops the first epoch after the step that passes it; it still validates and
+    writes last.ckpt, which loads (as weights and to resume), and the plan shrinks to the one epoch."""
+    tr = small_trainer(tmp_path, max_time={"seconds": 1}, max_epochs=None, limit_train_batches=None)
+    tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
+    assert tr.current_epoch == 1 and 0 < len(tr.loss_history) < tr.num_training_batches
+    assert tr.max_epochs_effective == 1 and tr.validated_this_epoch
+    last = os.path.join(tr.log_dir, "checkpoints", "last.ckpt")
+    header = json.loads(ptl.load_safetensors(last)[1]["ptl.trainer"])
+    assert header["epoch"] == 1 and header["batches_seen"] == len(tr.loss_history)
+    assert ptl.Detector.load(last).num_classes == 80
+
+
+def test_time_budget_sets_the_schedule_length(coco256, tmp_path, monkeypatch):
+    """Ultralytics' rule, on a clock where every epoch takes 10 s: after each epoch the plan is
+    ceil(budget / 10 s) epochs; it sets the optimizer config's epochs (the LR schedule) and the data's
+    (close_mosaic); an explicit max_epochs caps it."""
+    import ptl.trainer as trainer_module
+    now = [0.0]
+    monkeypatch.setattr(trainer_module, "_clock", lambda: now[0])
+
+    class Tick(cb.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            now[0] += 10.0
+
+    for budget, max_epochs, done in ((25, None, 3), (25, 2, 2)):
+        tr = small_trainer(tmp_path / str(budget) / str(max_epochs), max_time={"seconds": budget},
+                           max_epochs=max_epochs, limit_train_batches=1, limit_val_batches=0,
+                           accumulate_grad_batches=1, enable_checkpointing=False, callbacks=[Tick()])
+        data = small_data(coco256)
+        tr.fit(ptl.Detector("yolo26n"), data)
+        assert tr.current_epoch == done, (budget, max_epochs)
+        planned = min(math.ceil(budget / 10), max_epochs or 100)
+        assert tr.max_epochs_effective == planned == tr._engine.cfg.epochs == data.epochs
+        now[0] = 0.0
+
+
+def _broken_val_dataset(root, coco256):
+    """coco256's training split, and a validation split of 4 PNGs cut in their image data: the scan
+    passes them, every decode fails."""
+    import yaml
+    from PIL import Image
+    sys.path.insert(0, os.path.dirname(__file__))
+    import bad_data
+    cfg = yaml.safe_load((coco256 / "data.yaml").read_text())
+    for i, src in enumerate(sorted((coco256 / "images" / "val2017").glob("*.jpg"))[:4]):
+        img = np.asarray(Image.open(src).convert("RGB"))
+        (root / "images" / "val").mkdir(parents=True, exist_ok=True)
+        (root / "labels" / "val").mkdir(parents=True, exist_ok=True)
+        (root / "images" / "val" / ("im%d.png" % i)).write_bytes(bad_data.truncated_png(bad_data.png_bytes(img)))
+        (root / "labels" / "val" / ("im%d.txt" % i)).write_text("0 0.5 0.5 0.2 0.2\n")
+    y = root / "data.yaml"
+    y.write_text(yaml.safe_dump({"path": str(root), "train": str(coco256 / "images" / "train2017"),
+                                 "val": "images/val", "names": cfg["names"]}))
+    return y
+
+
+def test_sanity_check_catches_a_broken_val_set_before_training(coco256, tmp_path):
+    y = _broken_val_dataset(tmp_path, coco256)
+    for steps, trained in ((None, False), (0, True)):
+        count = Counter()
+        tr = small_trainer(tmp_path / str(steps), max_epochs=1, limit_train_batches=1, num_sanity_val_steps=steps,
+                           callbacks=[count])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ptl.DataWarning)
+            with pytest.raises(OSError, match="none of the 4 images of the dataset decodes"):
+                tr.fit(ptl.Detector("yolo26n"), DetectionData(str(y), imgsz=IMGSZ, batch_size=4, workers=1,
+                                                               verbose=False))
+        assert ("train_batch" in count.counts) == trained, count.counts  # default: failed before any training
+
+
+def test_val_check_interval_validates_inside_the_epoch(coco256, tmp_path):
+    """0.5 of 4 batches: a validation after batch 2 (no checkpoint for it) and the one at the epoch's end;
+    an int counts batches (1: after batches 1, 2, 3 and the epoch's end); more than an epoch's batches is
+    an error."""
+    for interval, mid in ((0.5, 1), (1, 3)):
+        count = Counter()
+        tr = small_trainer(tmp_path / str(interval), max_epochs=1, limit_train_batches=4, val_check_interval=interval,
+                           callbacks=[count])
+        tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
+        assert count.counts.get("validation_mid", 0) == mid and count.counts["validation"] == 1, interval
+        assert len(tr.val_history) == mid + 1 and count.saves == 2  # best.ckpt and last.ckpt at the epoch end
+    with pytest.raises(ptl.ConfigError, match="val_check_interval=5: more than the 4 training batches"):
+        small_trainer(tmp_path / "x", max_epochs=1, limit_train_batches=4, val_check_interval=5).fit(
+            ptl.Detector("yolo26n"), small_data(coco256))
+
+
+def test_fast_dev_run_writes_nothing(coco256, tmp_path):
+    root = tmp_path / "root"
+    count = Counter()
+    tr = Trainer(fast_dev_run=2, accelerator="cpu", enable_progress_bar=False, default_root_dir=str(root),
+                 callbacks=[count, cb.EarlyStopping("fitness", patience=0, mode="max")])
+    tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
+    assert not root.exists()  # no run folder, checkpoint, log or weights file
+    assert count.counts == {"train_batch": 2, "val_batch": 2, "validation": 1} and count.sanity == []
+    assert tr.current_epoch == 1 and len(tr.loss_history) == 2 and not tr.should_stop and count.saves == 0
+
+
+def test_overfit_batches_repeat_the_same_batches(coco256, tmp_path):
+    count = Counter()
+    tr = small_trainer(tmp_path, max_epochs=2, overfit_batches=2, limit_train_batches=None, callbacks=[count])
+    tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
+    first = [b[1:] for b in count.batches if b[0] == 0]
+    second = [b[1:] for b in count.batches if b[0] == 1]
+    assert len(first) == 2 and first == second  # same images, same augmentation
+    assert count.counts["val_batch"] == 4  # 2 validation batches per epoch
+    data = small_data(coco256)  # without overfit_batches the epochs' first batches differ
+    firsts = []
+    for epoch in (0, 1):
+        data.set_epoch(epoch)
+        firsts.append(next(iter(data.train_loader())).indices.tolist())
+    assert firsts[0] != firsts[1]
+
+
+def test_patience_stops_on_fitness_as_ultralytics(coco256, tmp_path):
+    assert not any(isinstance(c, cb.EarlyStopping) for c in Trainer(patience=0).callbacks)  # 0: off
+    tr = small_trainer(tmp_path, max_epochs=5, limit_train_batches=1, patience=1)
+    stop = [c for c in tr.callbacks if isinstance(c, cb.EarlyStopping)]
+    assert len(stop) == 1 and (stop[0].monitor, stop[0].mode, stop[0].patience) == ("fitness", "max", 1)
+    tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
+    fitness = [r["logged"]["fitness"] for r in tr.val_history]
+    # the epoch after the last improvement stops it
+    assert tr.current_epoch < 5 and fitness[-1] <= max(fitness[:-1])
+
+
+def test_deterministic_is_documented_and_false_warns():
+    with pytest.warns(UserWarning, match="deterministic=False changes nothing"):
+        Trainer(deterministic=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for value in (None, True, "warn"):
+            Trainer(deterministic=value)
+    assert "always deterministic" in Trainer.__doc__
+
+
+def test_devices_choose_the_gpu(monkeypatch):
+    """trainer.device is "cuda:N" for devices=[N]; indices are checked against the visible GPUs (a CPU-only
+    machine pretends to have two)."""
+    monkeypatch.setattr(ptl.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ptl.cuda, "device_count", lambda: 2)
+    for devices, device in ((([1]), "cuda:1"), ("1,", "cuda:1"), (1, "cuda:0"), ("auto", "cuda:0"), ([0], "cuda:0")):
+        assert Trainer(accelerator="cuda", devices=devices).device == device, devices
+    assert Trainer(devices=[1]).device == "cuda:1"  # accelerator auto
+    with pytest.raises(ptl.ConfigError, match="GPU 3 requested but this node has 2"):
+        Trainer(accelerator="cuda", devices=[3]).device
+    assert Trainer(accelerator="cpu").device == "cpu"
+
+
+@pytest.mark.skipif(ptl.cuda.is_available(), reason="needs a machine without a GPU")
+def test_devices_without_a_gpu():
+    with pytest.raises(ptl.ConfigError, match="no CUDA device"):
+        Trainer(accelerator="cuda", devices=[1]).device
+    with pytest.raises(ptl.ConfigError, match="devices"):
+        Trainer(devices=[1])  # auto is the CPU here, which takes a number of processes
+    assert Trainer().device == "cpu"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(ptl.cuda.device_count() < 2, reason="needs two GPUs")
+def test_cuda_devices_1_trains_on_gpu_1(coco256, tmp_path):
+    tr = small_trainer(tmp_path, accelerator="cuda", devices=[1], max_epochs=1, limit_train_batches=1)
+    model = ptl.Detector("yolo26n")
+    tr.fit(model, small_data(coco256))
+    assert model.device == "cuda:1" and model.flat_parameters.device == "cuda:1"
+
+
+def test_default_precision_follows_the_device(monkeypatch):
+    assert ptl.cuda.default_precision("cpu") == "32-true"
+    for capability, precision in (((9, 0), "bf16-mixed"), ((8, 0), "bf16-mixed"), ((7, 5), "16-mixed")):
+        monkeypatch.setattr(ptl.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert ptl.cuda.default_precision("cuda:0") == precision
+    assert Trainer(accelerator="cpu").precision == "32-true" and Trainer(precision="16-mixed").precision == "16-mixed"
+    if not ptl.cuda.is_available():
+        assert Trainer().precision == "32-true"
+    if not ptl.cuda.is_available():
+        with pytest.raises(ValueError, match="get_device_capability"):
+            monkeypatch.undo()
+            ptl.cuda.get_device_capability(0)
+
+
+def test_ckpt_path_last_and_best(coco256, tmp_path):
+    """A fresh trainer resolves "last" / "best" from the newest run folder under default_root_dir; after
+    its own fit, from its ModelCheckpoint (Lightning)."""
+    with pytest.raises(ptl.ConfigError, match="ckpt_path='last': no last checkpoint found"):
+        small_trainer(tmp_path).fit(ptl.Detector("yolo26n"), small_data(coco256), ckpt_path="last")
+    first = small_trainer(tmp_path, max_epochs=1)
+    first.fit(ptl.Detector("yolo26n"), small_data(coco256))
+    folder = os.path.join(str(tmp_path), "runs", "train", "version_0", "checkpoints")
+    second = small_trainer(tmp_path, max_epochs=2)
+    assert second._resolve_ckpt_path("last") == os.path.join(folder, "last.ckpt")
+    assert second._resolve_ckpt_path("best") == os.path.join(folder, "best.ckpt")
+    second.fit(ptl.Detector("yolo26n"), small_data(coco256), ckpt_path="last")
+    assert second.current_epoch == 2 and len(second.loss_history) == 2 * second.num_training_batches
+    own = os.path.join(str(tmp_path), "runs", "train", "version_1", "checkpoints", "last.ckpt")
+    assert second._resolve_ckpt_path("last") == own
+
+
+def test_ignored_hyperparameters_and_freeze_are_said(coco256, tmp_path):
+    model = ptl.Detector("yolo26n", hparams={"lr0": 0.02})
+    tr = small_trainer(tmp_path, max_epochs=1, limit_train_batches=1, freeze=2)
+    with pytest.warns(UserWarning) as rec:
+        tr.fit(model, small_data(coco256))
+    messages = [str(w.message) for w in rec]
+    assert any("optimizer=auto found, ignoring lr0=0.02: auto chose AdamW" in m for m in messages), messages
+    assert any("freeze=2 selects" in m and "does not freeze them yet" in m for m in messages), messages
+    names = [n for n, _, _ in model.parameter_table()]
+    assert tr.frozen_parameters == [n for n in names if n.startswith(("model.0.", "model.1."))]
+    assert tr.hparams()["trainer"]["freeze"] == 2
+    with pytest.raises(ptl.ConfigError, match="freezes every parameter"):
+        small_trainer(tmp_path, freeze=30).fit(ptl.Detector("yolo26n"), small_data(coco256))
+
+
+def test_frozen_parameter_names():
+    from ptl.trainer import frozen_parameter_names
+    names = ["model.0.conv.weight", "model.1.bn.weight", "model.10.m.weight", "model.23.cv2.0.weight"]
+    assert frozen_parameter_names(None, names) == []
+    assert frozen_parameter_names(0, names) == []
+    assert frozen_parameter_names(2, names) == names[:2]  # model.1. is not a prefix of model.10.
+    assert frozen_parameter_names([10, "model.23.cv2"], names) == names[2:]
+
+
+def test_run_folder_yaml_files_load_back(coco256, tmp_path):
+    import yaml
+    from ptl.arguments import ARGS
+    tr = small_trainer(tmp_path, max_epochs=1, limit_train_batches=1)
+    tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
+    hp = yaml.safe_load(open(os.path.join(tr.log_dir, "hparams.yaml")))
+    assert hp["trainer"]["max_epochs"] == 1 and hp["model"]["model"] == "yolo26n" and hp["data"]["imgsz"] == IMGSZ
+    args = yaml.safe_load(open(os.path.join(tr.log_dir, "args.yaml")))
+    assert list(args) == [a.name for a in ARGS if a.recorded]  # flat, every argument
+    assert (args["epochs"], args["imgsz"], args["batch"], args["device"], args["precision"]) == (
+        1, IMGSZ, 4, "cpu", "32-true")

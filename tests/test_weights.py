@@ -5,6 +5,7 @@ the ``ultralytics`` tests build real checkpoints with the installed package."""
 import hashlib
 import io
 import json
+import logging
 import os
 import pathlib
 import pickle
@@ -127,20 +128,35 @@ def test_training_checkpoint_takes_the_ema_entry():
     assert upt.checkpoint_from_tree("best.pt", dict(tree)).entry == "model"
 
 
-def test_detector_load_and_weights_from_pt(capsys):
+def logged(caplog):
+    """Everything the ptl.weights logger said since the last call (INFO and DEBUG), one message per line."""
+    text = "\n".join(r.getMessage() for r in caplog.records if r.name == "ptl.weights")
+    caplog.clear()
+    return text
+
+
+def said(caplog):
+    """(the INFO lines, the DEBUG lines) of the ptl.weights logger, captured at DEBUG."""
+    records = [r for r in caplog.records if r.name == "ptl.weights"]
+    return ("\n".join(r.getMessage() for r in records if r.levelno == logging.INFO),
+            "\n".join(r.getMessage() for r in records if r.levelno == logging.DEBUG))
+
+
+def test_detector_load_and_weights_from_pt(caplog):
+    caplog.set_level(logging.DEBUG, logger="ptl.weights")
     det = ptl.Detector.load(PT)
     ck = upt.load_ultralytics(PT)
     assert det.names == ck.names
     # another class count: every tensor that fits is copied, the class convs keep their initialisation
     five = ptl.Detector("yolo26n", num_classes=5, seed=3, weights=PT)
     init = ptl.Detector("yolo26n", num_classes=5, seed=3).state_dict()
-    err = capsys.readouterr().err
+    info, err = said(caplog)
     got, src = five.state_dict(), ck.state_dict
     copied = [k for k in got if src[k].shape == got[k].shape]
     kept = [k for k in got if k not in copied]
     nbt = sum(1 for k in src if k.endswith("num_batches_tracked") and k[:-19] + "running_mean" in got)
     total = len(got) + sum(1 for k in got if k.endswith("running_mean"))
-    assert "Transferred %d/%d items from %s" % (len(copied) + nbt, total, PT.name) in err
+    assert info == "Transferred %d/%d items from %s" % (len(copied) + nbt, total, PT.name)  # one INFO line
     assert total == 708 and kept and all(k in err for k in kept)
     assert all(np.array_equal(got[k], src[k]) for k in copied)
     assert all(np.array_equal(got[k], init[k]) for k in kept)
@@ -199,11 +215,12 @@ def test_cls_width_builds_the_class_branch(tmp_path):
         ptl._C.network_create("n", 3, cls_width=-1)
 
 
-def test_transfer_80_to_3_builds_the_source_width_and_remaps_by_name(coco256, tmp_path, capsys):
+def test_transfer_80_to_3_builds_the_source_width_and_remaps_by_name(coco256, tmp_path, caplog):
     """80 -> 3 classes from a ptl file, as Ultralytics 8.4.190 loads it: the new model is built with the
     source's class-branch width (80, not the 64 of 3 classes), so every hidden tensor transfers; the
     final class convs take the source rows of the classes of the same name, or keep their initialisation
     when the target's names are placeholders."""
+    caplog.set_level(logging.DEBUG, logger="ptl.weights")
     names80 = coco_names(coco256)
     src = ptl.Detector("yolo26n", num_classes=80, seed=1, names=names80)
     src.forward(np.random.default_rng(0).integers(0, 256, (2, 64, 64, 3), dtype=np.uint8))  # BN stats move
@@ -213,7 +230,7 @@ def test_transfer_80_to_3_builds_the_source_width_and_remaps_by_name(coco256, tm
     bn = sum(1 for k in sd80 if k.endswith("running_mean"))
 
     plain = ptl.Detector("yolo26n", num_classes=3, seed=7, weights=src_path)  # placeholder names: no remap
-    err = capsys.readouterr().err
+    err = logged(caplog)
     init = ptl.Detector("yolo26n", num_classes=3, seed=7, cls_width=80).state_dict()
     got = plain.state_dict()
     assert plain.cls_width == 80 and "class branch built 80 wide, the source's" in err
@@ -225,7 +242,7 @@ def test_transfer_80_to_3_builds_the_source_width_and_remaps_by_name(coco256, tm
     assert all(k in err for k in CLS_OUT) and plain.names == ["0", "1", "2"]
 
     named = ptl.Detector.load(src_path, num_classes=3, names=["person", "car", "dog"], seed=7)
-    err = capsys.readouterr().err
+    err = logged(caplog)
     got = named.state_dict()
     assert "Transferred 708/708 items from coco80.safetensors" in err
     assert "3/3 classes found by name" in err and named.names == ["person", "car", "dog"]
@@ -234,15 +251,16 @@ def test_transfer_80_to_3_builds_the_source_width_and_remaps_by_name(coco256, tm
         assert np.array_equal(got[k], sd80[k][[0, 2, 16]]), k
 
 
-def test_remap_by_name_from_the_fixture(capsys):
+def test_remap_by_name_from_the_fixture(caplog):
     """The fixture's classes are cat, dog, traffic light: rows go to the target class of the same name
     (stripped, case-insensitive), the others keep the model's initialisation; placeholder names, no
     match, or the same names in the same order remap nothing (the plain copy does it)."""
+    caplog.set_level(logging.DEBUG, logger="ptl.weights")
     ck = upt.load_ultralytics(PT)
     src = ck.state_dict
     names = ["Traffic Light ", "bird", "CAT"]
     det = ptl.Detector("yolo26n", num_classes=3, seed=5, names=names, weights=PT)
-    err = capsys.readouterr().err
+    err = logged(caplog)
     init = ptl.Detector("yolo26n", num_classes=3, seed=5).state_dict()
     got = det.state_dict()
     assert det.cls_width == 64  # 3 classes both: no rebuild
@@ -256,7 +274,7 @@ def test_remap_by_name_from_the_fixture(capsys):
     assert det.names == names  # the target's names stay
     # into 5 classes: the rows' width fits, so the class convs are remapped too (the rest keeps its init)
     five = ptl.Detector.load(PT, num_classes=5, names=["dog", "x", "cat", "y", "z"], seed=3)
-    err = capsys.readouterr().err
+    err = logged(caplog)
     init5, got5 = ptl.Detector("yolo26n", num_classes=5, seed=3).state_dict(), five.state_dict()
     assert "Transferred 708/708 items" in err and "2/5 classes found by name" in err
     for k in CLS_OUT:
@@ -266,7 +284,7 @@ def test_remap_by_name_from_the_fixture(capsys):
     for target, names_after in ((["cat", "dog", "traffic light"], ["cat", "dog", "traffic light"]),
                                 (["a", "b", "c"], ["a", "b", "c"]), (None, ck.names)):
         d = ptl.Detector("yolo26n", num_classes=3, names=target, weights=PT)
-        err = capsys.readouterr().err
+        err = logged(caplog)
         assert "Transferred 708/708 items" in err and "found by name" not in err
         sd = d.state_dict()
         assert all(np.array_equal(sd[k], src[k]) for k in sd) and d.names == names_after
@@ -279,15 +297,16 @@ def test_remap_by_name_from_the_fixture(capsys):
     assert all(np.array_equal(before[k], v) for k, v in det.state_dict().items())
 
 
-def test_transfer_from_another_scale(tmp_path, capsys):
+def test_transfer_from_another_scale(tmp_path, caplog):
     """yolo26s into yolo26n: no width rebuild (the head inputs differ); the first conv takes the source's
     first 16 filters, the class biases (one value per class) are remapped by name, nothing else fits."""
+    caplog.set_level(logging.DEBUG, logger="ptl.weights")
     s = ptl.Detector("yolo26s", num_classes=4, seed=1, names=["dog", "car", "person", "cat"])
     path = tmp_path / "s4.safetensors"
     s.save(path)
     src = s.state_dict()
     det = ptl.Detector("yolo26n", num_classes=3, seed=2, names=["person", "car", "bird"], weights=path)
-    err = capsys.readouterr().err
+    err = logged(caplog)
     init, got = ptl.Detector("yolo26n", num_classes=3, seed=2).state_dict(), det.state_dict()
     assert det.cls_width == 64
     w = got["model.0.conv.weight"]
@@ -305,15 +324,16 @@ def test_transfer_from_another_scale(tmp_path, capsys):
     assert "class branch built" not in err
 
 
-def test_existing_model_keeps_its_layout(tmp_path, capsys):
+def test_existing_model_keeps_its_layout(tmp_path, caplog):
     """load_weights into a built model does not rebuild it: the 64-wide class branch of 3 classes takes
     what fits of an 80-class file (intersect_dicts' count)."""
+    caplog.set_level(logging.DEBUG, logger="ptl.weights")
     src = ptl.Detector("yolo26n", num_classes=80, seed=1)
     path = tmp_path / "coco80.safetensors"
     src.save(path)
     det = ptl.Detector("yolo26n", num_classes=3, seed=7)
     plan = det.load_weights(path)
-    assert "Transferred 606/708 items from coco80.safetensors" in capsys.readouterr().err
+    assert "Transferred 606/708 items from coco80.safetensors" in logged(caplog)
     assert det.cls_width == 64 and (plan.transferred, plan.total) == (606, 708)
 
 
@@ -390,6 +410,7 @@ def test_train_cli_starts_from_a_pt(coco256, tmp_path):
                         "--progress-bar", "false"], capture_output=True, text=True, timeout=900,
                        env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert r.returncode == 0, r.stderr
+    assert all(line.startswith("ptl.train: ") for line in r.stderr.splitlines()), r.stderr  # ptl logger lines
     last = tmp_path / "runs" / "train" / "version_0" / "weights" / "last.safetensors"
     assert ptl.Detector.load(last).names == ["person", "car", "dog"]
 
@@ -741,11 +762,12 @@ def ultralytics_transfers(ultralytics_made, coco256):
 
 @pytest.mark.ultralytics
 @pytest.mark.parametrize("case", ["named", "placeholders", "partly_named", "reordered", "s_into_n"])
-def test_transfer_equals_ultralytics(ultralytics_transfers, case, capsys):
+def test_transfer_equals_ultralytics(ultralytics_transfers, case, caplog):
     """ptl's transfer of a real 80-class COCO checkpoint gives what Ultralytics 8.4.190's DetectionModel.load
     gives: the 'Transferred a/b items' numbers, the layout (the class branch rebuilt at the source's width
     for the same scale), every tensor or part of one that came from the source equal, and the rest at
     each side's own initialisation (ptl's draws differ from torch's, so only their names are compared)."""
+    caplog.set_level(logging.DEBUG, logger="ptl.weights")
     out, cases, ult = ultralytics_transfers
     src_scale, dst_scale, names = cases[case]
     want = ult[case]
@@ -754,7 +776,7 @@ def test_transfer_equals_ultralytics(ultralytics_transfers, case, capsys):
         det = ptl.Detector.load(path, model="yolo26" + dst_scale, num_classes=len(names), names=names, seed=4)
     else:
         det = ptl.Detector("yolo26" + dst_scale, num_classes=len(names), names=names, seed=4, weights=path)
-    err = capsys.readouterr().err
+    err = logged(caplog)
     plan = ptl.Detector("yolo26" + dst_scale, num_classes=len(names), names=names, seed=4,
                         cls_width=det.cls_width).load_weights(path, strict=False, verbose=False)
     assert [plan.transferred, plan.total] == want["transferred"], want["log"]
