@@ -40,8 +40,8 @@ def _state(eng):
 def _step(eng, batch, lrs=None, decay=0.5):
     g_lrs, moms, wds = eng.opt.group_values()
     targets = _C.from_numpy(np.ascontiguousarray(batch.targets, dtype=np.float32))
-    return _C.train_step(eng._plan(batch), batch.images, targets, 0.5, True, lrs or [0.01] * len(g_lrs), moms, wds,
-                         decay)
+    return _C.train_step(eng._plan(batch.images.shape), batch.images, targets, 0.5, True,
+                         lrs or [0.01] * len(g_lrs), moms, wds, decay)
 
 
 @pytest.mark.parametrize("stage", STAGES)
