@@ -148,6 +148,46 @@ def test_a_killed_rank_ends_the_fit_within_the_timeout(tmp_path, coco256):
     assert "rank 1" in r.stderr and ("closed its connection" in r.stderr or "exited with signal SIGKILL" in r.stderr)
 
 
+
+# A rank that fails in a fit (an exception in a callback, or stuck past the timeout) while the others wait in
+# the step's gradient all-reduce: they raise DistributedError naming it, never hang.
+FAILING = """
+import ptl
+class Fail(ptl.Callback):
+    last = time.monotonic()
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        Fail.last = time.monotonic()
+        if rank == 1 and trainer.global_step == 1:
+            if {how!r} == "raise":
+                raise ValueError("bad batch on rank 1")
+            time.sleep(25)
+data = ptl.DetectionData({data!r}, imgsz=64, batch_size=2, workers=0, verbose=False, seed=0)
+model = ptl.Detector("yolo26n", num_classes=data.num_classes, seed=0)
+tr = ptl.Trainer(accelerator="cpu", devices=2, max_epochs=1, limit_train_batches=3, limit_val_batches=0,
+                 accumulate_grad_batches=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, seed=0, callbacks=[Fail()])
+try:
+    tr.fit(model, data)
+except (D.DistributedError, ValueError) as exc:
+    report(exc, Fail.last)
+"""
+
+
+@pytest.mark.parametrize("how", ["raise", "stuck"])
+def test_a_failing_rank_fails_the_fit_on_every_rank(tmp_path, coco256, how):
+    timeout = 60.0 if how == "raise" else 4.0
+    procs = start_ranks(tmp_path, FAILING.format(how=how, data=str(coco256 / "data.yaml")), 2, timeout=timeout)
+    res = finish(procs, limit=300)
+    errs = {r: json.loads((tmp_path / ("rank%d.err" % r)).read_text()) for r in range(2)
+            if (tmp_path / ("rank%d.err" % r)).exists()}
+    e0 = errs.get(0)
+    assert e0 is not None and e0["type"] == "DistributedError", (res, errs)
+    assert "rank 1" in e0["msg"], e0
+    if how == "raise":  # told at once, with the reason
+        assert "ValueError: bad batch on rank 1" in e0["msg"] and e0["after"] < 30, e0
+        assert errs[1]["type"] == "ValueError", errs
+    else:  # rank 0 waits in the step's all-reduce until the timeout
+        assert "timed out after 4 s" in e0["msg"] and timeout - 0.5 < e0["after"] < timeout + 10, e0
+
 # ---- 3 ranks started torchrun-style, with empty shards -------------------------------------------------
 
 THREE = """
