@@ -39,6 +39,11 @@ static int plan_comm(const ptl_step_plan *p, PyObject *comm, ptl_dist_group **gr
 static int convert_dist(PyObject *module, const ptl_net_exec *x, PyObject *comm, PyObject *bn, PyObject *watch,
                         ptl_step_plan *p)
 {
+    if (comm == Py_None) {
+        PyErr_Format(PyExc_TypeError, "plan['comm']: world %d needs the job's communicator (a _DistGroup on the CPU, "
+                     "a _NcclComm on CUDA), got None", p->world);
+        return -1;
+    }
     if (plan_comm(p, comm, &p->group, &p->nccl) < 0)
         return -1;
     const int64_t nbn = x->net->nbuffers;
