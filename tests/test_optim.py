@@ -465,8 +465,9 @@ def test_scaler_unscales_exactly_and_grows():
 
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("scaler", [False, True])
-def test_world_reads_the_mean_of_summed_gradients(scaler):
+def test_world_reads_the_mean_of_summed_gradients(scaler, device):
     """Data parallelism: the gradient buffer holds the sum over `world` ranks of each rank's shard gradient
     times world (the objective's grad_scale), and the step reads it times 1 / (scale x world), one rounding.
     With 2 ranks both factors are powers of two, so the step (clip and loss scale included) is bit for bit
@@ -476,7 +477,7 @@ def test_world_reads_the_mean_of_summed_gradients(scaler):
     p0 = rng.standard_normal(n).astype(np.float32)
 
     def stepped(world, shards):
-        params, grads = tensor(p0.copy()), ptl.zeros((n,), dtype="float32")
+        params, grads = tensor(p0.copy(), device), ptl.zeros((n,), dtype="float32", device=device)
         opt = optim.FlatOptimizer(params, grads, table, "MuSGD", max_norm=0.05, scaler=scaler, ema=False)
         scale = np.float32(opt.scale if scaler else 1.0)
         summed = np.zeros(n, np.float32)
@@ -494,7 +495,8 @@ def test_world_reads_the_mean_of_summed_gradients(scaler):
         if world == 2:
             assert got.tobytes() == one.tobytes()
         else:
-            assert not np.array_equal(got, one) and max_rel(got, one) < 1e-5
+            assert max_rel(got, one) < 1e-5
+            assert device != "cpu" or not np.array_equal(got, one)  # the test sees the rounding of 1/3
     opt = optim.FlatOptimizer(tensor(p0.copy()), ptl.zeros((n,), dtype="float32"), table, "MuSGD", ema=False)
     with pytest.raises(ValueError, match="world"):
         _raw_step(opt, world=0)
