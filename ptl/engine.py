@@ -235,7 +235,8 @@ class Engine:
         if self.world == 1:
             return None
         group = self.dist.group
-        mine = {"rows": np.asarray(rows, np.float32).reshape(-1, len(LOSS_NAMES)), "counts": np.asarray(counts, np.int64)}
+        mine = {"rows": np.asarray(rows, np.float32).reshape(-1, len(LOSS_NAMES)),
+                "counts": np.asarray(counts, np.int64)}
         parts = group.all_gather_arrays(mine)
         total = np.zeros(mine["rows"].shape, np.float64)
         images = np.zeros(len(counts), np.float64)

@@ -126,7 +126,8 @@ def test_a_mid_accumulation_checkpoint_resumes_bit_exactly(two_rank_fit, tmp_pat
     ckpt = os.path.join(res[0]["log_dir"], "checkpoints", "epoch0.ckpt")
     tensors, _ = ptl.io.load_safetensors(ckpt)
     assert {"trainer.grads", "trainer.grads.rank1"} <= set(tensors)
-    assert np.abs(tensors["trainer.grads"]).max() > 0 and (tensors["trainer.grads"] != tensors["trainer.grads.rank1"]).any()
+    assert np.abs(tensors["trainer.grads"]).max() > 0
+    assert (tensors["trainer.grads"] != tensors["trainer.grads.rank1"]).any()
     r, out, _, _ = launched_fit(tmp_path, coco256, 2, ckpt=ckpt)
     assert r.returncode == 0, r.stderr
     again = results(out, 2)
@@ -164,7 +165,8 @@ class Fail(ptl.Callback):
 data = ptl.DetectionData({data!r}, imgsz=64, batch_size=2, workers=0, verbose=False, seed=0)
 model = ptl.Detector("yolo26n", num_classes=data.num_classes, seed=0)
 tr = ptl.Trainer(accelerator="cpu", devices=2, max_epochs=1, limit_train_batches=3, limit_val_batches=0,
-                 accumulate_grad_batches=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, seed=0, callbacks=[Fail()])
+                 accumulate_grad_batches=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                 seed=0, callbacks=[Fail()])
 try:
     tr.fit(model, data)
 except (D.DistributedError, ValueError) as exc:

@@ -1,6 +1,7 @@
 /* Gradient unscaling, Inf/NaN detection and global-norm clipping on the device (spec §4.8, §6); the CPU
- * reference is csrc/optim/grad_clip.c (which also says how hp->world averages the ranks' summed gradients). Per-chunk partial sums (double) then one fixed-order reduction:
- * deterministic, and nothing comes back to the host. */
+ * reference is csrc/optim/grad_clip.c (which also says how hp->world averages the ranks' summed gradients).
+ * Per-chunk partial sums (double) then one fixed-order reduction: deterministic, and nothing comes back to
+ * the host. */
 #include "../optim/optim.h"
 #include "device.h"
 
