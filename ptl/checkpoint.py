@@ -1,7 +1,9 @@
 """Training checkpoints: one ``.safetensors`` file holding the model (``model.*``), the EMA (``ema.*``),
-the optimizer state (``optim.*``), the schedule, the accumulated gradients, the loss history, and a JSON
-header of trainer state (epoch, step, RNG offsets, callback states, hyperparameters, planned epochs) in
-the metadata key ``ptl.trainer``. Written atomically (a crash leaves any previous file).
+the optimizer state (``optim.*``), the schedule, the accumulated gradients (``trainer.grads``; a
+data-parallel fit's rank ``r > 0`` as ``trainer.grads.rank<r>``), the loss history, and a JSON header of
+trainer state (epoch, step, RNG offsets, callback states, hyperparameters, planned epochs, world size) in
+the metadata key ``ptl.trainer``. Written atomically (a crash leaves any previous file); a data-parallel
+fit's rank 0 writes it, and it resumes with the same number of ranks only.
 
 Resuming validates before it changes anything: :func:`read` reads the whole file and checks the header,
 :func:`check_model` and :func:`plan_resume` compare it with the model and data about to be fitted,
@@ -64,6 +66,7 @@ def save(trainer, path):
     tensors["trainer.losses"] = np.asarray(trainer.loss_history, np.float32).reshape(-1, len(LOSS_NAMES))
     header = {"version": CKPT_VERSION, "epoch": st.epoch, "global_step": st.global_step,
               "batches_seen": st.batches_seen, "max_epochs": trainer.max_epochs_effective,
+              "world_size": trainer.world_size,
               "rng": list(_random.default_generator.get_state()),
               "hparams": jsonable(trainer.hparams()), "callbacks": {}, "val_history": jsonable(
                   [r["logged"] for r in trainer.val_history]), "epoch_rows": jsonable(trainer._epoch_rows)}
@@ -129,8 +132,9 @@ def _check_header(path, h):
     for key in ("epoch", "global_step", "batches_seen"):
         if not _is_count(h.get(key)):
             bad("%s must be an int >= 0, got %r" % (key, h.get(key)))
-    if "max_epochs" in h and not (_is_count(h["max_epochs"]) and h["max_epochs"] >= 1):
-        bad("max_epochs must be an int >= 1, got %r" % (h["max_epochs"],))
+    for key in ("max_epochs", "world_size"):
+        if key in h and not (_is_count(h[key]) and h[key] >= 1):
+            bad("%s must be an int >= 1, got %r" % (key, h[key]))
     rng = h.get("rng")
     if not (isinstance(rng, list) and len(rng) == 2 and all(_is_count(v) for v in rng)):
         bad("rng must be [seed, offset], got %r" % (rng,))
@@ -188,6 +192,12 @@ def check_model_tensors(source, tensors, model, error=ConfigError, prefix=""):
 def plan_resume(ck, trainer, datamodule):
     """Checks the fit's batch size and image size against the checkpoint's, and says what resuming
     will do. Returns False when nothing is left to train (after a ResumeWarning saying so)."""
+    world = ck.header.get("world_size", 1)
+    if world != trainer.world_size:
+        raise CheckpointError("ckpt_path: %s was written by a fit on %d rank%s but this fit has %d: resume it with "
+                              "%d ranks (it holds each rank's pending gradients, and the data's shards follow the "
+                              "world size), or start a new fit from its weights"
+                              % (ck.path, world, "" if world == 1 else "s", trainer.world_size, world))
     data_hp = ck.header.get("hparams", {}).get("data", {})
     for key, live in (("batch_size", datamodule.batch_size), ("imgsz", datamodule.imgsz)):
         if key in data_hp and data_hp[key] != live:
@@ -258,7 +268,7 @@ def restore(trainer, ck):
             except (ValueError, TypeError, KeyError) as e:
                 raise CheckpointError("ckpt_path: %s: the %s state does not load: %s" % (ck.path, c.state_key, e)) \
                     from None
-    eng.load_state_tensors(tensors)
+    eng.load_state_tensors(tensors, header["batches_seen"])
     st = trainer._state
     st.epoch, st.global_step, st.batches_seen = header["epoch"], header["global_step"], header["batches_seen"]
     _random.default_generator.set_state(header["rng"])

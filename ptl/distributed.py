@@ -50,9 +50,8 @@ import numpy as np
 from . import _C
 
 __all__ = ["DEFAULT_TIMEOUT_S", "ClusterEnv", "check_same_file", "Context", "DistributedError", "Launcher", "ProcessGroup",
-           "detect_environment", "first_slurm_host", "gather_metrics", "gather_rows", "nccl_communicator",
-           "parse_devices", "planned_world_size", "setup",
-           "timeout_seconds"]
+           "detect_environment", "first_slurm_host", "gather_metrics", "gather_rows", "job", "nccl_communicator",
+           "parse_devices", "planned_world_size", "setup", "timeout_seconds"]
 
 DEFAULT_TIMEOUT_S = _C.DIST_TIMEOUT_S
 DistributedError = _C.DistributedError
@@ -208,15 +207,15 @@ def parse_devices(devices, accelerator, available=None):
 
 def planned_world_size(accelerator, devices, num_nodes=1, environ=None):
     """The ranks of the job this process is part of: the launcher's world size, else devices x num_nodes
-    (``accelerator`` "auto" is the GPU when one is visible). ``devices="auto"`` counts one device here, as
-    the Trainer does until the data-parallel step exists."""
+    (``accelerator`` "auto" is the GPU when one is visible; ``devices="auto"``: every visible GPU, one CPU
+    process)."""
     env = detect_environment(environ)
     if env is not None:
         return env.world_size
     if accelerator == "auto":
         from . import cuda
         accelerator = "cuda" if cuda.is_available() else "cpu"
-    return len(parse_devices(1 if devices == "auto" else devices, accelerator)) * num_nodes
+    return len(parse_devices(devices, accelerator)) * num_nodes
 
 
 # ---- starting the node's other ranks -----------------------------------------------------------------
@@ -365,6 +364,16 @@ class ProcessGroup:
         return _C.dist_listen(int(port))
 
     @property
+    def handle(self):
+        """The C group (``ptl._C._DistGroup``) the training step's all-reduce runs on."""
+        return self._g
+
+    @property
+    def watch(self):
+        """None or the callable run while a collective waits (the launcher's check)."""
+        return self._watch
+
+    @property
     def timeout(self):
         """Seconds any one collective may wait."""
         return self._g.info()["timeout"]
@@ -403,6 +412,11 @@ class ProcessGroup:
         """Every rank's dict of NumPy arrays, as a list in rank order."""
         return [_unpack_arrays(b) for b in self.all_gather_bytes(_pack_arrays(arrays))]
 
+    def gather_arrays(self, arrays):
+        """Every rank's dict of NumPy arrays as a list in rank order on rank 0; None on the other ranks."""
+        blobs = self._g.gather(_pack_arrays(arrays), watch=self._watch)
+        return None if blobs is None else [_unpack_arrays(b) for b in blobs]
+
     def any(self, flag):
         """True on every rank when ``flag`` is true on any (a decision all ranks must share, e.g. stopping)."""
         v = np.array([1.0 if flag else 0.0])
@@ -438,6 +452,9 @@ class Context:
     def close(self, error=None):
         """Ends the job on this rank. Success: a last barrier, then rank 0 waits for the ranks it started.
         ``error`` (the exception that ends this rank): every rank is told, and started ranks are stopped."""
+        global _JOB
+        if _JOB is self:
+            _JOB = None
         if self.group is None:
             return
         try:
@@ -452,6 +469,37 @@ class Context:
                     self.launcher.stop()
                 else:
                     self.launcher.wait()
+
+
+_JOB = None  # this process's job while its group is open: later fits and validations take part in it
+
+
+def job(accelerator="cpu", devices=1, num_nodes=1, strategy="auto", timeout=None):
+    """This process's :class:`Context` in its job, made by :func:`setup` at the first call and kept while its
+    group is open, so that a process's later fits and validations run in the same job (its ranks are started
+    once). At the process's exit the job ends (:meth:`Context.close`: every rank waits for the others, and the
+    node's first rank for the ranks it started); a fit that fails ends it at once, telling every rank why."""
+    global _JOB
+    if _JOB is not None:
+        world = planned_world_size(accelerator, devices, num_nodes)
+        if world != _JOB.world_size:
+            raise ValueError("devices=%r x num_nodes=%d make %d ranks, but this process already is rank %d of a job of "
+                             "%d (one job per process)" % (devices, num_nodes, world, _JOB.rank, _JOB.world_size))
+        return _JOB
+    ctx = setup(accelerator, devices, num_nodes, strategy, timeout)
+    if ctx.group is not None:
+        _JOB = ctx
+        atexit.register(_end_job, ctx)
+    return ctx
+
+
+def _end_job(ctx):
+    if _JOB is not ctx:
+        return
+    try:
+        ctx.close()
+    except DistributedError as exc:
+        print("ptl.distributed: rank %d: %s" % (ctx.rank, exc), file=sys.stderr)
 
 
 def nccl_communicator(ctx, timeout=None):

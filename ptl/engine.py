@@ -6,9 +6,10 @@ import os
 import numpy as np
 
 from . import _C
+from . import distributed as _distributed
 from . import metrics as _metrics
 from . import optim as _optim
-from .objective import LOSS, num_anchors, o2m_weight
+from .objective import LOSS, LOSS_NAMES, num_anchors, o2m_weight
 from .objective import objective as _objective
 
 PRECISIONS = {"32-true": "float32", "32": "float32", 32: "float32", "16-mixed": "float16", "16": "float16",
@@ -81,6 +82,13 @@ class Engine:
         if data.num_classes != model.num_classes:
             raise ValueError("datamodule: %d classes in %s but the model has %d" % (
                 data.num_classes, data.cfg.get("yaml", "data.yaml"), model.num_classes))
+        # data parallelism: this rank's share of every epoch and of validation (docs/training.md)
+        self.dist = trainer._dist
+        self.rank, self.world = self.dist.rank, self.dist.world_size
+        self.comm = None  # the gradient all-reduce's communicator (world > 1)
+        self._counts = []  # images of each training batch of the epoch on this rank
+        self._rank_grads = None  # rank 0: (batches_seen, every rank's pending gradients) for a checkpoint
+        data.shard(self.rank, self.world)
         self.train_loader = data.train_loader() if for_fit else None
         try:
             self.val_loader = data.val_loader()
@@ -89,8 +97,8 @@ class Engine:
                 raise
             self.val_loader = None
         # limit_val_batches=0 turns validation off, as in Lightning
-        self.has_val = self.val_loader is not None and (
-            not for_fit or _limit(trainer.limit_val_batches, len(self.val_loader), "limit_val_batches") > 0)
+        self.has_val = self.val_loader is not None and (not for_fit or _limit(
+            trainer.limit_val_batches, self.val_loader.num_global_batches, "limit_val_batches") > 0)
         self.ptable = model.parameter_table()
         self.btable = model.buffer_table()
         if self.device != "cpu":
@@ -107,7 +115,8 @@ class Engine:
         if trainer.num_training_batches == 0:
             raise ValueError("limit_train_batches: no training batch left to run")
         hp = dict(getattr(model, "hparams", None) or {})
-        self.cfg = _optim.OptimConfig(epochs=trainer.max_epochs_effective, batch=data.batch_size,
+        # the nominal-batch accumulation and the decay scaling follow the global batch (all ranks)
+        self.cfg = _optim.OptimConfig(epochs=trainer.max_epochs_effective, batch=data.global_batch_size,
                                       nc=model.num_classes, n_train_images=self.train_loader.num_images,
                                       max_norm=trainer.gradient_clip_val or 0.0,
                                       **{k: v for k, v in hp.items() if k in _optim.OptimConfig.__dataclass_fields__})
@@ -121,6 +130,9 @@ class Engine:
         data.epochs = trainer.max_epochs_effective  # close_mosaic counts back from the fit's last epoch
         model.names = data.names  # the classes it learns (predictions and weight files carry them)
         self.capture = bool(getattr(trainer, "capture_network", False)) and self.device != "cpu"
+        if self.world > 1:
+            self.comm = (self.dist.group.handle if self.device == "cpu"
+                         else _distributed.nccl_communicator(self.dist, trainer.timeout))
 
     # -- hyperparameters
     def model_hparams(self):
@@ -165,9 +177,16 @@ class Engine:
         ema = self.opt.ema
         decay = ema.decay(ema.updates + 1) if due and ema is not None else 0.0
         lrs, momenta, wds = self.opt.group_values()
-        targets = _C.from_numpy(np.ascontiguousarray(batch.targets, dtype=np.float32))
-        losses = _C.train_step(self._plan(batch), batch.images, targets,
-                               o2m_weight(epoch, self.trainer.max_epochs_effective), due, lrs, momenta, wds, decay)
+        self._counts.append(len(batch))
+        o2m = o2m_weight(epoch, self.trainer.max_epochs_effective)
+        if len(batch):
+            targets = _C.from_numpy(np.ascontiguousarray(batch.targets, dtype=np.float32))
+            losses = _C.train_step(self._plan(tuple(batch.images.shape)), batch.images, targets, o2m, due, lrs,
+                                   momenta, wds, decay)
+        elif due:  # no images on this rank in this step: it still takes part in the all-reduce and the update
+            losses = _C.train_step(self._any_plan(), None, None, o2m, True, lrs, momenta, wds, decay)
+        else:
+            losses = _C.zeros((len(LOSS_NAMES),), dtype="float32")
         if due:
             if ema is not None:
                 ema.updates += 1
@@ -176,9 +195,17 @@ class Engine:
         st.batches_seen += 1
         return losses  # on CUDA a device tensor, read back later (one batch behind)
 
-    def _plan(self, batch):
-        """The fused step's arguments that stay fixed for a batch shape (see csrc/train/py_train_step.c)."""
-        shape = tuple(batch.images.shape)
+    def _any_plan(self):
+        """A plan for a step without images (an empty shard): any shape's, else the nominal batch's."""
+        if self._plans:
+            return next(iter(self._plans.values()))
+        h, w = self.train_loader.batch_shapes[0]
+        return self._plan((self.data.batch_size, int(h), int(w), 3))
+
+    def _plan(self, shape):
+        """The fused step's arguments that stay fixed for a batch shape (B, H, W, 3) (see
+        csrc/train/py_train_step.c)."""
+        shape = tuple(int(v) for v in shape)
         plan = self._plans.get(shape)
         if plan is not None:
             return plan
@@ -197,7 +224,9 @@ class Engine:
                 "optim": self.opt.step_kwargs(),
                 "ema": None if ema is None else [(ema.params, self.params)] + (
                     [(ema.bn, self.buffers)] if ema.bn is not None else []),
-                "record": self.capture and b == self.data.batch_size}
+                "record": self.capture and b == self.data.batch_size, "world": self.world}
+        if self.world > 1:
+            plan.update(comm=self.comm, bn=self.buffers, watch=self.dist.group.watch)
         self._plans[shape] = _C.train_step_plan(plan)
         return self._plans[shape]
 
@@ -208,8 +237,45 @@ class Engine:
                                    _C.empty((int(np.prod(shape)),), dtype="uint8", device=self.device))
         return self._inputs[shape]
 
-    def end_epoch(self):
-        pass
+    def end_epoch(self, rows):
+        """Data parallelism, at the end of an epoch's batches (every rank): ``rows`` are this rank's losses
+        vectors of the epoch, one per batch. Returns None for one process; else the rows every rank gets the
+        same: per step, the mean over ranks weighted by their images (in rank order, in float64). Rank 0
+        also collects every rank's pending gradients for a checkpoint written before the next batch."""
+        counts, self._counts = self._counts, []
+        if self.world == 1:
+            return None
+        group = self.dist.group
+        mine = {"rows": np.asarray(rows, np.float32).reshape(-1, len(LOSS_NAMES)),
+                "counts": np.asarray(counts, np.int64)}
+        parts = group.all_gather_arrays(mine)
+        total = np.zeros(mine["rows"].shape, np.float64)
+        images = np.zeros(len(counts), np.float64)
+        for p in parts:
+            total += p["counts"][:, None] * p["rows"].astype(np.float64)
+            images += p["counts"]
+        self._rank_grads = None
+        if self._grads_pending():
+            self._rank_grads = (self.trainer._state.batches_seen, group.gather_arrays({"grads": self.grads.numpy()}))
+        return list((total / images[:, None]).astype(np.float32))
+
+    def _grads_pending(self):
+        """Whether the gradients hold micro-batches not yet stepped (the optimizer zeroes them when it steps)."""
+        st = self.trainer._state
+        return st.batches_seen > 0 and self.schedule.last_opt_step != st.batches_seen - 1
+
+    def _all_rank_grads(self):
+        """Every rank's pending gradients (rank 0, world > 1), as checkpoints hold them."""
+        if not self._grads_pending():
+            zero = np.zeros(self.grads.shape, np.dtype(self.grads.dtype))
+            return [zero] * self.world
+        seen, parts = self._rank_grads or (None, None)
+        if seen != self.trainer._state.batches_seen or parts is None:
+            raise RuntimeError("save_checkpoint: a checkpoint of a data-parallel fit holds every rank's pending "
+                               "gradients, which rank 0 collects at the end of each epoch (and which are zero right "
+                               "after an optimizer step); save at an epoch end (on_train_epoch_end, "
+                               "on_validation_end) or after an optimizer step")
+        return [p["grads"] for p in parts]
 
     def _images(self, batch):
         """The batch's images as the model takes them: the uint8 array on the CPU; on CUDA a device tensor
@@ -271,12 +337,13 @@ class Engine:
         model.eval()
         names = self.data.names
         met = _metrics.DetectionMetrics(names)
-        loss_sum, nb = np.zeros(3), 0
-        total = len(self.val_loader)
-        limit = _limit(trainer.limit_val_batches, total, "limit_val_batches")
+        # with several ranks each validates the batches dealt to it, keyed by their place in the
+        # single-process order (global batch index; image: batch index * batch size + position)
+        loss_keys, loss_rows, image_keys = [], [], []
+        limit = _limit(trainer.limit_val_batches, self.val_loader.num_global_batches, "limit_val_batches")
         try:
             for j, batch in enumerate(self.val_loader):
-                if j >= limit:
+                if batch.batch >= limit:
                     break
                 trainer._call("on_validation_batch_start", batch, j)
                 out = model.forward(self._images(batch))
@@ -284,8 +351,9 @@ class Engine:
                 res = _objective((*out["one2many"], *out["one2one"]), batch.targets, img_size=(h, w),
                                  num_classes=self.model.num_classes, o2m_weight=0.8,
                                  gains=self.model.loss_gains)
-                loss_sum += np.asarray(res["losses"])[ITEM]
-                nb += 1
+                loss_keys.append(batch.batch)
+                loss_rows.append(np.asarray(res["losses"])[ITEM])
+                image_keys += [batch.batch * self.data.val_batch_size + k for k in range(len(batch))]
                 # 8.4.190's default (nms=None): the one-to-many head with NMS; end2end: the one-to-one top-k
                 head = out["one2one" if trainer.end2end else "one2many"]
                 dets = _metrics.postprocess(head[0], head[1], (h, w), conf=0.001, end2end=trainer.end2end)
@@ -293,8 +361,15 @@ class Engine:
                 trainer._call("on_validation_batch_end", None, batch, j)
         finally:
             model.train(was)
+        rows = np.asarray(loss_rows, np.float32).reshape(-1, 3)
+        if self.world > 1:
+            met = _distributed.gather_metrics(self.dist.group, met, image_keys)
+            _, rows = _distributed.gather_rows(self.dist.group, loss_keys, rows)
+        loss_sum = np.zeros(3)
+        for row in rows:  # in batch order, as one process adds them
+            loss_sum += row
         r = met.compute()
-        mean = loss_sum / max(nb, 1)
+        mean = loss_sum / max(len(rows), 1)
         logged = {"val/box_loss": mean[0], "val/cls_loss": mean[1], "val/l1_loss": mean[2],
                   "metrics/precision": r["precision"], "metrics/recall": r["recall"], "metrics/mAP50": r["mAP50"],
                   "metrics/mAP50-95": r["mAP50-95"], "fitness": r["fitness"]}
@@ -308,10 +383,14 @@ class Engine:
         if self.opt.ema is not None:
             t.update(self.opt.ema.state_dict(self.opt.specs, self.opt.bn_specs))
         t.update(self.schedule.state_dict())
-        t["trainer.grads"] = self.grads.numpy()
+        if self.world == 1:
+            t["trainer.grads"] = self.grads.numpy()
+        else:  # rank r's pending gradients as trainer.grads.rank<r> (rank 0's as trainer.grads)
+            for r, g in enumerate(self._all_rank_grads()):
+                t["trainer.grads" + (".rank%d" % r if r else "")] = g
         return t
 
-    def load_state_tensors(self, t):
+    def load_state_tensors(self, t, batches_seen=0):
         def strip(prefix):
             return {k[len(prefix):]: v for k, v in t.items() if k.startswith(prefix)}
         self.model.load_state_dict(strip("model."), strict=True)
@@ -320,7 +399,10 @@ class Engine:
             self.opt.ema.load_state_dict({k: v for k, v in t.items() if k.startswith("ema.")}, self.opt.specs,
                                          self.opt.bn_specs)
         self.schedule.load_state_dict(t)
-        self.model.flat_gradients = np.asarray(t["trainer.grads"], np.float32).reshape(-1)
+        names = ["trainer.grads" + (".rank%d" % r if r else "") for r in range(self.world)]
+        self.model.flat_gradients = np.asarray(t[names[self.rank]], np.float32).reshape(-1)
+        if self.world > 1 and self.rank == 0:  # what a checkpoint written before the next batch holds
+            self._rank_grads = (batches_seen, [{"grads": np.asarray(t[n], np.float32).reshape(-1)} for n in names])
 
     def digest_parts(self):
         model = self.model.state_dict()
@@ -336,6 +418,9 @@ class Engine:
         if self.capture:
             self.model.retire()  # a fit's recording ends with it (its graphs' memory goes back)
         self._plans.clear()
+        if self.comm is not None and self.device != "cpu":
+            self.comm.close()  # the fit's NCCL communicator (the host group is the job's)
+        self.comm = None
         for name in ("train_loader", "val_loader"):
             loader = getattr(self, name, None)
             close = getattr(loader, "close", None)

@@ -151,8 +151,8 @@ class Trainer:
     Lightning's other shared arguments: ``accelerator`` ("auto", "cpu", "cuda"/"gpu"); ``devices`` (an int,
     a list of GPU ordinals, ``"0,1"`` or ``"auto"``; on the CPU a number of processes; ``[i]`` trains on GPU
     i, ``trainer.device`` is then ``"cuda:i"``), ``num_nodes`` and ``strategy="ddp"`` (``"auto"``: ddp when
-    there is more than one device) (:mod:`ptl.distributed`; more than one rank raises until the fused step
-    has its all-reduce); ``logger`` (True/None: the run folder ``runs/<name>/version_N``; False: none);
+    there is more than one device) (:mod:`ptl.distributed`: data-parallel, the fused step all-reduces the
+    gradients); ``logger`` (True/None: the run folder ``runs/<name>/version_N``; False: none);
     ``fast_dev_run`` (True or n: n batches of training and validation in one epoch; no sanity check,
     checkpoint, log file or run folder; early stopping and the LR monitor off); ``max_time`` ("DD:HH:MM:SS",
     timedelta or dict: see below); ``limit_train_batches`` / ``limit_val_batches`` (count or fraction; 0
@@ -441,6 +441,13 @@ class Trainer:
         if not all(hasattr(datamodule, a) for a in ("num_classes", "train_loader", "batch_size", "imgsz")):
             raise TypeError("datamodule: expected a ptl.DetectionData, got %s" % type(datamodule).__name__)
         self._join_job()
+        try:
+            return self._fit(model, datamodule, ckpt_path, capture_network)
+        except BaseException as exc:
+            self._dist.close(exc)  # a failed fit ends the job: every rank is told why, started ranks stop
+            raise
+
+    def _fit(self, model, datamodule, ckpt_path, capture_network):
         device = self.device  # accelerator='cuda' without a device fails here, before any work
         if capture_network and device == "cpu":
             raise ConfigError("capture_network=True: graph replay needs accelerator='cuda'")
@@ -456,6 +463,11 @@ class Trainer:
         ckpt_path = self._resolve_ckpt_path(ckpt_path)
         resume = self._resumed_from = None
         if ckpt_path is not None:
+            if self.world_size > 1:  # every rank resumes from the same bytes
+                try:
+                    _distributed.check_same_file(self._dist.group, ckpt_path)
+                except ValueError as exc:
+                    raise _checkpoint.CheckpointError(str(exc)) from None
             resume = _checkpoint.read(ckpt_path)
             self._resumed_from = resume.path
             _checkpoint.check_model(resume, model)
@@ -499,25 +511,15 @@ class Trainer:
         return self
 
     def _join_job(self):
-        """This process's place: one device (the GPU that ``devices`` names). devices * num_nodes > 1, or a
-        launcher's world size > 1, needs the data-parallel step, which the fused C step does not have yet:
-        ptl.distributed launches, shards the data and reduces, but the step's all-reduce is still to be
-        wired (docs/training.md, "Several GPUs and nodes")."""
+        """This process's place in its job (:func:`ptl.distributed.job`): one device, or with devices *
+        num_nodes > 1 (``devices="auto"``: every visible GPU, as in Lightning) or a launcher's world size > 1,
+        one rank of a data-parallel job, whose other ranks this process starts when no launcher did. The job
+        outlives the fit (later fits and validations of the process take part in it); a failed fit ends it."""
         acc = "cpu" if self.accelerator == "cpu" or not _cuda.is_available() else "cuda"
         try:
-            # "auto" is one device until the data-parallel step exists (then, as in Lightning, every visible GPU)
-            per_node = _distributed.parse_devices(1 if self.devices == "auto" else self.devices, acc)
-            world = _distributed.planned_world_size(acc, self.devices, self.num_nodes)
+            self._dist = _distributed.job(acc, self.devices, self.num_nodes, self.strategy, self.timeout)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        if world == 1:
-            self._dist = _distributed.Context(device=per_node[0])
-        else:
-            env = _distributed.detect_environment()
-            raise NotImplementedError("Trainer: %d ranks (devices=%r, num_nodes=%d%s) need the data-parallel training "
-                                      "step, which is not wired into the fused step yet; ptl trains on one device"
-                                      % (world, self.devices, self.num_nodes,
-                                         ", started by %s" % env.launcher if env is not None else ""))
 
     def _start_messages(self, ckpt_path):
         """What the fit does that the user may not expect: ignored hyperparameters, an unapplied freeze."""
@@ -662,6 +664,7 @@ class Trainer:
             self._call("on_train_epoch_start")
             t0 = time.perf_counter()
             epoch_items = []
+            first_row = len(self.loss_history)
             pending = None  # the previous batch's losses: read once the next batch is queued
             validates = eng.has_val and (epoch + 1) % self.check_val_every_n_epoch == 0
             since_val = 0  # training batches since the last validation of this epoch
@@ -702,7 +705,10 @@ class Trainer:
                     break
             if pending is not None:
                 settle(pending)
-            eng.end_epoch()
+            agreed = eng.end_epoch(self.loss_history[first_row:])
+            if agreed is not None:  # several ranks: the rows of the global batches, the same on every rank
+                self.loss_history[first_row:] = agreed
+                epoch_items = [row[ITEM] for row in agreed]
             st.epoch += 1
             self.current_epoch_completed = st.epoch
             if self.max_time is not None:
@@ -722,6 +728,7 @@ class Trainer:
             self._epoch_rows.append(row)
             self._write_metrics()
             self._call("on_train_epoch_end")
+            self.should_stop = self._dist.any(self.should_stop)  # a stop on any rank stops every rank
 
     def _diverged(self, epoch, batch_index, step, losses=None, tensors=()):
         """Stops the fit when it diverges: at the first non-finite loss (read one batch behind, so with no
@@ -771,7 +778,11 @@ class Trainer:
             self._call("setup", "validate")
             self._engine = Engine(self, model, datamodule, for_fit=False)
             return self._validation_loop()
-        return [dict(self._guarded("validate", model, run)["logged"])]
+        try:
+            return [dict(self._guarded("validate", model, run)["logged"])]
+        except BaseException as exc:
+            self._dist.close(exc)
+            raise
 
     def predict(self, model, source, conf=0.25, max_det=300, imgsz=640, batch_size=16, save=False, save_txt=False,
                 save_conf=False, name="predict", iou=None, end2end=False):

@@ -94,6 +94,7 @@ blob = g.broadcast_bytes(b"uid-" + bytes(range(200)) if rank == 0 else None)
 obj = g.broadcast_object({"log_dir": "runs/train/version_3"} if rank == 0 else None)
 gathered = g.all_gather_bytes(b"x" * (rank * 1000))
 arrays = g.all_gather_arrays({"v": np.arange(rank + 1, dtype=np.int64), "f": np.full((2, rank), 0.5)})
+to_root = g.gather_arrays({"g": np.full(rank * 3, rank, np.float32)})  # rank 0's is empty
 anyflag = g.any(rank == world - 1)
 noflag = g.any(False)
 t = time.monotonic(); g.barrier(); barrier_s = time.monotonic() - t
@@ -101,7 +102,8 @@ ctx.close()
 save(x32=x32, x64=x64, s32=s32, s64=s64, again=again, empty=empty, b=b, blob=np.frombuffer(blob, np.uint8),
      sizes=[len(x) for x in gathered], ok_gather=all(x == b"x" * (r * 1000) for r, x in enumerate(gathered)),
      ok_arrays=all((a["v"] == np.arange(r + 1)).all() and a["f"].shape == (2, r) for r, a in enumerate(arrays)),
-     obj=json.dumps(obj), anyflag=anyflag, noflag=noflag)
+     obj=json.dumps(obj), anyflag=anyflag, noflag=noflag,
+     to_root=json.dumps(None if to_root is None else [a["g"].tolist() for a in to_root]))
 """
 
 
@@ -122,6 +124,9 @@ def test_collectives_exact_and_identical(tmp_path, world):
         assert json.loads(str(o["obj"])) == {"log_dir": "runs/train/version_3"}
         assert list(o["sizes"]) == [r * 1000 for r in range(world)] and o["ok_gather"] and o["ok_arrays"]
         assert bool(o["anyflag"]) and not bool(o["noflag"])
+    # gather: every rank's arrays on rank 0 only, in rank order (rank 0's empty)
+    assert json.loads(str(out[0]["to_root"])) == [[float(r)] * (r * 3) for r in range(world)]
+    assert all(json.loads(str(o["to_root"])) is None for o in out[1:])
     if world == 3:  # the test can tell orders apart: the reverse order gives other bits
         rev = out[2]["x32"] + out[1]["x32"] + out[0]["x32"]
         assert rev.tobytes() != ref32.tobytes()
@@ -361,13 +366,17 @@ def test_one_process_needs_no_group():
     ctx.close()
 
 
-def test_trainer_rank_properties_and_multi_rank_fit_is_not_wired_yet(coco256):
+def test_trainer_rank_properties_before_a_fit():
+    """A Trainer joins its job when it fits (tests/test_distributed_fit.py); until then it is one process."""
     tr = ptl.Trainer(accelerator="cpu", devices=2, strategy="ddp", timeout=5, logger=False)
     assert (tr.global_rank, tr.local_rank, tr.node_rank, tr.world_size, tr.is_global_zero) == (0, 0, 0, 1, True)
     assert tr.timeout == 5.0
-    data = ptl.DetectionData(coco256 / "data.yaml", imgsz=64, batch_size=2, workers=0, verbose=False)
-    with pytest.raises(NotImplementedError, match="2 ranks"):
-        tr.fit(ptl.Detector("yolo26n", num_classes=data.num_classes), data)
+
+
+def test_auto_devices_count_every_visible_gpu():
+    assert D.parse_devices("auto", "cuda", available=4) == [0, 1, 2, 3]
+    assert D.planned_world_size("cpu", "auto", environ={}) == 1
+    assert D.planned_world_size("cpu", 3, num_nodes=2, environ={}) == 6
 
 
 def test_cli_batch_is_the_global_batch(coco256):

@@ -1,6 +1,7 @@
 """Optimizer on flat buffers: MuSGD / SGD / AdamW against a NumPy reference, Newton-Schulz, clipping,
 the fp16 scaler, the EMA, schedules, state export/import and digests (8.4.190's rules; the real package
 is the oracle in tests/test_ultralytics_parity.py)."""
+import functools
 import hashlib
 import math
 
@@ -462,6 +463,43 @@ def test_scaler_unscales_exactly_and_grows():
         np.testing.assert_array_equal(params.numpy(), plain_p.numpy())
         assert opt.scale == (131072.0 if t >= 2 else 65536.0)
 
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("scaler", [False, True])
+def test_world_reads_the_mean_of_summed_gradients(scaler, device):
+    """Data parallelism: the gradient buffer holds the sum over `world` ranks of each rank's shard gradient
+    times world (the objective's grad_scale), and the step reads it times 1 / (scale x world), one rounding.
+    With 2 ranks both factors are powers of two, so the step (clip and loss scale included) is bit for bit
+    the one-process step on the shards' sum; with 3 ranks 1/3 rounds, so only close."""
+    table, n = make_table()
+    rng = np.random.default_rng(11)
+    p0 = rng.standard_normal(n).astype(np.float32)
+
+    def stepped(world, shards):
+        params, grads = tensor(p0.copy(), device), ptl.zeros((n,), dtype="float32", device=device)
+        opt = optim.FlatOptimizer(params, grads, table, "MuSGD", max_norm=0.05, scaler=scaler, ema=False)
+        scale = np.float32(opt.scale if scaler else 1.0)
+        summed = np.zeros(n, np.float32)
+        for g in shards:  # in rank order, as the host all-reduce adds
+            summed = summed + np.float32(world) * (g * scale)
+        optim._copy_into(grads, summed)
+        _raw_step(opt, world=world, max_norm=0.05, scaler=scaler)
+        return params.numpy().copy()
+
+    for world in (2, 3):
+        shards = [(rng.standard_normal(n) * 0.01).astype(np.float32) for _ in range(world)]
+        one = stepped(1, [functools.reduce(np.add, shards)])
+        assert not np.array_equal(one, p0)
+        got = stepped(world, shards)
+        if world == 2:
+            assert got.tobytes() == one.tobytes()
+        else:
+            assert max_rel(got, one) < 1e-5
+            assert device != "cpu" or not np.array_equal(got, one)  # the test sees the rounding of 1/3
+    opt = optim.FlatOptimizer(tensor(p0.copy()), ptl.zeros((n,), dtype="float32"), table, "MuSGD", ema=False)
+    with pytest.raises(ValueError, match="world"):
+        _raw_step(opt, world=0)
 
 def test_ema_ramp_values():
     assert optim.ema_decay(1) == pytest.approx(0.9999 * (1 - math.exp(-1 / 2000)), rel=1e-15)

@@ -40,8 +40,8 @@ def _state(eng):
 def _step(eng, batch, lrs=None, decay=0.5):
     g_lrs, moms, wds = eng.opt.group_values()
     targets = _C.from_numpy(np.ascontiguousarray(batch.targets, dtype=np.float32))
-    return _C.train_step(eng._plan(batch), batch.images, targets, 0.5, True, lrs or [0.01] * len(g_lrs), moms, wds,
-                         decay)
+    return _C.train_step(eng._plan(batch.images.shape), batch.images, targets, 0.5, True,
+                         lrs or [0.01] * len(g_lrs), moms, wds, decay)
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -81,3 +81,33 @@ def test_fault_hook_names_its_stages():
     with pytest.raises(ValueError, match="upload, forward, objective, backward, optimizer"):
         _C._fault_inject("sideways")
     _C._fault_inject(None)
+
+
+def test_data_parallel_plan_and_step_arguments_are_checked(setup, monkeypatch):
+    """A plan's world, communicator and BatchNorm buffer are checked when it is made; a step without images
+    is only an optimizer step of a data-parallel job, refused elsewhere before anything moves."""
+    eng, batch = setup
+    seen = {}
+    real = _C.train_step_plan
+    monkeypatch.setattr(_C, "train_step_plan", lambda d: seen.setdefault("plan", d) and real(d))
+    shape = tuple(batch.images.shape)
+    cached = eng._plans.pop(shape, None)
+    eng._plan(shape)  # a new plan: its dict is captured
+    monkeypatch.undo()
+    if cached is not None:
+        eng._plans[shape] = cached
+    cached = eng._plans[shape]
+    plan = dict(seen["plan"])
+    assert plan["world"] == 1
+    with pytest.raises(ValueError, match="world"):
+        _C.train_step_plan(dict(plan, world=0))
+    with pytest.raises(TypeError, match=r"plan\['comm'\]: world 2"):
+        _C.train_step_plan(dict(plan, world=2))
+    with pytest.raises(TypeError, match="_DistGroup"):
+        _C.train_step_plan(dict(plan, world=2, comm=object(), bn=eng.buffers))
+    before = _state(eng) + [eng.buffers.numpy(), eng.grads.numpy()]
+    g_lrs, moms, wds = eng.opt.group_values()
+    with pytest.raises(ValueError, match="without images"):
+        _C.train_step(cached, None, None, 0.5, True, g_lrs, moms, wds, 0.5)
+    for a, b in zip(before, _state(eng) + [eng.buffers.numpy(), eng.grads.numpy()]):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))

@@ -640,7 +640,7 @@ def test_fused_step_accumulates_parameter_gradients(coco256, tmp_path):
 
     def step(batch, optimize=False):
         t = ptl.from_numpy(np.ascontiguousarray(batch.targets, dtype=np.float32))
-        ptl._C.train_step(eng._plan(batch), batch.images, t, 0.5, optimize, lrs, moms, wds, 0.999)
+        ptl._C.train_step(eng._plan(batch.images.shape), batch.images, t, 0.5, optimize, lrs, moms, wds, 0.999)
         return model.flat_gradients.numpy()
 
     buf0 = model.flat_buffers.numpy()

@@ -1,6 +1,7 @@
 /* Gradient unscaling, Inf/NaN detection and global-norm clipping on the device (spec §4.8, §6); the CPU
- * reference is csrc/optim/grad_clip.c. Per-chunk partial sums (double) then one fixed-order reduction:
- * deterministic, and nothing comes back to the host. */
+ * reference is csrc/optim/grad_clip.c (which also says how hp->world averages the ranks' summed gradients).
+ * Per-chunk partial sums (double) then one fixed-order reduction: deterministic, and nothing comes back to
+ * the host. */
 #include "../optim/optim.h"
 #include "device.h"
 
@@ -19,17 +20,17 @@ __device__ double gc_block_sum(double v, double *sh)
     return sh[0];
 }
 
-__device__ float gc_inv_scale(const float *scalars, int scaler)
+__device__ float gc_inv_scale(const float *scalars, int scaler, int world)
 {
-    return scaler ? (float)(1.0 / (double)scalars[PTL_OPT_S_SCALE]) : 1.0f;
+    return ptl_grad_inv_scale_f(scaler ? (double)scalars[PTL_OPT_S_SCALE] : 1.0, world);
 }
 
 __global__ void grad_partial_kernel(const float *g, const int64_t *call, const float *scalars, int scaler,
-                                    double *part)
+                                    int world, double *part)
 {
     __shared__ double sh[GC_THREADS];
     int64_t c = blockIdx.x, start = call[3 * c], len = call[3 * c + 1];
-    float inv = gc_inv_scale(scalars, scaler);
+    float inv = gc_inv_scale(scalars, scaler, world);
     double acc = 0;
     for (int64_t i = threadIdx.x; i < len; i += GC_THREADS) {
         float v = PTL_FMUL(g[start + i], inv);
@@ -77,7 +78,7 @@ extern "C" int ptl_grad_stats_cuda(struct CUstream_st *stream, const ptl_optim_b
         return 0;
     }
     grad_partial_kernel<<<(unsigned)b->nchunks, GC_THREADS, 0, stream>>>((const float *)b->grads, b->call, scalars,
-                                                                         hp->scaler, part);
+                                                                         hp->scaler, hp->world, part);
     PTL_LAUNCH_CHECK("grad_partial_kernel");
     grad_finalize_kernel<<<1, GC_THREADS, 0, stream>>>(part, b->nchunks, scalars,
                                                        hp->max_norm > 0 ? (float)hp->max_norm : 0.0f, hp->scaler);

@@ -18,12 +18,12 @@ typedef struct {
     float alpha_muon[PTL_OPT_MAX_GROUPS], alpha_sgd[PTL_OPT_MAX_GROUPS];
     double lr[PTL_OPT_MAX_GROUPS], b1[PTL_OPT_MAX_GROUPS], wd_d[PTL_OPT_MAX_GROUPS];
     double beta2, eps;
-    int nesterov, scaler;
+    int nesterov, scaler, world;
 } opt_dev_hp;
 
-__device__ __forceinline__ float opt_inv_scale(const float *s, int scaler)
+__device__ __forceinline__ float opt_inv_scale(const float *s, int scaler, int world)
 {
-    return scaler ? (float)(1.0 / (double)s[PTL_OPT_S_SCALE]) : 1.0f;
+    return ptl_grad_inv_scale_f(scaler ? (double)s[PTL_OPT_S_SCALE] : 1.0, world);
 }
 
 __device__ __forceinline__ int64_t opt_arena_index(const int64_t *row, int64_t e)
@@ -54,7 +54,7 @@ __global__ void muon_momentum_kernel(const float *g, float *m, const int64_t *cm
     int64_t c = blockIdx.x, start = cmuon[3 * c], len = cmuon[3 * c + 1];
     const int64_t *row = ptab + cmuon[3 * c + 2] * PTL_PT_NCOLS;
     int grp = (int)row[PTL_PT_GROUP];
-    float inv = opt_inv_scale(scalars, hp.scaler), coef = scalars[PTL_OPT_S_COEF];
+    float inv = opt_inv_scale(scalars, hp.scaler, hp.world), coef = scalars[PTL_OPT_S_COEF];
     float mu = hp.mu[grp], omm = hp.one_minus_mu[grp];
     double acc = 0;
     for (int64_t i = threadIdx.x; i < len; i += OPT_THREADS) {
@@ -110,7 +110,7 @@ __global__ void optim_update_kernel(float *p, const float *g, float *s1, float *
     int64_t c = blockIdx.x, start = call[3 * c], len = call[3 * c + 1];
     const int64_t *row = ptab + call[3 * c + 2] * PTL_PT_NCOLS;
     int grp = (int)row[PTL_PT_GROUP], kind = hp.kind[grp];
-    float inv = opt_inv_scale(scalars, hp.scaler), coef = scalars[PTL_OPT_S_COEF];
+    float inv = opt_inv_scale(scalars, hp.scaler, hp.world), coef = scalars[PTL_OPT_S_COEF];
     if (kind == PTL_OPT_ADAMW) {
         ptl_adamw_coef ac = ptl_adamw_coefs(hp.lr[grp], hp.b1[grp], hp.beta2, hp.eps, hp.wd_d[grp],
                                             (double)scalars[PTL_OPT_S_STEP] + 1.0);
@@ -172,6 +172,7 @@ static opt_dev_hp opt_dev_coefs(const ptl_optim_hp *hp)
     d.eps = hp->eps;
     d.nesterov = hp->nesterov;
     d.scaler = hp->scaler;
+    d.world = hp->world;
     return d;
 }
 

@@ -239,6 +239,12 @@ fail:
     return -1;
 }
 
+int ptl_nccl_comm_rank(const ptl_nccl_comm *c) { return c->rank; }
+
+int ptl_nccl_comm_world(const ptl_nccl_comm *c) { return c->world; }
+
+struct ptl_cuda_ctx *ptl_nccl_comm_ctx(const ptl_nccl_comm *c) { return c->ctx; }
+
 void ptl_nccl_comm_destroy(ptl_nccl_comm *c)
 {
     if (!c)

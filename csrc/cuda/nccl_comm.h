@@ -36,6 +36,10 @@ int ptl_nccl_unique_id(uint8_t id[PTL_NCCL_ID_BYTES]);
  * stop the wait (Ctrl-C). timeout_s is also the watchdog's limit for one collective. */
 int ptl_nccl_comm_create(ptl_runtime *rt, int device, const uint8_t id[PTL_NCCL_ID_BYTES], int world, int rank,
                          double timeout_s, const ptl_dist_poll *watch, ptl_nccl_comm **out);
+/* The communicator's rank and world size, and the execution context whose stream its collectives use. */
+int ptl_nccl_comm_rank(const ptl_nccl_comm *c);
+int ptl_nccl_comm_world(const ptl_nccl_comm *c);
+struct ptl_cuda_ctx *ptl_nccl_comm_ctx(const ptl_nccl_comm *c);
 /* Frees the communicator (finalized, or aborted after an error); NULL is fine. */
 void ptl_nccl_comm_destroy(ptl_nccl_comm *c);
 

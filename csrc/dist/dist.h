@@ -8,7 +8,8 @@
  *     element in the buffer's own precision, left to right), and sends the sum back; so it equals, bit for
  *     bit, the single-process sum of the same buffers in rank order;
  *   - broadcast of bytes from rank 0 (the ncclUniqueId, the run folder, BatchNorm statistics);
- *   - all-gather of byte blobs of any size (validation statistics);
+ *   - all-gather of byte blobs of any size (validation statistics), and gather to rank 0 (every rank's
+ *     pending gradients for a checkpoint);
  *   - barrier.
  * This is the CPU path (CPU ranks and tests) and the control plane of GPU runs; GPU gradients go through
  * NCCL (cuda/nccl_comm.h).
@@ -38,7 +39,7 @@ extern "C" {
 /* How often a wait calls watch->check. */
 #define PTL_DIST_POLL_MS 100
 /* Protocol version: ranks of different ptl builds refuse each other. */
-#define PTL_DIST_PROTOCOL 1
+#define PTL_DIST_PROTOCOL 2
 
 typedef struct {
     /* 0: keep waiting; nonzero: stop, with the reason in why (cap bytes), which the peers are told */
@@ -87,6 +88,10 @@ int ptl_dist_broadcast_bytes(ptl_dist_group *g, const void *data, size_t nbytes,
  * entries, caller-provided) their sizes. */
 int ptl_dist_all_gather(ptl_dist_group *g, const void *data, size_t nbytes, void **out, size_t *sizes,
                         const ptl_dist_poll *poll);
+/* Every rank's blob to rank 0 only: there *out (malloc'd, free it) holds the blobs in rank order and sizes[r]
+ * (world entries) their sizes; on the other ranks *out is NULL once their blob is sent. */
+int ptl_dist_gather(ptl_dist_group *g, const void *data, size_t nbytes, void **out, size_t *sizes,
+                    const ptl_dist_poll *watch);
 /* Fails the job on purpose: tells the peers why (rank 0 tells every rank; another rank tells rank 0, which
  * tells the rest at its next wait) and breaks the group. Never waits: a peer whose socket is full is told by
  * the end of the connection instead. */

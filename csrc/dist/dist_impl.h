@@ -2,7 +2,7 @@
  *   transport.c        framed messages over non-blocking sockets: one exchange moves frames to and from
  *                      several peers at once, under a deadline, and fails the group on any error
  *   rendezvous.c       listening, connecting with retries, the hello handshake, closing
- *   host_collective.c  barrier, broadcast, all-reduce, all-gather, abort on top of the exchange
+ *   host_collective.c  barrier, broadcast, all-reduce, all-gather, gather, abort on top of the exchange
  *
  * A frame is a fixed header and `nbytes` of payload. Ranks are assumed to share a byte order (they run
  * the same build; the magic number would not match otherwise). */
@@ -13,7 +13,7 @@
 
 #include "dist.h"
 
-enum { OP_HELLO = 1, OP_WELCOME, OP_BARRIER, OP_BCAST, OP_REDUCE, OP_GATHER, OP_ABORT, OP_END };
+enum { OP_HELLO = 1, OP_WELCOME, OP_BARRIER, OP_BCAST, OP_REDUCE, OP_GATHER, OP_ABORT, OP_GATHER_ROOT, OP_END };
 
 #define PTL_FRAME_MAGIC 0x444c5450u /* "PTLD" */
 #define PTL_DIST_WHO 96             /* "host pid N" of a rank, for messages */

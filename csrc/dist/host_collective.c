@@ -295,6 +295,53 @@ int ptl_dist_all_gather(ptl_dist_group *g, const void *data, size_t nbytes, void
     return 0;
 }
 
+int ptl_dist_gather(ptl_dist_group *g, const void *data, size_t nbytes, void **out, size_t *sizes,
+                    const ptl_dist_poll *watch)
+{
+    *out = NULL;
+    if (nbytes > 0 && !data)
+        return ptl_set_error(PTL_ERR_VALUE, "gather: no data for %zu bytes", nbytes);
+    double deadline;
+    if (begin(g, "gather", &deadline) != 0)
+        return -1;
+    if (g->rank == 0) {
+        ptl_xfer *x = g->world > 1 ? peers_new(g) : NULL;
+        if (g->world > 1 && !x)
+            return -1;
+        for (int r = 1; r < g->world; r++) {
+            expect(&x[r - 1], OP_GATHER_ROOT, NULL, 0);
+            x[r - 1].recv_alloc = 1;
+        }
+        if (x && ptl_dist_exchange(g, x, g->world - 1, "gather", deadline, watch) != 0) {
+            free(x);
+            return -1;
+        }
+        size_t total = nbytes;
+        for (int r = 1; r < g->world; r++)
+            total += (size_t)x[r - 1].recv_hdr.nbytes;
+        char *blob = malloc(total ? total : 1);
+        for (size_t r = 0, off = 0; blob && r < (size_t)g->world; r++) {
+            sizes[r] = r == 0 ? nbytes : (size_t)x[r - 1].recv_hdr.nbytes;
+            if (sizes[r])
+                memcpy(blob + off, r == 0 ? data : x[r - 1].recv_data, sizes[r]);
+            off += sizes[r];
+        }
+        for (int r = 1; r < g->world; r++)
+            free(x[r - 1].recv_data);
+        free(x);
+        if (!blob)
+            return ptl_dist_fail(g, "out of host memory for the gather result");
+        *out = blob;
+    } else {
+        ptl_xfer x = {0};
+        offer(&x, g, OP_GATHER_ROOT, data, nbytes, 0);
+        if (ptl_dist_exchange(g, &x, 1, "gather", deadline, watch) != 0)
+            return -1;
+    }
+    g->seq++;
+    return 0;
+}
+
 void ptl_dist_abort(ptl_dist_group *g, const char *reason)
 {
     char msg[PTL_DIST_MSG];

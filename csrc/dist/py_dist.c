@@ -196,6 +196,24 @@ ptl_dist_group *ptl_py_dist_group(PyObject *obj)
     return o->g;
 }
 
+ptl_dist_group *ptl_py_dist_acquire(PyObject *obj)
+{
+    ptl_dist_group *g = ptl_py_dist_group(obj);
+    if (!g)
+        return NULL;
+    GroupObject *o = (GroupObject *)obj;
+    if (o->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "ptl.distributed: the group is already waiting in another thread");
+        return NULL;
+    }
+    o->busy = 1;
+    return g;
+}
+
+void ptl_py_dist_release(PyObject *obj) { ((GroupObject *)obj)->busy = 0; }
+
+PyObject *ptl_py_dist_raise(PyObject *module) { return raise_dist(module); }
+
 static int all_reduce_watched(PyObject *group_obj, void *buf, int64_t count, ptl_dtype dt, PyObject *watch)
 {
     if (!ptl_py_dist_group(group_obj))
@@ -334,6 +352,49 @@ static PyObject *group_all_gather(PyObject *self, PyObject *args, PyObject *kw)
     return out;
 }
 
+static int call_gather(ptl_dist_group *g, void *arg, const ptl_dist_poll *watch)
+{
+    blob_call *b = arg;
+    return ptl_dist_gather(g, b->data, b->n, &b->out, b->sizes, watch);
+}
+
+static PyObject *group_gather(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"data", "watch", NULL};
+    GroupObject *o = (GroupObject *)self;
+    PyObject *obj, *watch = Py_None, *out = NULL;
+    Py_buffer view;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:gather", names, &obj, &watch) ||
+        PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    int world = o->g ? ptl_dist_world(o->g) : 1;
+    size_t *sizes = PyMem_Calloc((size_t)world, sizeof *sizes);
+    if (!sizes) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    blob_call b = {view.buf, (size_t)view.len, NULL, 0, sizes};
+    int rc = group_wait(o, watch, call_gather, &b);
+    PyBuffer_Release(&view);
+    if (rc == 0 && !b.out) {
+        out = Py_NewRef(Py_None);
+    } else if (rc == 0 && (out = PyList_New(world))) {
+        size_t off = 0;
+        for (int r = 0; r < world; r++) {
+            PyObject *item = PyBytes_FromStringAndSize((char *)b.out + off, (Py_ssize_t)sizes[r]);
+            if (!item) {
+                Py_CLEAR(out);
+                break;
+            }
+            PyList_SET_ITEM(out, r, item);
+            off += sizes[r];
+        }
+    }
+    free(b.out);
+    PyMem_Free(sizes);
+    return out;
+}
+
 static PyObject *group_abort(PyObject *self, PyObject *args)
 {
     GroupObject *o = (GroupObject *)self;
@@ -401,6 +462,8 @@ static PyMethodDef group_methods[] = {
      "broadcast_bytes(data (rank 0) or None (others), watch=None) -> rank 0's bytes."},
     {"all_gather", (PyCFunction)(void (*)(void))group_all_gather, METH_VARARGS | METH_KEYWORDS,
      "all_gather(data, watch=None) -> [bytes of rank 0, rank 1, ...]."},
+    {"gather", (PyCFunction)(void (*)(void))group_gather, METH_VARARGS | METH_KEYWORDS,
+     "gather(data, watch=None) -> [bytes of rank 0, rank 1, ...] on rank 0, None on the others."},
     {"abort", group_abort, METH_VARARGS, "abort(reason): fail the job on purpose; the peers are told why."},
     {"close", group_close, METH_NOARGS, "Close the connections."},
     {"info", group_info, METH_NOARGS, "{closed, rank, world, timeout, sequence, broken}."},

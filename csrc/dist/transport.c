@@ -41,7 +41,7 @@ int ptl_dist_stopped(const ptl_dist_poll *watch, char *why, size_t cap)
 const char *ptl_dist_op_name(uint32_t op)
 {
     static const char *const names[] = {"?", "hello", "welcome", "barrier", "broadcast", "all_reduce",
-                                        "all_gather", "abort"};
+                                        "all_gather", "abort", "gather"};
     return op < OP_END ? names[op] : "?";
 }
 

@@ -1,6 +1,8 @@
 /* Gradient unscaling, Inf/NaN detection and global-norm clipping (spec §4.8, §6), CPU reference.
  * Nothing is written to the gradients: the step multiplies each gradient by inv_scale and then by coef
- * as it reads it, which rounds exactly like unscaling and clipping in place first. */
+ * as it reads it, which rounds exactly like unscaling and clipping in place first. With hp->world > 1 the
+ * gradients hold the sum over the ranks and inv_scale also divides by the world size (one rounding), so
+ * the norm, the clip and the update see the mean gradient. */
 #include "optim.h"
 
 static double load(const void *p, ptl_dtype dt, int64_t i)
@@ -23,14 +25,13 @@ static double rnd(double x, ptl_dtype dt) { return dt == PTL_FLOAT64 ? x : (doub
 int ptl_grad_stats_cpu(const ptl_optim_buffers *b, const ptl_optim_hp *hp, double *inv_scale, double *coef)
 {
     ptl_dtype dt = b->dtype;
-    *inv_scale = 1.0;
+    const double scale = hp->scaler ? load(b->scalars, dt, PTL_OPT_S_SCALE) : 1.0;
+    *inv_scale = dt == PTL_FLOAT64 ? 1.0 / (scale * hp->world) : (double)ptl_grad_inv_scale_f(scale, hp->world);
     *coef = 1.0;
     store(b->scalars, dt, PTL_OPT_S_FOUND_INF, 0.0);
     store(b->scalars, dt, PTL_OPT_S_COEF, 1.0);
     if (!hp->scaler && !(hp->max_norm > 0))
         return 0;
-    if (hp->scaler)
-        *inv_scale = rnd(1.0 / load(b->scalars, dt, PTL_OPT_S_SCALE), dt);
     {
         double ss = 0;
         const int64_t *ch = b->call;

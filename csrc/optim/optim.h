@@ -93,6 +93,8 @@ typedef struct {
     int growth_interval;
     int ns_bf16;          /* CPU only: round every Newton-Schulz stage to bfloat16 like CUDA */
     int zero_grad;        /* zero the gradient buffer after the step */
+    int world;            /* >= 1: the gradients hold the sum over this many ranks (data parallelism); the
+                           * step reads their mean */
 } ptl_optim_hp;
 
 /* The Newton-Schulz quintic coefficients (spec §4.4). */
@@ -210,6 +212,11 @@ PTL_HD void ptl_adamw_elem_d(double *p, double *m, double *v, double g, const pt
     *v = vv;
     *p = pp + c->neg_step_size * (mm / den);
 }
+
+/* The factor every gradient is read with before clipping: 1 / (loss scale x ranks), rounded once to float32
+ * (scale is 1 without the loss scaler; with world > 1 the gradients hold the sum over the ranks, so this
+ * unscales and averages in one multiplication). */
+PTL_HD float ptl_grad_inv_scale_f(double scale, int world) { return (float)(1.0 / (scale * (double)world)); }
 
 /* The gradient actually used: unscaled, then clipped (two roundings, as torch's unscale_ and clip). */
 PTL_HD float ptl_grad_used_f(float g, float inv_scale, float coef) { return PTL_FMUL(PTL_FMUL(g, inv_scale), coef); }

@@ -23,6 +23,9 @@ int ptl_optim_check(const ptl_optim_buffers *b, const ptl_optim_hp *hp, ptl_devi
         need_ws |= hp->kind[k] == PTL_OPT_MUON;
         need_s1 |= hp->kind[k] != PTL_OPT_SGD;
     }
+    if (hp->world < 1)
+        return ptl_set_error(PTL_ERR_VALUE, "world: expected the number of ranks whose gradients were summed (>= 1), "
+                             "got %d", hp->world);
     if (hp->growth_interval < 1)
         return ptl_set_error(PTL_ERR_VALUE, "growth_interval: expected >= 1, got %d", hp->growth_interval);
     if (b->tx < 0 || b->ta < 0 || b->nmuon < 0)

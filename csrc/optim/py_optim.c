@@ -91,7 +91,7 @@ int ptl_py_optim_parse(PyObject *module, PyObject *args, PyObject *kw, ptl_optim
     static char *kwlist[] = {"params", "grads", "state1", "state2", "scalars", "ptab", "call", "cmuon", "sgtab",
                              "ws_bf16", "ws_f64", "tx", "ta", "nmuon", "kinds", "lrs", "momenta", "wds", "muon_w",
                              "sgd_w", "beta2", "eps", "nesterov", "max_norm", "scaler", "growth_factor",
-                             "backoff_factor", "growth_interval", "ns_bf16", "zero_grad", "ns_graph", NULL};
+                             "backoff_factor", "growth_interval", "ns_bf16", "zero_grad", "ns_graph", "world", NULL};
     PyObject *o_p, *o_g, *o_s1, *o_s2, *o_sc, *o_pt, *o_ca, *o_cm, *o_sg, *o_wb, *o_wf, *o_kinds, *o_lrs = NULL,
                                                                                              *o_mom = NULL,
                                                                                              *o_wds = NULL,
@@ -108,12 +108,13 @@ int ptl_py_optim_parse(PyObject *module, PyObject *args, PyObject *kw, ptl_optim
     hp->backoff_factor = PTL_OPT_BACKOFF_FACTOR;
     hp->growth_interval = PTL_OPT_GROWTH_INTERVAL;
     hp->zero_grad = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOOOOLLLO|OOOddddpdpddippO:_optim_step", kwlist, &o_p, &o_g,
+    hp->world = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOOOOLLLO|OOOddddpdpddippOi:_optim_step", kwlist, &o_p, &o_g,
                                      &o_s1, &o_s2, &o_sc, &o_pt, &o_ca, &o_cm, &o_sg, &o_wb, &o_wf, &tx, &ta, &nmuon,
                                      &o_kinds, &o_lrs, &o_mom, &o_wds, &hp->muon_w, &hp->sgd_w, &hp->beta2, &hp->eps,
                                      &hp->nesterov, &hp->max_norm, &hp->scaler, &hp->growth_factor,
                                      &hp->backoff_factor, &hp->growth_interval, &hp->ns_bf16, &hp->zero_grad,
-                                     &o_graph))
+                                     &o_graph, &hp->world))
         return -1;
     *graph = NULL;
     if (o_graph != Py_None && !(*graph = (ptl_ns_graph *)PyCapsule_GetPointer(o_graph, NS_GRAPH_NAME)))

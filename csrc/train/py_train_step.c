@@ -3,10 +3,14 @@
  * step in C with the GIL released and returns the losses tensor (the only object it makes). */
 #include "../py.h"
 
+#include "../dist/py_dist.h"
 #include "../fault.h"
 #include "../nn/py_network.h"
 #include "../optim/py_optim.h"
 #include "train_step.h"
+#ifdef PTL_WITH_CUDA
+#include "../cuda/py_nccl.h"
+#endif
 
 #define PLAN_CAPSULE "ptl.train_step_plan"
 
@@ -16,13 +20,56 @@ static void plan_free(PyObject *cap)
     Py_XDECREF((PyObject *)PyCapsule_GetContext(cap));
 }
 
+/* The job's communicator of this rank (refetched before every step: a closed one fails there). */
+static int plan_comm(const ptl_step_plan *p, PyObject *comm, ptl_dist_group **group, struct ptl_nccl_comm **nccl)
+{
+    *group = NULL, *nccl = NULL;
+    if (p->net->device.type == PTL_CPU)
+        return (*group = ptl_py_dist_group(comm)) ? 0 : -1;
+#ifdef PTL_WITH_CUDA
+    return (*nccl = ptl_py_nccl_comm(comm)) ? 0 : -1;
+#else
+    PyErr_SetString(PyExc_RuntimeError, "plan['comm']: ptl was built without CUDA");
+    return -1;
+#endif
+}
+
+/* world > 1: comm (a _DistGroup on the CPU, a _NcclComm on CUDA), bn (the network's flat BatchNorm
+ * statistics) and watch (None or a callable the host collectives call while they wait). */
+static int convert_dist(PyObject *module, const ptl_net_exec *x, PyObject *comm, PyObject *bn, PyObject *watch,
+                        ptl_step_plan *p)
+{
+    if (comm == Py_None) {
+        PyErr_Format(PyExc_TypeError, "plan['comm']: world %d needs the job's communicator (a _DistGroup on the CPU, "
+                     "a _NcclComm on CUDA), got None", p->world);
+        return -1;
+    }
+    if (plan_comm(p, comm, &p->group, &p->nccl) < 0)
+        return -1;
+    const int64_t nbn = x->net->nbuffers;
+    PtlTensor *t = ptl_tensor_arg(module, bn, "plan['bn']", (int)x->mdt, &x->device, 1, &nbn);
+    if (!t)
+        return -1;
+    p->bn = ptl_tensor_data(t);
+    p->nbn = nbn;
+    if (watch != Py_None && !PyCallable_Check(watch)) {
+        PyErr_SetString(PyExc_TypeError, "plan['watch']: expected None or a callable");
+        return -1;
+    }
+    return 0;
+}
+
 static int convert_plan(PyObject *module, PyObject *d, ptl_step_plan *p)
 {
-    static char *keys[] = {"net", "input", "staging", "grads", "gains", "scale_from", "optim", "ema", "record", NULL};
-    PyObject *net, *input, *staging, *grads, *scale, *optim, *ema, *none = PyTuple_New(0);
-    const int ok = none && PyArg_ParseTupleAndKeywords(none, d, "OOOO(ddd)OO!Op:train_step_plan", keys, &net, &input,
-                                                       &staging, &grads, &p->gains[0], &p->gains[1], &p->gains[2],
-                                                       &scale, &PyDict_Type, &optim, &ema, &p->record);
+    static char *keys[] = {"net", "input", "staging", "grads", "gains", "scale_from", "optim", "ema", "record",
+                           "world", "comm", "bn", "watch", NULL};
+    PyObject *net, *input, *staging, *grads, *scale, *optim, *ema, *comm = Py_None, *bn = Py_None, *watch = Py_None;
+    PyObject *none = PyTuple_New(0);
+    p->world = 1;
+    const int ok = none && PyArg_ParseTupleAndKeywords(none, d, "OOOO(ddd)OO!Op|iOOO:train_step_plan", keys, &net,
+                                                       &input, &staging, &grads, &p->gains[0], &p->gains[1],
+                                                       &p->gains[2], &scale, &PyDict_Type, &optim, &ema, &p->record,
+                                                       &p->world, &comm, &bn, &watch);
     Py_XDECREF(none);
     if (!ok || !(p->net = ptl_py_executor(net)))
         return -1;
@@ -81,6 +128,9 @@ static int convert_plan(PyObject *module, PyObject *d, ptl_step_plan *p)
         PyErr_SetString(PyExc_ValueError, "plan['optim']: the optimizer's buffers must live where the network does");
         return -1;
     }
+    p->hp.world = p->world;
+    if (p->world > 1 && convert_dist(module, x, comm, bn, watch, p) < 0)
+        return -1;
     if (ema != Py_None) {
         PyObject *fast = PySequence_Fast(ema, "plan['ema']: expected (ema, live) tensor pairs");
         if (!fast)
@@ -112,7 +162,10 @@ PyDoc_STRVAR(plan_doc, "train_step_plan(plan) -> handle\n--\n\n"
                        "uint8 tensor of B*H*W*3 elements, or None), grads (four tensors shaped like the head\n"
                        "outputs), gains, scale_from ((tensor, index) or None), optim (the _optim_step keywords but\n"
                        "lrs/momenta/wds), ema (pairs (ema, live) of tensors, or None), record (CUDA: record the\n"
-                       "network after the first eager step). The handle keeps the dict alive.");
+                       "network after the first eager step); data parallelism: world (ranks, default 1) and, with\n"
+                       "world > 1, comm (the job's _DistGroup on the CPU, _NcclComm on CUDA), bn (the network's\n"
+                       "flat BatchNorm statistics) and watch (None or a callable run while the host collectives\n"
+                       "wait). The handle keeps the dict alive.");
 
 static PyObject *py_train_step_plan(PyObject *module, PyObject *dict)
 {
@@ -145,11 +198,40 @@ static int check_signals(void *arg)
     return rc < 0 ? ptl_set_error(PTL_ERR_RUNTIME, "train_step: interrupted") : 0;
 }
 
+/* While a host collective of the step waits: Ctrl-C, then the plan's watch (the launcher's check of the
+ * ranks it started). An exception stops the wait, stays set and goes up once the step has returned; its
+ * text is what the peers are told. */
+static int check_wait(void *arg, char *why, size_t cap)
+{
+    PyObject *watch = arg;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int stop = PyErr_CheckSignals() < 0;
+    if (!stop && watch != Py_None) {
+        PyObject *r = PyObject_CallNoArgs(watch);
+        stop = r == NULL;
+        Py_XDECREF(r);
+    }
+    if (stop) {
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        PyErr_NormalizeException(&type, &exc, &tb);
+        PyObject *text = exc ? PyObject_Str(exc) : NULL;
+        const char *t = text ? PyUnicode_AsUTF8(text) : NULL;
+        PyErr_Clear();
+        snprintf(why, cap, "%s%s%s", exc ? Py_TYPE(exc)->tp_name : "interrupted", t && t[0] ? ": " : "", t ? t : "");
+        Py_XDECREF(text);
+        PyErr_Restore(type, exc, tb);
+    }
+    PyGILState_Release(g);
+    return stop;
+}
+
 PyDoc_STRVAR(train_step_doc,
              "train_step(plan, images, targets, o2m_weight, optimize, lrs, momenta, wds, ema_decay) -> losses\n--\n\n"
              "One training step (csrc/train/train_step.h) with a plan from train_step_plan. images: the loader's\n"
-             "uint8 batch (B, H, W, 3); targets: a CPU float32 tensor (n, 6). Returns the objective's losses on\n"
-             "the step's device (ptl.objective.LOSSES names the entries).");
+             "uint8 batch (B, H, W, 3), or None when this rank of a data-parallel job has no images in the step\n"
+             "(then optimize must be true; targets are ignored); targets: a CPU float32 tensor (n, 6). Returns\n"
+             "the objective's losses on the step's device (ptl.objective.LOSSES names the entries).");
 
 static PyObject *py_train_step(PyObject *module, PyObject *args, PyObject *kw)
 {
@@ -160,26 +242,37 @@ static PyObject *py_train_step(PyObject *module, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOdpOOOd:train_step", kwlist, &cap, &images, &targets,
                                      &a.o2m_weight, &a.optimize, &lrs, &moms, &wds, &a.ema_decay))
         return NULL;
-    const ptl_step_plan *p = PyCapsule_IsValid(cap, PLAN_CAPSULE) ? PyCapsule_GetPointer(cap, PLAN_CAPSULE) : NULL;
+    ptl_step_plan *p = PyCapsule_IsValid(cap, PLAN_CAPSULE) ? PyCapsule_GetPointer(cap, PLAN_CAPSULE) : NULL;
     if (!p) {
         PyErr_SetString(PyExc_TypeError, "plan: expected a handle from train_step_plan");
         return NULL;
     }
-    int64_t n;
-    if (ptl_py_batch_images(images, &a.images, &n, &a.loader, &a.slot) < 0)
-        return NULL;
-    if (n != (int64_t)p->B * p->H * p->W * 3) {
-        PyErr_Format(PyExc_ValueError, "images: expected the plan's (%d, %d, %d, 3) batch, got %lld bytes", p->B, p->H,
-                     p->W, (long long)n);
-        return NULL;
+    a.network = images != Py_None;
+    if (a.network) {
+        int64_t n;
+        if (ptl_py_batch_images(images, &a.images, &n, &a.loader, &a.slot) < 0)
+            return NULL;
+        if (n != (int64_t)p->B * p->H * p->W * 3) {
+            PyErr_Format(PyExc_ValueError, "images: expected the plan's (%d, %d, %d, 3) batch, got %lld bytes", p->B,
+                         p->H, p->W, (long long)n);
+            return NULL;
+        }
+        const ptl_device cpu = {PTL_CPU, 0};
+        const int64_t tshape[2] = {-1, 6};
+        PtlTensor *t = ptl_tensor_arg(module, targets, "targets", PTL_FLOAT32, &cpu, 2, tshape);
+        if (!t)
+            return NULL;
+        a.targets = ptl_tensor_data(t);
+        a.ntargets = t->shape[0];
     }
-    const ptl_device cpu = {PTL_CPU, 0};
-    const int64_t tshape[2] = {-1, 6};
-    PtlTensor *t = ptl_tensor_arg(module, targets, "targets", PTL_FLOAT32, &cpu, 2, tshape);
-    if (!t)
+    /* data parallelism: the communicator must still be open (the plan's dict holds it) */
+    PyObject *plan_dict = PyCapsule_GetContext(cap);
+    PyObject *comm = p->world > 1 ? PyDict_GetItemString(plan_dict, "comm") : NULL;
+    PyObject *watch = p->world > 1 ? PyDict_GetItemString(plan_dict, "watch") : NULL;
+    if (comm && plan_comm(p, comm, &p->group, &p->nccl) < 0)
         return NULL;
-    a.targets = ptl_tensor_data(t);
-    a.ntargets = t->shape[0];
+    ptl_dist_poll poll = {check_wait, watch ? watch : Py_None};
+    a.watch = &poll;
     ptl_optim_hp rates = p->hp;
     if (a.optimize && ptl_py_optim_rates(lrs, moms, wds, &rates) < 0)
         return NULL;
@@ -192,13 +285,25 @@ static PyObject *py_train_step(PyObject *module, PyObject *args, PyObject *kw)
     if (!losses)
         return NULL;
     float *ld = ptl_tensor_data(losses);
+    /* CPU ranks: the group is this call's while it waits without the GIL */
+    PyObject *held = p->group && a.optimize ? comm : NULL;
+    if (held && !ptl_py_dist_acquire(held)) {
+        Py_DECREF(losses);
+        return NULL;
+    }
     int rc;
     Py_BEGIN_ALLOW_THREADS;
     rc = ptl_train_step(p, &a, ld);
     Py_END_ALLOW_THREADS;
+    if (held)
+        ptl_py_dist_release(held);
     if (rc) {
         Py_DECREF(losses);
-        return PyErr_Occurred() ? NULL : ptl_raise(module);
+        if (PyErr_Occurred()) { /* Ctrl-C or the watch's exception: it goes up */
+            ptl_error_clear();
+            return NULL;
+        }
+        return p->group && ptl_dist_broken(p->group) ? ptl_py_dist_raise(module) : ptl_raise(module);
     }
     return (PyObject *)losses;
 }

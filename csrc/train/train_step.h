@@ -10,6 +10,18 @@
  * then records its forward and backward (the warm-up, §3 rule 2); later steps of the shape replay
  * them, with the objective run eagerly between the two.
  *
+ * Data parallelism (world > 1, docs/training.md "Several GPUs and nodes"): each rank runs this step on its
+ * shard of the global batch with the objective's gradients scaled by the world size (Ultralytics'
+ * `loss *= world_size`). On the steps the optimizer runs, after the backward: one all-reduce (sum) of the
+ * flat gradient over the ranks (NCCL on the step's stream; on the CPU the host collective, which adds in
+ * rank order), then rank 0's BatchNorm running statistics to every rank (a broadcast), then the optimizer,
+ * which divides by the world size as it unscales (optim.h, ptl_grad_inv_scale_f), and the EMA. Every rank
+ * then holds the same parameters, optimizer state, BN statistics and EMA. Accumulation micro-batches do not
+ * communicate. A rank whose shard of a step is empty (the last, partial global batch) still takes part:
+ * it calls the step without images (network = 0), which skips upload, forward, objective and backward.
+ * With a recording, the all-reduce stays eager after the replayed backward (the backward graph also runs
+ * on the micro-batches that do not communicate).
+ *
  * Failure: every argument of every stage is checked before anything is written, so a bad argument
  * changes nothing. Past the checks, a failure of upload, forward, objective or backward leaves the
  * parameters, the optimizer state and the EMA as they were (the forward may have moved the BN running
@@ -21,6 +33,7 @@
 
 #include <stdint.h>
 
+#include "../dist/dist.h"
 #include "../nn/executor.h"
 #include "../objective/objective.h"
 #include "../optim/optim.h"
@@ -30,6 +43,7 @@ extern "C" {
 #endif
 
 struct ptl_loader;
+struct ptl_nccl_comm;
 
 #define PTL_STEP_MAX_EMA 2
 
@@ -53,9 +67,19 @@ typedef struct {
     int nema;
     ptl_step_ema ema[PTL_STEP_MAX_EMA];
     int record;           /* record the network after the first eager step of the shape (CUDA) */
+    /* data parallelism: world >= 1 ranks; with world > 1 the job's communicator (CUDA: nccl, on the
+     * network's device; CPU: the host group) and the network's flat BatchNorm running statistics (bn,
+     * nbn elements in the master dtype on the network's device), which rank 0 broadcasts */
+    int world;
+    struct ptl_nccl_comm *nccl;
+    ptl_dist_group *group;
+    void *bn;
+    int64_t nbn;
 } ptl_step_plan;
 
 typedef struct {
+    int network;           /* 1: run upload, forward, objective and backward on images; 0: this rank has no
+                            * images in this step (only with optimize and world > 1) */
     const uint8_t *images; /* host (B, H, W, 3) uint8 */
     struct ptl_loader *loader; /* the loader whose ring slot holds images (the upload fence), or NULL */
     int slot;
@@ -69,12 +93,14 @@ typedef struct {
      * with that error already set (Ctrl-C). May be NULL. */
     int (*interrupted)(void *arg);
     void *interrupted_arg;
+    const ptl_dist_poll *watch; /* CPU ranks: checked while the host collectives wait (Ctrl-C); may be NULL */
 } ptl_step_args;
 
 /* Checks the fixed part of a plan (made once per shape). */
 int ptl_step_plan_check(const ptl_step_plan *p);
 
-/* One step; losses: PTL_OBJ_NUM_LOSSES float32 on the network's device (the objective's layout). */
+/* One step; losses: PTL_OBJ_NUM_LOSSES float32 on the network's device (the objective's layout; zeros
+ * without images). */
 int ptl_train_step(const ptl_step_plan *p, const ptl_step_args *a, float *losses);
 
 #ifdef __cplusplus
