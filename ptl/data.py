@@ -70,9 +70,9 @@ from . import _C
 from .errors import yaml_error_line
 from .hparams_check import check_data_args
 
-IMG_FORMATS = {"bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "pfm", "heic"}
 log = logging.getLogger(__name__)
 
+IMG_FORMATS = {"bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "pfm", "heic"}
 STRIDE = 32  # the network's largest stride: image sizes are multiples of it
 
 __all__ = ["Batch", "DataWarning", "DetectionData", "image_files", "label_path", "read_data_yaml"]

@@ -392,7 +392,7 @@ def test_predict_on_files_maps_boxes_to_each_file(coco256, tmp_path):
 
 
 def test_detector_hparams_reach_the_optimizer(coco256, tmp_path):
-    with pytest.raises(KeyError, match="bogus"):
+    with pytest.raises(ptl.ConfigError, match="hparams: unknown key 'bogus'"):
         ptl.Detector("yolo26n", hparams={"bogus": 1})
     model = ptl.Detector("yolo26n", hparams={"optimizer": "SGD", "lr0": 0.05, "warmup_epochs": 0.0})
     tr = small_trainer(tmp_path, max_epochs=1, limit_train_batches=1, enable_checkpointing=False)
