@@ -257,13 +257,15 @@ class DetectionMetrics:
             self.confusion.update(pb, scores[order], pc, gb, gc)
 
     def compute(self):
-        """``ap_per_class``'s dict over everything seen, plus ``n_images`` (images containing each class),
+        """``ap_per_class``'s dict over everything seen, plus ``seen`` (images updated), ``n_images`` (images
+        containing each class),
         ``per_class`` ({name: {"n_images", "n_gt", "precision", "recall", "ap50", "ap50_95"}}),
         ``ap_per_class`` ({name: AP50-95}) and ``confusion_matrix`` (when the class count is known)."""
         cat = lambda xs, shape, dt: np.concatenate(xs) if xs else np.zeros(shape, dt)  # noqa: E731
         res = ap_per_class(cat(self._tp, (0, len(IOU_THRESHOLDS)), bool), cat(self._conf, 0, np.float64),
                            cat(self._cls, 0, np.int64), cat(self._gt, 0, np.int64))
         imgs = cat(self._img, 0, np.int64)
+        res["seen"] = len(self._tp)
         res["n_images"] = np.array([(imgs == c).sum() for c in res["classes"]], np.int64)
         key = (lambda c: self.names[c]) if self.names is not None else (lambda c: c)
         res["per_class"] = {

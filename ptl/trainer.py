@@ -15,8 +15,9 @@ import numpy as np
 from . import callbacks as cb
 from . import checkpoint as _checkpoint
 from . import cuda as _cuda
+from . import loggers as _loggers
 from . import random as _random
-from . import runlog
+from . import report, runlog
 from .errors import ConfigError
 from .hparams_check import check_bool, check_float, check_int
 from .runlog import check_run_name
@@ -51,7 +52,8 @@ class Trainer:
                  gradient_clip_val=10.0, limit_train_batches=None, limit_val_batches=None,
                  check_val_every_n_epoch=1, callbacks=None, logger=True, enable_progress_bar=True,
                  enable_checkpointing=True, deterministic=True, default_root_dir=None, accelerator="auto",
-                 devices="auto", name="train", seed=None):
+                 devices="auto", name="train", seed=None, log_every_n_steps=50, enable_model_summary=True,
+                 plots=True, coco_eval=False):
         check_int("max_epochs", max_epochs, 1, none_ok=True)
         if check_int("max_steps", max_steps, -1) == 0:
             raise ConfigError("max_steps: expected -1 (no limit) or an int >= 1, got 0")
@@ -71,9 +73,11 @@ class Trainer:
             raise ConfigError("limit_train_batches: 0 leaves no training batch to run")
         if accelerator == "cpu" and PRECISIONS[precision] != "float32":
             raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (precision,))
-        for flag, value in (("logger", logger), ("enable_progress_bar", enable_progress_bar),
-                            ("enable_checkpointing", enable_checkpointing), ("deterministic", deterministic)):
+        for flag, value in (("enable_progress_bar", enable_progress_bar), ("enable_checkpointing", enable_checkpointing),
+                            ("deterministic", deterministic), ("enable_model_summary", enable_model_summary),
+                            ("plots", plots), ("coco_eval", coco_eval)):
             check_bool(flag, value)
+        check_int("log_every_n_steps", log_every_n_steps, 1)
         if default_root_dir is not None:
             try:
                 default_root_dir = os.fspath(default_root_dir)
@@ -100,7 +104,11 @@ class Trainer:
         self.deterministic = deterministic
         self.default_root_dir = default_root_dir if default_root_dir is not None else os.getcwd()
         self.accelerator = "cuda" if accelerator == "gpu" else accelerator
-        self.logger = logger
+        # the loggers (a TypeError for anything else) and results.csv: ptl.loggers
+        self._logging = _loggers.LoggerConnector(logger, log_every_n_steps, self.default_root_dir, name)
+        self.loggers = self._logging.loggers
+        self.log_every_n_steps = log_every_n_steps
+        self.enable_model_summary = enable_model_summary
         self.name = name
         self.seed = seed
         self.callbacks = list(callbacks or [])
@@ -112,6 +120,12 @@ class Trainer:
                                                      monitor_optional=True))
         if enable_progress_bar and not any(isinstance(c, cb.ProgressBar) for c in self.callbacks):
             self.callbacks.append(cb.ProgressBar())
+        from .plots import Plots
+        if plots and not any(isinstance(c, Plots) for c in self.callbacks):
+            self.callbacks.append(Plots())
+        if coco_eval:
+            from .coco_eval import COCOEvaluator
+            self.callbacks.append(COCOEvaluator())
         self.callback_metrics = {}
         self.logged_metrics = {}
         self.should_stop = False
@@ -120,6 +134,7 @@ class Trainer:
         self.validated_this_epoch = False
         self.current_epoch_completed = 0
         self.num_training_batches = 0
+        self.num_val_batches = 0
         self.loss_history = []  # per training batch: the objective's losses vector (float32, LOSS_NAMES)
         self.val_history = []
         self.ap_per_class = {}  # class name -> AP50-95 of the last validation
@@ -153,6 +168,11 @@ class Trainer:
                 raise ConfigError("accelerator: 'cuda' requested but no CUDA device is available")
             return "cuda"
         return "cuda" if _cuda.is_available() else "cpu"
+
+    @property
+    def logger(self):
+        """The first logger (None without one), as Lightning's ``trainer.logger``."""
+        return self.loggers[0] if self.loggers else None
 
     def log_dict(self, values):
         for k, v in values.items():
@@ -223,6 +243,8 @@ class Trainer:
             if resume is not None:
                 _checkpoint.restore(self, resume)
             self._write_hparams()
+            if self.enable_model_summary:
+                report.print_fit_summary(self)
             self._call("on_fit_start")
             self._call("on_train_start")
             self._fit_loop()
@@ -232,7 +254,7 @@ class Trainer:
         try:
             self._guarded("fit", model, run)
         except _checkpoint.CheckpointError:
-            if self.logger:  # the fresh version_N folder: the failed resume wrote nothing there
+            if self.loggers:  # the fresh version_N folder: the failed resume wrote nothing there
                 runlog.remove_if_empty(self.log_dir)
             raise
         return self
@@ -248,16 +270,18 @@ class Trainer:
                     c.on_exception(self, model, exc)
                 except Exception:
                     pass
-            self._teardown(stage)
+            self._teardown(stage, "failed")
             raise
-        self._teardown(stage)
+        self._teardown(stage, "success")
         return result
 
-    def _teardown(self, stage):
+    def _teardown(self, stage, status):
         try:
             self._call("teardown", stage)
         finally:
             self.state.fn = None
+            if stage == "fit":
+                self._logging.finalize(status)
             if self._engine is not None:
                 self._engine.close()
 
@@ -278,6 +302,7 @@ class Trainer:
                 epoch_items.append(row[ITEM])
                 self.callback_metrics.update({"train/box_loss": float(row[7]), "train/cls_loss": float(row[8]),
                                               "train/l1_loss": float(row[9])})
+                self._logging.log_step(self, row, len(self.loss_history))
             for i, batch in enumerate(eng.train_loader):
                 if i >= self.num_training_batches:
                     break
@@ -308,6 +333,7 @@ class Trainer:
             self._call("on_train_epoch_end")
 
     def _validation_loop(self, row=None):
+        self.num_val_batches = _limit(self.limit_val_batches, len(self._engine.val_loader), "limit_val_batches")
         self._call("on_validation_start")
         self._call("on_validation_epoch_start")
         res = self._engine.validate(self)
@@ -349,7 +375,8 @@ class Trainer:
 
     # -------------------------------------------------------------------------------- logs
     def _configure_run_dir(self):
-        self.log_dir = runlog.make_run_dir(self.default_root_dir, self.name, bool(self.logger))
+        self.log_dir = self._logging.setup(getattr(self, "is_global_zero", True))
+        self.loggers = self._logging.loggers
 
     def hparams(self):
         h = {"trainer": {k: getattr(self, k) for k in (
@@ -362,12 +389,10 @@ class Trainer:
         return h
 
     def _write_hparams(self):
-        if self.logger:
-            runlog.write_hparams(self.log_dir, self.hparams())
+        self._logging.log_hyperparams(self.hparams())
 
     def _write_metrics(self):
-        if self.logger:
-            runlog.write_metrics(self.log_dir, self._epoch_rows)
+        self._logging.log_epoch(self, self._epoch_rows, len(self.loss_history), self.log_dir)
 
     # ----------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, path):
