@@ -21,6 +21,8 @@ decode is left out of the predictions (its file's labels then count as missed).
 Metrics go to ``trainer.callback_metrics`` as ``metrics/coco/AP``, ``metrics/coco/AP50``, ... (see
 ``STAT_NAMES``).
 """
+import contextlib
+import io
 import json
 import os
 import sys
@@ -107,8 +109,6 @@ def evaluate(gt, results):
     COCO, COCOeval, name = _backend()
     if not results:  # COCO's loaders refuse an empty result list; nothing detected scores 0
         return dict.fromkeys(STAT_NAMES, 0.0)
-    import contextlib
-    import io
     with contextlib.redirect_stdout(io.StringIO()):  # both libraries print their progress
         coco_gt = COCO()
         coco_gt.dataset = gt
@@ -129,7 +129,7 @@ class COCOEvaluator(Callback):
     def __init__(self, verbose=True):
         self.verbose = bool(verbose)
         self.stats = None
-        self._records, self._gt = None, {}
+        self._records, self._gt = None, (None, None)  # (loader, its ground truth), converted once
         _backend()  # fails now, not after the first validation
 
     def on_validation_start(self, trainer, pl_module):
@@ -146,14 +146,13 @@ class COCOEvaluator(Callback):
             return
         data = trainer.datamodule
         loader = data.val_loader()
-        key = id(loader)
-        if key not in self._gt:
-            self._gt = {key: ground_truth(loader, data.names)}
-        folder = trainer.log_dir or trainer.default_root_dir
+        if self._gt[0] is not loader:
+            self._gt = (loader, ground_truth(loader, data.names))
+        folder = trainer.log_dir or trainer.default_root_dir  # validate() without an earlier fit: the root
         os.makedirs(folder, exist_ok=True)
         self.path = os.path.join(folder, "predictions.json")
         write_atomic(self.path, json.dumps(self._records).encode())
-        self.stats = evaluate(self._gt[key], self._records)
+        self.stats = evaluate(self._gt[1], self._records)
         trainer.log_dict({"metrics/coco/" + k: v for k, v in self.stats.items()})
         self._records = None
 

@@ -1,9 +1,11 @@
 """Experiment loggers with Lightning's names and folders, and what a fit writes through them.
 
-``Trainer(logger=...)`` takes ``True`` (a :class:`CSVLogger` under ``<default_root_dir>/runs/<name>``),
-``False`` (no logger, no run folder), a :class:`Logger` (:class:`CSVLogger`, :class:`TensorBoardLogger`
-or a subclass of your own) or a list of them. The first logger's ``log_dir`` is the run folder: the
-checkpoints, weights, ``results.csv`` and the plots go there.
+``Trainer(logger=...)`` takes ``True`` or ``None`` (a :class:`CSVLogger` under
+``<default_root_dir>/runs/<name>``, a new ``version_N`` for every fit), ``False`` (no logger: checkpoints
+go to ``default_root_dir/checkpoints``, no other file is written), a :class:`Logger` (:class:`CSVLogger`,
+:class:`TensorBoardLogger` or a subclass of your own) or a list of them; anything else is a TypeError.
+The first logger's ``log_dir`` is the run folder: the checkpoints, weights, ``results.csv`` and the plots
+go there.
 
 What is logged (``log_metrics(metrics, step)``), ``step`` being the number of training batches done
 in the fit (optimizer steps differ from it under gradient accumulation):
@@ -22,6 +24,7 @@ import os
 import time
 
 from .checkpoint import jsonable
+from .engine import ITEM
 from .runlog import ResultsCSV, append_fsynced, write_atomic
 
 __all__ = ["Logger", "CSVLogger", "TensorBoardLogger"]
@@ -224,11 +227,11 @@ class TensorBoardLogger(Logger):
 
 
 def resolve(logger):
-    """The list of loggers ``Trainer(logger=...)`` stands for (True: None here; the trainer makes the
-    default CSVLogger once it knows its folder). Raises TypeError naming what is accepted."""
-    if logger is True:
+    """The list of loggers ``Trainer(logger=...)`` stands for; None for the default (True or None, as in
+    Lightning: a CSVLogger). Raises TypeError naming what is accepted."""
+    if logger is True or logger is None:
         return None
-    if logger is False or logger is None:
+    if logger is False:
         return []
     items = list(logger) if isinstance(logger, (list, tuple)) else [logger]
     for lg in items:
@@ -274,7 +277,6 @@ class LoggerConnector:
         """One settled training batch (its losses vector, objective.LOSS_NAMES order)."""
         if not (self._writer and self.loggers) or batches_done % self.log_every_n_steps:
             return
-        from .engine import ITEM
         metrics = dict(zip(STEP_LOSSES, (float(x) for x in losses[ITEM])))
         metrics["epoch"] = trainer.current_epoch
         for lg in self.loggers:

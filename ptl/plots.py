@@ -355,9 +355,8 @@ class Plots(Callback):
         if res is not None:
             shown = [names[int(c)] for c in res["classes"]]
             if "confusion_matrix" in res:
-                self._write(trainer, "confusion_matrix.png", plot_confusion_matrix, res["confusion_matrix"], names, False)
-                self._write(trainer, "confusion_matrix_normalized.png", plot_confusion_matrix, res["confusion_matrix"],
-                            names, True)
+                for file, normalize in (("confusion_matrix.png", False), ("confusion_matrix_normalized.png", True)):
+                    self._write(trainer, file, plot_confusion_matrix, res["confusion_matrix"], names, normalize)
             self._write(trainer, "BoxPR_curve.png", plot_pr_curve, res["px"], res["pr_curve"], res["ap50"], shown)
             for key, label, file in (("p_curve", "Precision", "BoxP_curve.png"), ("r_curve", "Recall",
                                      "BoxR_curve.png"), ("f1_curve", "F1", "BoxF1_curve.png")):
@@ -365,8 +364,9 @@ class Plots(Callback):
         if self._val is not None:
             images, targets, dets, files = self._val
             n, h, w = images.shape[:3]
-            self._write(trainer, "val_batch0_labels.jpg", plot_batch, images, target_rows(targets, n, h, w), names, files)
-            self._write(trainer, "val_batch0_pred.jpg", plot_batch, images, prediction_rows(dets), names, files)
+            for file, boxes in (("val_batch0_labels.jpg", target_rows(targets, n, h, w)),
+                                ("val_batch0_pred.jpg", prediction_rows(dets))):
+                self._write(trainer, file, plot_batch, images, boxes, names, files)
         self._results_png(trainer)
 
     def on_exception(self, trainer, pl_module, exception):

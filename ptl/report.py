@@ -23,6 +23,7 @@ import sys
 import numpy as np
 
 from . import _C
+from .optim import choose_optimizer
 
 __all__ = ["model_summary", "summary_line", "dataset_line", "optimizer_line", "validation_table", "print_fit_summary"]
 
@@ -152,7 +153,6 @@ def fit_lines(trainer):
             where = data.cfg.get(split)
             where = os.path.join(data.cfg["path"], where) if isinstance(where, str) else None
             lines.append(dataset_line(split, loader, where))
-    from .optim import choose_optimizer
     name, lr, momentum, _ = choose_optimizer(eng.cfg)
     lines.append(optimizer_line(eng.opt, name, lr, momentum, auto=eng.cfg.optimizer.lower() == "auto"))
     return lines

@@ -18,6 +18,7 @@ from . import cuda as _cuda
 from . import loggers as _loggers
 from . import random as _random
 from . import report, runlog
+from .plots import Plots
 from .errors import ConfigError
 from .hparams_check import check_bool, check_float, check_int
 from .runlog import check_run_name
@@ -73,9 +74,9 @@ class Trainer:
             raise ConfigError("limit_train_batches: 0 leaves no training batch to run")
         if accelerator == "cpu" and PRECISIONS[precision] != "float32":
             raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (precision,))
-        for flag, value in (("enable_progress_bar", enable_progress_bar), ("enable_checkpointing", enable_checkpointing),
-                            ("deterministic", deterministic), ("enable_model_summary", enable_model_summary),
-                            ("plots", plots), ("coco_eval", coco_eval)):
+        for flag, value in (("enable_progress_bar", enable_progress_bar),
+                            ("enable_checkpointing", enable_checkpointing), ("deterministic", deterministic),
+                            ("enable_model_summary", enable_model_summary), ("plots", plots), ("coco_eval", coco_eval)):
             check_bool(flag, value)
         check_int("log_every_n_steps", log_every_n_steps, 1)
         if default_root_dir is not None:
@@ -120,11 +121,10 @@ class Trainer:
                                                      monitor_optional=True))
         if enable_progress_bar and not any(isinstance(c, cb.ProgressBar) for c in self.callbacks):
             self.callbacks.append(cb.ProgressBar())
-        from .plots import Plots
         if plots and not any(isinstance(c, Plots) for c in self.callbacks):
             self.callbacks.append(Plots())
         if coco_eval:
-            from .coco_eval import COCOEvaluator
+            from .coco_eval import COCOEvaluator  # needs faster-coco-eval or pycocotools
             self.callbacks.append(COCOEvaluator())
         self.callback_metrics = {}
         self.logged_metrics = {}
@@ -349,8 +349,9 @@ class Trainer:
 
     # ---------------------------------------------------------------------------- validate etc.
     def validate(self, model, datamodule):
-        """Validates ``model``'s current weights; returns ``[metrics dict]`` like Lightning. Writes no file:
-        checkpoint and early-stopping callbacks act only while fitting, as in Lightning."""
+        """Validates ``model``'s current weights; returns ``[metrics dict]`` like Lightning. Writes no file
+        (but ``predictions.json`` with ``coco_eval``): checkpoint and early-stopping callbacks act only while
+        fitting, as in Lightning."""
         self.model, self.datamodule = model, datamodule
         self.state.fn = "validate"
         self._engine = None
