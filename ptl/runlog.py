@@ -26,6 +26,21 @@ def check_run_name(name):
     return name
 
 
+def make_run_dir(root, name, versioned):
+    """``root/runs/name/version_N`` (the next free N) when ``versioned``, else ``root``; created (the
+    folders of ``Trainer.predict``; a fit's run folder is its first logger's, ptl.loggers)."""
+    if versioned:
+        base = os.path.join(root, "runs", name)
+        os.makedirs(base, exist_ok=True)
+        taken = [int(d.split("_")[1]) for d in os.listdir(base)
+                 if d.startswith("version_") and d.split("_")[1].isdigit()]
+        path = os.path.join(base, "version_%d" % (max(taken) + 1 if taken else 0))
+    else:
+        path = root
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 def remove_if_empty(path):
     """Removes the run folder ``path`` when nothing was written to it (a fit that failed before it began)."""
     try:

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import sys
 import types
 
 import numpy as np
@@ -385,8 +386,9 @@ def test_optimizer_line_matches_ultralytics():
     class Catch(logging.Handler):
         def emit(self, record):
             said.append(re.sub(r"\x1b\[[0-9;]*m", "", record.getMessage()))
-    handler = Catch()
+    handler, level = Catch(), LOGGER.level
     LOGGER.addHandler(handler)
+    LOGGER.setLevel(logging.INFO)  # YOLO_VERBOSE=False (test_ultralytics_parity) raises it
     try:
         for name, lr in (("AdamW", 0.000119), ("MuSGD", 0.01), ("SGD", 0.01)):
             said.clear()
@@ -398,3 +400,14 @@ def test_optimizer_line_matches_ultralytics():
             assert report.optimizer_line(opt, name, lr, 0.9) == said[-1]
     finally:
         LOGGER.removeHandler(handler)
+        LOGGER.setLevel(level)
+
+
+def test_without_matplotlib_one_notice_and_no_plots(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(plots._notice, "given", False)
+    assert not plots.available() and not plots.available()
+    assert capsys.readouterr().err.count("matplotlib is not installed") == 1
+    cb = plots.Plots()
+    cb.setup(types.SimpleNamespace(loggers=[CSVLogger(tmp_path)], log_dir=str(tmp_path)), None, "fit")
+    assert not cb._active
