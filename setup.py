@@ -6,6 +6,7 @@ Environment:
                 that says how to get CUDA. 1: CUDA is required (stop when nvcc is not found). 0: CPU only.
   CUDA_HOME     CUDA toolkit root (else the folder above `nvcc` on PATH)
   CUDNN_HOME    root of cuDNN's include/ (else the toolkit, /usr, /usr/local or the nvidia-cudnn wheel)
+  NCCL_HOME     root of NCCL's include/ (else the toolkit, /usr, /usr/local or the nvidia-nccl wheel)
   PTL_CUDA_ARCH comma-separated targets: sm_XX = machine code, compute_XX = PTX
                 (default "sm_90,compute_80": Hopper code plus PTX for Ampere/Ada and newer)
   PTL_JOBS      parallel compile jobs (default: CPU count)
@@ -13,8 +14,8 @@ Environment:
                 without one, its images are skipped with one message at dataset scan)
   CC            the C compiler (default: the one Python was built with)
 
-The CUDA runtime is linked statically; cuBLAS and cuDNN are opened at run time (csrc/cuda/dynload.c),
-so the extension needs only their headers here.
+The CUDA runtime is linked statically; cuBLAS, cuDNN and NCCL are opened at run time
+(csrc/cuda/dynload.c), so the extension needs only their headers here.
 """
 import glob
 import hashlib
@@ -140,6 +141,19 @@ def cudnn_include(home):
     return found
 
 
+def nccl_include(home):
+    """The folder holding nccl.h (data parallelism over GPUs; NCCL itself is opened at run time)."""
+    roots = ([os.environ["NCCL_HOME"]] if os.environ.get("NCCL_HOME") else []) + \
+        [home, "/usr", "/usr/local"] + _site_nvidia("nccl")
+    incs = [os.path.join(r, "include") for r in roots]
+    found = next((d for d in incs if os.path.exists(os.path.join(d, "nccl.h"))), None)
+    if found is None:
+        sys.exit("ptl: the CUDA toolkit was found but NCCL's header was not (no nccl.h in %s); install NCCL "
+                 "(e.g. `pip install nvidia-nccl-cu13`) or set NCCL_HOME, or build CPU-only with PTL_CUDA=0"
+                 % ", ".join(incs))
+    return found
+
+
 def gencode():
     spec = os.environ.get("PTL_CUDA_ARCH", "sm_90,compute_80")
     flags = []
@@ -194,7 +208,8 @@ def configure():
     home = cuda_home()
     c_sources, cu_sources = ALL_C_SOURCES, CU_SOURCES
     if home:
-        include_dirs += [os.path.join(home, "include"), cudnn_include(home)]
+        include_dirs += [os.path.join(home, "include"), cudnn_include(home), nccl_include(home)]
+        include_dirs = list(dict.fromkeys(include_dirs))
         libraries += ["cudart_static", "stdc++", "dl", "rt", "pthread"]
         macros.append(("PTL_WITH_CUDA", "1"))
     else:

@@ -16,6 +16,10 @@ restored, ``on_exception`` when anything raises inside ``fit`` (the exception is
 A callback's ``state_dict()`` is saved in checkpoints under its ``state_key``.
 
 The built-in callbacks check their arguments when they are made (ConfigError naming the argument).
+
+With several ranks (:mod:`ptl.distributed`) every rank runs every hook; ``trainer.global_rank``,
+``local_rank``, ``world_size`` and ``is_global_zero`` say which rank this is. The built-in callbacks write
+files and print on rank 0 only; a callback that stops the fit must decide alike on every rank.
 """
 import math
 import os
@@ -218,7 +222,7 @@ class ModelCheckpoint(Callback):
         if stage != "fit":
             return
         self._written = set()
-        if trainer.log_dir is not None or self.dirpath is not None:
+        if _global_zero(trainer) and (trainer.log_dir is not None or self.dirpath is not None):
             io.remove_stale_temporaries(self._folder(trainer))
 
     def _unused_path(self, path):
@@ -244,7 +248,7 @@ class ModelCheckpoint(Callback):
             self._written.discard(path)
 
     def _save(self, trainer, pl_module):
-        if trainer.current_epoch_completed % self.every_n_epochs:
+        if trainer.current_epoch_completed % self.every_n_epochs or not _global_zero(trainer):
             return
         metrics = trainer.callback_metrics
         d = self._dir(trainer)
@@ -301,6 +305,10 @@ class ModelCheckpoint(Callback):
     def on_train_epoch_end(self, trainer, pl_module):
         if not trainer.validated_this_epoch:
             self._save(trainer, pl_module)
+
+
+def _global_zero(trainer):
+    return getattr(trainer, "is_global_zero", True)
 
 
 def _remove(path):
@@ -449,6 +457,8 @@ class ProgressBar(Callback):
                                       self._rate(self._t0, batch_idx + 1, total), losses)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not _global_zero(trainer):
+            return
         total = trainer.num_training_batches
         self._show(self._line(trainer, batch_idx, total), batch_idx, total)
 
@@ -456,10 +466,14 @@ class ProgressBar(Callback):
         self._tv = time.perf_counter()
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not _global_zero(trainer):
+            return
         total = getattr(trainer, "num_val_batches", 0)
         self._show("validation %s" % self._rate(self._tv, batch_idx + 1, total), batch_idx, total)
 
     def on_validation_end(self, trainer, pl_module):
+        if not _global_zero(trainer):
+            return
         res = getattr(getattr(trainer, "_engine", None), "last_results", None)
         if res is None:
             return

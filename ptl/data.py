@@ -36,7 +36,16 @@ Batches come out of the loaders as :class:`Batch` objects holding NumPy arrays:
 tensor of at least ``images.size`` elements (not needed for CPU tensors).
 
 Every sample's augmentation is a pure function of ``(seed, epoch, dataset index)``: the bytes do not
-depend on ``workers``, ``cache`` (none, RAM or disk) or ``persistent_workers``. Mosaic partners are drawn
+depend on ``workers``, ``cache`` (none, RAM or disk) or ``persistent_workers``.
+
+Data parallelism (:meth:`DetectionData.shard`): every rank plans the epoch as one process whose batch is
+the global batch ``batch_size * world_size`` would, from the same seed, and takes its share. Training:
+rank ``r`` takes the ``r``-th ``batch_size`` images of each global batch (the last, partial global batch
+is split as evenly as possible, so there a rank may get fewer images, or none: an empty batch); every
+rank has ``len(loader)`` batches, the same number. Validation: the single-process batches of
+``val_batch_size`` are dealt whole, batch ``j`` to rank ``j % world_size``. Nothing is padded or dropped:
+the ranks' batches together are the single-process epoch, each image once, with the same augmentation
+bytes. ``Batch.batch`` is the global batch index. Mosaic partners are drawn
 uniformly from the whole dataset (Ultralytics draws them from a buffer of recently loaded images when there
 is no cache, which depends on timing).
 
@@ -356,11 +365,32 @@ class Loader:
         self._reported = 0
 
     def __len__(self):
+        """Batches per epoch of this rank (in training every rank has as many, see the module documentation)."""
         return self._c.num_batches()
 
     @property
     def num_images(self):
+        """Usable images of the whole split (all ranks)."""
         return self.info["n"]
+
+    @property
+    def num_global_batches(self):
+        """Batches of the epoch's global plan, over all ranks."""
+        return self._c.num_global_batches()
+
+    @property
+    def batch_slices(self):
+        """int64 ``(len(self), 3)``: per batch of this rank, its global batch index, the position of its first
+        image in the epoch's order and its size."""
+        return self._c.batch_slices()
+
+    def indices(self, epoch=None, batch=None):
+        """The dataset indices this rank's batches hold in ``epoch`` (default: the current one), without
+        building any image: one int64 array per batch, or that of batch ``batch``."""
+        epoch = self._owner.epoch if epoch is None else epoch
+        if batch is not None:
+            return self._c.batch_indices(epoch, batch)
+        return [self._c.batch_indices(epoch, b) for b in range(len(self))]
 
     @property
     def batch_shapes(self):
@@ -383,8 +413,9 @@ class Loader:
         """Issues one DataWarning per problem the C loader met since the last call (file and reason)."""
         new = self._c.problems(self._reported)
         self._reported += len(new)
+        rank = "" if self._owner.world_size == 1 else "rank %d: " % self._owner.rank
         for msg in new:
-            warnings.warn("%s: %s" % (self.split, msg), DataWarning, stacklevel=3)
+            warnings.warn("%s%s: %s" % (rank, self.split, msg), DataWarning, stacklevel=3)
         self._owner.problems += new
 
     def __iter__(self):
@@ -504,6 +535,28 @@ class DetectionData:
         self.epoch = 0
         self.problems = []
         self._loaders = {}
+        self.rank, self.world_size = 0, 1
+
+    # -- data parallelism ---------------------------------------------------------------------------
+    def shard(self, rank, world_size):
+        """Makes the loaders give this process its share of every epoch (module documentation); loaders made
+        for another share are dropped. Every rank scans the files; only rank 0 prints and warns about the scan."""
+        if (isinstance(rank, bool) or isinstance(world_size, bool) or not isinstance(rank, int)
+                or not isinstance(world_size, int) or world_size < 1 or not 0 <= rank < world_size):
+            raise ValueError("shard: expected ints 0 <= rank < world_size, got rank=%r, world_size=%r"
+                             % (rank, world_size))
+        if (rank, world_size) != (self.rank, self.world_size):
+            self._loaders = {}
+        self.rank, self.world_size = rank, world_size
+
+    @property
+    def global_batch_size(self):
+        """Training images per step over all ranks, ``batch_size * world_size``: the nominal-batch accumulation
+        and the weight-decay scaling use it, as one process with this batch would."""
+        return self.batch_size * self.world_size
+
+    def _says(self):
+        return self.rank == 0
 
     # -- epochs -------------------------------------------------------------------------------------
     def set_epoch(self, epoch):
@@ -562,7 +615,7 @@ class DetectionData:
         if self.cache == "disk":
             cache_paths, folders = disk_cache_paths(images, "%dx%d" % (frame[1], frame[0]), self.cache_dir)
             moved = sorted(d for d, c in folders.items() if os.path.dirname(c) != d)
-            if moved and self.verbose and self.cache_dir is None:
+            if moved and self.verbose and self.cache_dir is None and self._says():
                 print("ptl.data: %s is read-only; its disk cache is under %s" % (moved[0], _cache_root(None)),
                       file=sys.stderr)
         hy = self.hyp
@@ -574,14 +627,15 @@ class DetectionData:
             degrees=hy["degrees"], translate=hy["translate"], scale=hy["scale"], shear=hy["shear"],
             perspective=hy["perspective"], hsv_h=hy["hsv_h"], hsv_s=hy["hsv_s"], hsv_v=hy["hsv_v"],
             flipud=hy["flipud"], fliplr=hy["fliplr"], pinned=self.pin_memory, single_cls=self.single_cls,
-            max_pixels=self.max_pixels or (1 << 62), scale_pixels=self.jpeg_scale_pixels, cache_paths=cache_paths)
-        for msg in info["log"]:
+            max_pixels=self.max_pixels or (1 << 62), scale_pixels=self.jpeg_scale_pixels, cache_paths=cache_paths,
+            rank=self.rank, world=self.world_size, shard=0 if train else 1)
+        for msg in info["log"] if self._says() else ():
             warnings.warn(msg, DataWarning, stacklevel=3)
         self.problems += info["log"]
         where = self.cfg[split]
         if isinstance(where, str) and not os.path.isabs(where):
             where = os.path.join(self.cfg["path"], where)
-        if info["skipped"] or info["duplicates"]:
+        if (info["skipped"] or info["duplicates"]) and self._says():
             warnings.warn("%s %s: %d images, %d skipped, %d duplicate label rows removed"
                           % (split, where, info["n"], info["skipped"], info["duplicates"]), DataWarning,
                           stacklevel=3)
@@ -589,12 +643,12 @@ class DetectionData:
             raise ValueError("%s %s: none of the %d images is usable (see the warnings)" % (split, where, len(images)))
         self._check_labels(split, where, info, labels)
         loader = Loader(self, split, c, info, train)
-        if train and rect and c.fixed_order():
+        if train and rect and c.fixed_order() and self._says():
             warnings.warn("rect=True: batches have differing shapes, so the training order is kept (sorted by "
                           "aspect ratio) instead of shuffled, as Ultralytics does", UserWarning, stacklevel=3)
         if self.cache:
             need, _ = c.cache_info()
-            if self.verbose:
+            if self.verbose and self._says():
                 print("ptl.data: caching %d %s images %s (%.2f GB)" % (
                     info["n"], split, "in RAM" if self.cache == "ram" else "on disk", need / 1e9), file=sys.stderr)
             c.fill_cache()
@@ -613,8 +667,9 @@ class DetectionData:
             if split == "train" and not self.allow_empty_labels:
                 raise ValueError("%s %s: no labels found, %s%s; pass allow_empty_labels=True to train on "
                                  "background images only" % (split, where, counts, hint))
-            warnings.warn("%s %s: no labels found, %s%s" % (split, where, counts, hint), DataWarning, stacklevel=4)
-        elif self.verbose:
+            if self._says():
+                warnings.warn("%s %s: no labels found, %s%s" % (split, where, counts, hint), DataWarning, stacklevel=4)
+        elif self.verbose and self._says():
             print("ptl.data: %s %s: %s" % (split, where, counts), file=sys.stderr)
 
     def shapes(self, split):

@@ -1,16 +1,18 @@
 """The training machinery of one fit (``Engine``): the model's flat buffers, optimizer, schedule, EMA,
 loaders, the fused C step per batch and validation of the EMA weights. ``ptl.Trainer`` drives it."""
+import contextlib
+
 import numpy as np
 
 from . import _C
 from . import metrics as _metrics
 from . import optim as _optim
-from .objective import num_anchors, o2m_weight
+from .objective import LOSS, num_anchors, o2m_weight
 from .objective import objective as _objective
 
 PRECISIONS = {"32-true": "float32", "32": "float32", 32: "float32", "16-mixed": "float16", "16": "float16",
               16: "float16", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}
-ITEM = slice(7, 10)  # the o2o loss items (box, cls, l1) of the objective's losses vector
+ITEM = slice(LOSS["item_box"], LOSS["item_l1"] + 1)  # the o2o loss items (box, cls, l1) of the losses vector
 
 class LossValue:
     """One loss of one training batch, read back from the device only when asked (``float(v)`` or
@@ -43,8 +45,7 @@ class _PendingLosses:
 
     def array(self):
         if self._a is None:
-            t = self._t
-            self._a = np.asarray(t.numpy() if isinstance(t, _C.Tensor) else t, np.float32)
+            self._a = self._t.numpy()
             self._t = None
         return self._a
 
@@ -93,9 +94,7 @@ class Engine:
         self.btable = model.buffer_table()
         if self.device != "cpu":
             model.to(self.device, dtype=self.compute)
-        self.params = _as_tensor(model.flat_parameters)
-        self.grads = _as_tensor(model.flat_gradients)
-        self.buffers = _as_tensor(model.flat_buffers)
+        self.params, self.grads, self.buffers = model.flat_parameters, model.flat_gradients, model.flat_buffers
         self._inputs = {}  # CUDA: per batch shape, the network input and the uint8 staging buffer
         self.capture = False
         self._plans = {}  # per batch shape: the fused step's fixed arguments
@@ -120,7 +119,6 @@ class Engine:
         self.fixed_accumulate = trainer.accumulate_grad_batches
         data.epochs = trainer.max_epochs_effective  # close_mosaic counts back from the fit's last epoch
         model.names = data.names  # the classes it learns (predictions and weight files carry them)
-        self.ema_model = None
         self.capture = bool(getattr(trainer, "capture_network", False)) and self.device != "cpu"
 
     # -- hyperparameters
@@ -176,11 +174,10 @@ class Engine:
         b, h, w, _ = shape
         na, nc = num_anchors((h, w)), self.model.num_classes
         dev = self.device
+        net = self.model._exec
         if dev == "cpu":
-            net, staging = self.model._net, None
-            inp = _C.empty(shape, dtype="float32")
+            inp, staging = _C.empty(shape, dtype="float32"), None
         else:
-            net = self.model._cuda._h
             inp, staging = self._input_buffers(shape)
         grads = tuple(_C.empty((b, na, k), dtype="float32", device=dev) for k in (4, nc, 4, nc))
         ema = self.opt.ema
@@ -190,8 +187,8 @@ class Engine:
                 "ema": None if ema is None else [(ema.params, self.params)] + (
                     [(ema.bn, self.buffers)] if ema.bn is not None else []),
                 "record": self.capture and b == self.data.batch_size}
-        self._plans[shape] = plan
-        return plan
+        self._plans[shape] = _C.train_step_plan(plan)
+        return self._plans[shape]
 
     def _input_buffers(self, shape):
         """CUDA: the network input (compute dtype) and the uint8 upload buffer for a batch shape."""
@@ -213,18 +210,22 @@ class Engine:
         return dst
 
     # -- validation on the EMA weights
-    def _eval_model(self):
+    def _eval_weights(self):
+        """The model's executor pointed at the EMA's weights (ARCHITECTURE.md §3: no second network, and
+        the training recording survives), or at the model's own when there is no EMA."""
+        ema = self.opt.ema if self.opt is not None else None
+        if ema is None:
+            return contextlib.nullcontext(self.model)
+        return self.model.using_weights(ema.params, ema.bn if ema.bn is not None else self.buffers)
+
+    def ema_detector(self):
+        """A new CPU Detector holding the EMA's weights (what validation inside the fit runs on)."""
         from .model import Detector
-        if self.opt is None or self.opt.ema is None:
-            return self.model
-        if self.ema_model is None:
-            self.ema_model = Detector(self.model.model_name, num_classes=self.model.num_classes)
-            if self.device != "cpu":
-                self.ema_model.to(self.device, dtype=self.model.compute_dtype)
-        _assign(self.ema_model.flat_parameters, self.opt.ema.params)
-        if self.opt.ema.bn is not None:
-            _assign(self.ema_model.flat_buffers, self.opt.ema.bn)
-        return self.ema_model
+        det = Detector(self.model.model_name, num_classes=self.model.num_classes, hparams=self.model.hparams)
+        ema = self.opt.ema
+        det.flat_parameters = ema.params
+        det.flat_buffers = ema.bn if ema.bn is not None else self.buffers
+        return det
 
     # -- what a fit leaves behind: the EMA weights (those validation measured)
     def ema_state_dict(self):
@@ -245,12 +246,15 @@ class Engine:
         ema = self.opt.ema if self.opt is not None else None
         if ema is None:
             return
-        _assign(self.model.flat_parameters, ema.params)
+        self.model.flat_parameters = ema.params
         if ema.bn is not None:
-            _assign(self.model.flat_buffers, ema.bn)
+            self.model.flat_buffers = ema.bn
 
     def validate(self, trainer):
-        model = self._eval_model()
+        with self._eval_weights() as model:
+            return self._validate(trainer, model)
+
+    def _validate(self, trainer, model):
         was = model.training
         model.eval()
         names = self.data.names
@@ -268,8 +272,7 @@ class Engine:
                 res = _objective((*out["one2many"], *out["one2one"]), batch.targets, img_size=(h, w),
                                  num_classes=self.model.num_classes, o2m_weight=0.8,
                                  gains=self.model.loss_gains)
-                lv = res["losses"].numpy() if isinstance(res["losses"], _C.Tensor) else np.asarray(res["losses"])
-                loss_sum += lv[ITEM]
+                loss_sum += np.asarray(res["losses"])[ITEM]
                 nb += 1
                 # 8.4.190's default (nms=None): the one-to-many head with NMS; end2end: the one-to-one top-k
                 end2end = bool(getattr(trainer, "end2end", False))
@@ -306,7 +309,7 @@ class Engine:
             self.opt.ema.load_state_dict({k: v for k, v in t.items() if k.startswith("ema.")}, self.opt.specs,
                                          self.opt.bn_specs)
         self.schedule.load_state_dict(t)
-        _assign(self.model.flat_gradients, np.asarray(t["trainer.grads"], np.float32).reshape(-1))
+        self.model.flat_gradients = np.asarray(t["trainer.grads"], np.float32).reshape(-1)
 
     def digest_parts(self):
         model = self.model.state_dict()
@@ -319,30 +322,14 @@ class Engine:
         return out
 
     def close(self):
-        cuda_net = getattr(self.model, "_cuda", None)
-        if self.capture and cuda_net is not None:
-            cuda_net.retire()  # a fit's recording ends with it (its graphs' memory goes back)
+        if self.capture:
+            self.model.retire()  # a fit's recording ends with it (its graphs' memory goes back)
         self._plans.clear()
         for name in ("train_loader", "val_loader"):
             loader = getattr(self, name, None)
             close = getattr(loader, "close", None)
             if close is not None:
                 close()
-
-
-def _as_tensor(flat):
-    """A ptl.Tensor over a flat model buffer (zero-copy for the CPU network's NumPy views)."""
-    return flat if isinstance(flat, _C.Tensor) else _C.from_numpy(flat)
-
-
-def _assign(dst, src):
-    """Copies a flat buffer (ptl.Tensor or NumPy) into another, across devices."""
-    if isinstance(src, np.ndarray):
-        src = _C.from_numpy(np.ascontiguousarray(src))
-    if isinstance(dst, np.ndarray):
-        dst[:] = src.numpy().reshape(dst.shape)
-    else:
-        _C._optim_copy(dst, src)
 
 
 def _update_metrics(met, dets, batch, h, w):

@@ -1,8 +1,10 @@
-"""Detector: the YOLO26 detection network (spec §1-2) over the C network of csrc/nn/network.c.
+"""Detector: the YOLO26 detection network (spec §1-2): its description (csrc/nn/network.h) run by the
+network executor (csrc/nn/executor.h) on the model's device, the CPU or a CUDA GPU.
 
 Parameters live in one flat buffer, gradients in one of the same layout and BatchNorm running
-statistics in a third; every named tensor is a view (offset, shape) into its buffer, named exactly
-as Ultralytics' state_dict keys (``model.0.conv.weight``, ``model.0.bn.running_var``, ...).
+statistics in a third, on the model's device (ptl.Tensors: ``flat_parameters``, ``flat_gradients``,
+``flat_buffers``); every named tensor is a view (offset, shape) into its buffer, named exactly as
+Ultralytics' state_dict keys (``model.0.conv.weight``, ``model.0.bn.running_var``, ...).
 
 ``num_batches_tracked`` is not part of ``state_dict()``: BatchNorm here uses a fixed momentum (§1.1),
 so the counter has no effect. ``load_state_dict`` accepts and ignores such keys, so an Ultralytics or
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 from collections import OrderedDict
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -21,6 +24,22 @@ from . import _C
 __all__ = ["Detector"]
 
 _BRANCHES = ("one2many", "one2one")
+_CUDA_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _parse_device(device) -> str:
+    """'cpu', 'cuda', 'cuda:N' or N -> 'cpu' / 'cuda:N'."""
+    if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
+        s = "cuda:%d" % int(device)
+    else:
+        s = str(device)
+    if s == "cpu":
+        return s
+    if s == "cuda":
+        return "cuda:0"
+    if s.startswith("cuda:") and s[5:].isdigit():
+        return s
+    raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
 
 
 def _parse_scale(model, scale):
@@ -42,7 +61,8 @@ class Detector:
     """YOLO26 detector. ``Detector("yolo26n", num_classes=80)`` or ``Detector(scale="s")``.
 
     ``dtype="float64"`` builds a float64 CPU network (for gradient checks); training uses float32.
-    The network starts in training mode (BatchNorm normalises with batch statistics).
+    The network starts in training mode (BatchNorm normalises with batch statistics) on the CPU;
+    ``to("cuda", dtype=...)`` moves it to a GPU with a compute precision.
     ``hparams`` overrides training hyperparameters (see :attr:`hparams`), the loss gains included.
     ``weights`` (a path: Ultralytics ``.pt``, ptl ``.safetensors`` or training checkpoint) starts from
     those weights, copying every tensor whose name and shape match (:meth:`load_weights`); ``names``
@@ -62,15 +82,13 @@ class Detector:
         self.strides = tuple(info["strides"])
         self._layer_params = list(info["layer_parameters"])
         self._entries = _C.network_entries(self._net)
-        self._params = _C.network_array(self._net, "params")
-        self._grads = _C.network_array(self._net, "grads")
-        self._buffers = _C.network_array(self._net, "buffers")
+        # the description's host storage (NumPy views): the CPU executor runs on it, state_dict reads it
+        self._host = tuple(_C.network_array(self._net, w) for w in ("params", "grads", "buffers"))
         self._index = {name: (is_buf, off, tuple(shape)) for name, is_buf, off, shape, _ in self._entries}
         self.hparams = hparams
         self.training = True
-        self.device = "cpu"
-        self._cuda = None  # the CUDA executor while the model lives on a GPU
         self._layout = "nchw"  # layout of the last forward's images, for input gradients
+        self._attach("cpu", self.dtype)
         self.names = names
         if weights is not None:  # weights: start from a file, transferring what matches (ptl.weights)
             self.load_weights(weights)
@@ -130,7 +148,7 @@ class Detector:
 
     def num_parameters(self) -> int:
         """Trainable parameters, both heads included (spec §1.6)."""
-        return int(self._params.size)
+        return int(self._host[0].size)
 
     def layer_parameters(self) -> list:
         """Parameters per spec layer 0..23."""
@@ -144,40 +162,70 @@ class Detector:
         """[(name, offset, shape)] of the BatchNorm running statistics in the flat buffer."""
         return [(n, off, tuple(s)) for n, is_buf, off, s, _ in self._entries if is_buf]
 
+    def _attach(self, device, dtype):
+        """Makes the executor of `device` computing in `dtype` (its storage uploaded from the host's)."""
+        self._exec = _C.executor_create(self._net, device, dtype)
+        self._flat = _C.executor_tensors(self._exec)  # params, grads, buffers on the device
+        _C.executor_configure(self._exec, training=self.training)
+        self.device, self._compute = device, dtype
+
+    def _download(self, grads=False):
+        """Brings the device's parameters and BN statistics (and gradients) to the host storage."""
+        for which in ("params", "buffers") + (("grads",) if grads else ()):
+            _C.executor_sync(self._exec, which, False)
+
+    def _upload(self):
+        for which in ("params", "buffers"):
+            _C.executor_sync(self._exec, which, True)
+
     @property
     def flat_parameters(self):
-        """The flat float32 parameter buffer the network reads on every forward: a writable NumPy view on
-        the CPU, a float32 ptl.Tensor on the device after ``to("cuda")``."""
-        return self._params if self._cuda is None else self._cuda.params
+        """The flat parameter buffer the network reads on every forward: a 1-D ptl.Tensor on the model's
+        device (float32, or float64 for a float64 CPU network), updated in place by an optimizer.
+        Assigning an array or tensor of the same size copies it in."""
+        return self._flat[0]
+
+    @flat_parameters.setter
+    def flat_parameters(self, value):
+        self._assign(0, value)
 
     @property
     def flat_gradients(self):
         """The flat gradient buffer (same layout and device as the parameters); backward adds to it."""
-        return self._grads if self._cuda is None else self._cuda.grads
+        return self._flat[1]
+
+    @flat_gradients.setter
+    def flat_gradients(self, value):
+        self._assign(1, value)
 
     @property
     def flat_buffers(self):
         """The flat BatchNorm running-statistics buffer (same device as the parameters)."""
-        return self._buffers if self._cuda is None else self._cuda.buffers
+        return self._flat[2]
+
+    @flat_buffers.setter
+    def flat_buffers(self, value):
+        self._assign(2, value)
+
+    def _assign(self, k, value):
+        dst = self._flat[k]
+        src = value if isinstance(value, _C.Tensor) else _C.tensor(np.ascontiguousarray(value, dtype=dst.dtype))
+        if src.numel() != dst.numel():
+            raise ValueError(f"expected {dst.numel()} elements, got {src.numel()}")
+        _C._optim_copy(dst, src.to(dtype=dst.dtype))
 
     def zero_grad(self) -> None:
-        if self._cuda is not None:
-            self._cuda.zero_grad()
-        else:
-            self._grads[...] = 0
+        _C.executor_zero_grad(self._exec)
 
     def reset_parameters(self, seed: int = 0) -> None:
         """Re-initialise every parameter and BN statistic (spec §1.7)."""
         _C.network_init(self._net, int(seed))
-        if self._cuda is not None:
-            self._cuda.from_cpu()
+        self._upload()
 
     # ---------------------------------------------------------------------------------- modes
     def train(self, mode: bool = True) -> "Detector":
         self.training = bool(mode)
-        _C.network_set_training(self._net, self.training)
-        if self._cuda is not None:
-            self._cuda.train(self.training)
+        _C.executor_configure(self._exec, training=self.training)
         return self
 
     def eval(self) -> "Detector":
@@ -187,42 +235,38 @@ class Detector:
         """Moves the network to ``"cpu"`` or ``"cuda[:N]"``. On CUDA, ``dtype`` is the compute precision
         ("float32", "bfloat16" or "float16"; master weights, gradients and BN statistics stay float32).
         Parameters, BN statistics and gradients move along."""
-        dev = str(device)
+        dev = _parse_device(device)
         if dev == "cpu":
-            if self._cuda is not None:
-                self._cuda.to_cpu(grads=True)
-                self._cuda = None
-            self.device = "cpu"
+            if self.device != "cpu":
+                self._download(grads=True)
+                self._attach("cpu", self.dtype)
             return self
-        if not dev.startswith("cuda"):
-            raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
         if self.dtype != "float32":
             raise ValueError(f"to: a {self.dtype} network stays on the CPU (float64 is for gradient checks)")
+        dt = str(dtype or (self._compute if self.device != "cpu" else "float32"))
+        if dt not in _CUDA_DTYPES:
+            raise ValueError(f"dtype: expected one of {_CUDA_DTYPES}, got {dt!r}")
         from . import cuda
         if not cuda.is_available():
             raise ValueError(f"device: {dev!r} requested but no CUDA device is available")
-        from ._network_cuda import CudaNetwork
-        dt = dtype or (self._cuda.dtype if self._cuda is not None else "float32")
-        if self._cuda is not None:
-            self._cuda.to_cpu(grads=True)
-        self._cuda = CudaNetwork(self, dev, dt)
-        self._cuda.from_cpu(grads=True)
-        self.device = self._cuda.device
+        if self.device != "cpu":
+            self._download(grads=True)
+        self._attach(dev, dt)
+        _C.executor_sync(self._exec, "grads", True)
         return self
 
     @property
     def compute_dtype(self) -> str:
         """The dtype activations are computed in: the network dtype on the CPU, ``to``'s dtype on CUDA."""
-        return self.dtype if self._cuda is None else self._cuda.dtype
+        return self._compute
 
     # ----------------------------------------------------------------------------- state dict
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
         """name -> NumPy copy, parameters and BN running statistics, in Ultralytics key order."""
-        if self._cuda is not None:
-            self._cuda.to_cpu(grads=False)
+        self._download()
         out = OrderedDict()
         for name, is_buf, off, shape, _ in self._entries:
-            src = self._buffers if is_buf else self._params
+            src = self._host[2] if is_buf else self._host[0]
             n = int(np.prod(shape))
             out[name] = src[off:off + n].reshape(shape).copy()
         return out
@@ -246,14 +290,12 @@ class Detector:
         if not plan.arrays and self._index:
             raise ValueError(f"load_state_dict: no tensor of {source} matches this {self.model_name} model "
                              f"(name and shape): {_layout_gaps(plan)}")
-        if self._cuda is not None:  # keys a non-strict load leaves out keep the device's values
-            self._cuda.to_cpu(grads=False)
+        self._download()  # keys a non-strict load leaves out keep the device's values
         for k, a in plan.arrays.items():
             is_buf, off, shape = self._index[k]
-            dst = self._buffers if is_buf else self._params
+            dst = self._host[2] if is_buf else self._host[0]
             dst[off:off + a.size] = a.reshape(-1)
-        if self._cuda is not None:
-            self._cuda.from_cpu()
+        self._upload()
         if not strict and verbose:
             plan.report()
         return plan
@@ -326,51 +368,59 @@ class Detector:
             raise TypeError(f"images: expected a float or uint8 array, got {x.dtype}")
         return np.ascontiguousarray(nhwc)
 
+    def images(self, images):
+        """The network input: a tensor (B, H, W, 3) in the compute dtype on the model's device, from a
+        device tensor of that shape or any form ``forward`` accepts."""
+        if isinstance(images, _C.Tensor) and images.device != "cpu":
+            return images.to(device=self.device, dtype=self._compute)
+        x = self._images(images)
+        if self.device == "cpu":
+            return _C.from_numpy(x)
+        return _C.tensor(x, device=self.device).to(dtype=self._compute)
+
     def forward(self, images) -> dict:
         """Raw head outputs: {"one2many": (boxes, scores), "one2one": (boxes, scores)}, boxes (N, A, 4)
-        l, t, r, b in grid units, scores (N, A, nc) logits; A = sum over P3, P4, P5 of H_i * W_i."""
-        if self._cuda is not None:
-            return self._cuda.forward(images)
-        b0, s0, b1, s1 = _C.network_forward(self._net, self._images(images))
-        return {"one2many": (b0, s0), "one2one": (b1, s1)}
+        l, t, r, b in grid units, scores (N, A, nc) logits; A = sum over P3, P4, P5 of H_i * W_i.
+        images: (N, 3, H, W) floats in [0, 1], (N, H, W, 3) uint8, or (on CUDA) a device tensor (N, H, W, 3)
+        in the compute dtype. On the CPU the outputs are NumPy arrays; on CUDA float32 device tensors
+        over the network's output buffers, overwritten by the next forward of the shape."""
+        out = _C.executor_forward(self._exec, self.images(images))
+        if self.device == "cpu":
+            out = [t.numpy() for t in out]
+        return {"one2many": (out[0], out[1]), "one2one": (out[2], out[3])}
 
     __call__ = forward
 
     def backward(self, grads: dict, input_grad: bool = False):
         """Backward of the last forward. grads: {"one2many": (d_boxes, d_scores), "one2one": (...)} with
-        arrays shaped like the outputs (a missing branch or None entry is zero). Parameter gradients
-        accumulate into ``flat_gradients``. With input_grad, returns d loss / d images in the layout of
-        the forward's float input (N, 3, H, W). On CUDA the gradients are float32 device tensors (or
-        arrays, uploaded) and the input gradient comes back as an NHWC device tensor."""
-        if self._cuda is not None:
-            return self._cuda.backward(grads, input_grad=input_grad)
+        arrays or tensors shaped like the outputs (a missing branch or None entry is zero). Parameter
+        gradients accumulate into ``flat_gradients``. With input_grad, returns d loss / d images: on the
+        CPU a NumPy array in the layout of the forward's input ((N, 3, H, W) for a float input), on CUDA
+        an NHWC device tensor."""
         d = []
+        master = self.dtype if self.device == "cpu" else "float32"
         for br in _BRANCHES:
-            pair = grads.get(br) or (None, None)
-            for a in pair:
-                d.append(None if a is None else np.ascontiguousarray(a, dtype=self.dtype))
-        g = _C.network_backward(self._net, *d, input_grad=bool(input_grad))
-        if g is None:
-            return None
+            for a in grads.get(br) or (None, None):
+                if a is not None and not isinstance(a, _C.Tensor):
+                    a = _C.tensor(np.ascontiguousarray(a, dtype=master), device=self.device)
+                d.append(a)
+        g = _C.executor_backward(self._exec, *d, input_grad=bool(input_grad))
+        if g is None or self.device != "cpu":
+            return g
+        g = g.numpy()
         return np.ascontiguousarray(g.transpose(0, 3, 1, 2)) if self._layout == "nchw" else g
 
     def _detect(self, images, conf: float = 0.25, max_det: int = 300) -> list:
         """Per image of a network-ready batch, the one-to-one head's detections (spec §8.2: top-k, no NMS),
         eval mode: (k, 6) float32 rows x1, y1, x2, y2 (input pixels), score, class, score descending."""
-        x = self._images(images)
+        x = self.images(images)
         was = self.training
         self.eval()
         try:
-            if self._cuda is not None:
-                b1, s1 = self._cuda.forward(images)["one2one"]
-            else:
-                _, _, b1, s1 = _C.network_forward(self._net, x)
+            _, _, b1, s1 = _C.executor_forward(self._exec, x)
         finally:
             self.train(was)
         H, W = x.shape[1], x.shape[2]
-        if not isinstance(b1, _C.Tensor):
-            b1 = _C.tensor(np.ascontiguousarray(b1, dtype=np.float32))
-            s1 = _C.tensor(np.ascontiguousarray(s1, dtype=np.float32))
         out, count = _C.postprocess(b1, s1, H, W, int(max_det), float(conf))
         out, count = out.numpy(), count.numpy()
         return [out[i, :int(count[i])].copy() for i in range(out.shape[0])]
@@ -395,6 +445,66 @@ class Detector:
         from .export import export_onnx
         return export_onnx(self, path, imgsz=imgsz, batch=batch, dynamic=dynamic, half=half, max_det=max_det)
 
+    # ------------------------------------------------------------------- executor controls
+    @contextmanager
+    def using_weights(self, params, buffers):
+        """Forwards inside the block read these flat parameters and BN statistics (tensors of the
+        model's layout on its device, e.g. an EMA's) instead of the model's own; the same executor, so
+        its buffers, plans and any recording stay (a recording is used only on the weights it was made
+        with)."""
+        _C.executor_use_weights(self._exec, params, buffers)
+        try:
+            yield self
+        finally:
+            _C.executor_use_weights(self._exec, None, None)
+
+    def prepare(self, batch: int, height: int, width: int) -> None:
+        """Allocates every buffer and makes every conv plan for this shape (forward does it too)."""
+        _C.executor_prepare(self._exec, int(batch), int(height), int(width))
+
+    def set_conv_options(self, deterministic: bool = True, allow_tf32: bool = False, find: bool = False) -> None:
+        """CUDA: cuDNN algorithm choice for the conv plans (applies at the next prepare)."""
+        _C.executor_configure(self._exec, deterministic=bool(deterministic), allow_tf32=bool(allow_tf32),
+                              find=bool(find))
+
+    def info(self) -> dict:
+        """The executor's device, dtypes, current shape, memory and recording state."""
+        return _C.executor_info(self._exec)
+
+    def record(self, images, grads: dict) -> None:
+        """CUDA: captures (without running) one forward of ``images`` and one backward of ``grads`` for
+        :meth:`replay`, after an eager forward + backward of the same shape (the warm-up). ``images`` and
+        the gradient tensors must be device tensors that stay where they are: replay reads them again;
+        the model keeps them alive. A change of conv options retires the recording; it is used only in
+        the train/eval mode and on the weights it was made with."""
+        if not isinstance(images, _C.Tensor):
+            raise TypeError("images: record needs a device tensor (B, H, W, 3) in the compute dtype")
+        d = []
+        for br in _BRANCHES:
+            for a in grads.get(br) or (None, None):
+                if a is not None and not isinstance(a, _C.Tensor):
+                    raise TypeError("grads: record needs float32 device tensors (or None)")
+                d.append(a)
+        _C.executor_record(self._exec, images, *d)
+        self._recorded = (images, d)
+
+    def replay(self, part: str = "both"):
+        """CUDA: runs the recording: the same work as ``forward`` ("forward"), ``backward`` ("backward") or
+        both on the recorded tensors. Between a forward and its backward the caller may rewrite the
+        recorded gradient tensors (the objective does). Returns the head outputs (None for "backward")."""
+        r = _C.executor_replay(self._exec, part)
+        return None if r is None else {"one2many": (r[0], r[1]), "one2one": (r[2], r[3])}
+
+    def retire(self) -> None:
+        """Drops the recordings (and their memory)."""
+        _C.executor_retire(self._exec)
+        self._recorded = None
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the current shape's recording is usable now."""
+        return bool(_C.executor_info(self._exec)["recorded"])
+
     def anchors(self, height: int, width: int):
         """Anchor centres (A, 2) in grid units and per-anchor strides (A,), P3 then P4 then P5 (§2)."""
         pts, strd = [], []
@@ -406,7 +516,7 @@ class Detector:
 
     def __repr__(self):
         return (f"Detector({self.model_name!r}, num_classes={self.num_classes}, parameters={self.num_parameters():,}, "
-                f"dtype={self.dtype}, training={self.training})")
+                f"dtype={self.dtype}, device={self.device!r}, training={self.training})")
 
 
 def _layout_gaps(plan, show=4):

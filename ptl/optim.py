@@ -17,16 +17,18 @@ import numpy as np
 
 from . import _C
 
-CHUNK = 4096                      # elements per chunk of the C tables (csrc/optim/optim.h PTL_OPT_CHUNK)
-NS_ALIGN = 256                    # bf16 elements (512 bytes): every Newton-Schulz matrix starts aligned like
+# Layouts and defaults come from csrc/optim/optim.h (one source), exported by the extension.
+DEFAULTS = _C.OPTIM_DEFAULTS
+CHUNK = DEFAULTS["chunk"]         # elements per chunk of the C tables
+NS_ALIGN = DEFAULTS["ns_align"]   # bf16 elements (512 bytes): every Newton-Schulz matrix starts aligned like
                                   # a fresh torch allocation, so cuBLAS picks the same kernels as torch's loop
-MUON_W, SGD_W = 0.2, 1.0          # MuSGD shares (build_optimizer's muon, sgd)
-NS_COEFFS = (3.4445, -4.7750, 2.0315)
-KINDS = {"sgd": 0, "muon": 1, "adamw": 2}
-_PT_NCOLS = 12
-_S_SCALE, _S_GROWTH, _S_FOUND_INF, _S_NORM, _S_COEF, _S_STEP, _S_SKIPPED = range(7)
-_S_N = 8  # entries of the scalar-state buffer (PTL_OPT_S_N)
-SCALE_INDEX = _S_SCALE  # where Optimizer.scalars keeps the loss scale (read on the device by the objective)
+MUON_W, SGD_W = DEFAULTS["muon_w"], DEFAULTS["sgd_w"]  # MuSGD shares (build_optimizer's muon, sgd)
+NS_COEFFS = DEFAULTS["ns_coeffs"]
+KINDS = DEFAULTS["kinds"]
+PT = {name: i for i, name in enumerate(_C.OPTIM_TABLE_COLUMNS)}  # columns of the parameter table
+S = {name: i for i, name in enumerate(_C.OPTIM_SCALARS)}         # slots of the scalar-state buffer
+_S_N = _C.OPTIM_NUM_SCALARS
+SCALE_INDEX = S["scale"]  # where Optimizer.scalars keeps the loss scale (read on the device by the objective)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -148,7 +150,7 @@ class OptimConfig:
     warmup_momentum: float = 0.8
     warmup_bias_lr: float = 0.1
     cos_lr: bool = False
-    max_norm: float = 10.0
+    max_norm: float = DEFAULTS["max_norm"]
     ema_decay: float = 0.9999
     ema_tau: float = 2000.0
     nc: int = 80
@@ -241,7 +243,7 @@ def group_hparams(groups, epoch, ni, nw, cfg, warmup_bias_lr, construct_momentum
     return lrs, moms
 
 
-def ema_decay(updates, decay=0.9999, tau=2000.0):
+def ema_decay(updates, decay=OptimConfig.ema_decay, tau=OptimConfig.ema_tau):
     """ModelEMA's ramp: d = 0.9999 (1 - exp(-updates / 2000))."""
     return decay * (1 - math.exp(-updates / tau))
 
@@ -259,7 +261,7 @@ def _build_plan(specs, groups, n, ns_batched=True):
             group_of[i] = k
     if (group_of < 0).any():
         raise ValueError("groups: parameter %r is in no group" % specs[int(np.argmin(group_of))].name)
-    ptab = np.zeros((len(specs), _PT_NCOLS), np.int64)
+    ptab = np.zeros((len(specs), len(PT)), np.int64)
     call, cmuon = [], []
     shapes = {}  # (r, c) wide orientation -> list of parameter indices
     for i, s in enumerate(specs):
@@ -269,7 +271,9 @@ def _build_plan(specs, groups, n, ns_batched=True):
         rows = s.shape[0] if len(s.shape) >= 2 else 1
         cols = s.numel // rows
         d2, d1 = (s.shape[-2], s.shape[-1]) if len(s.shape) >= 2 else (1, 1)
-        ptab[i] = (s.offset, s.numel, rows, cols, group_of[i], -1, int(rows > cols), -1, d2, d1, 0, 0)
+        for col, v in (("off", s.offset), ("numel", s.numel), ("rows", rows), ("cols", cols), ("group", group_of[i]),
+                       ("xoff", -1), ("tall", int(rows > cols)), ("midx", -1), ("d2", d2), ("d1", d1)):
+            ptab[i, PT[col]] = v
         for st in range(0, s.numel, CHUNK):
             call.append((s.offset + st, min(CHUNK, s.numel - st), i))
         if groups[group_of[i]]["kind"] == "muon":
@@ -282,10 +286,10 @@ def _build_plan(specs, groups, n, ns_batched=True):
         sgtab.append((r, c, len(members), tx, ta, xs, as_))
         for i in members:
             s = specs[i]
-            ptab[i, 5], ptab[i, 7], ptab[i, 10] = tx, midx, len(cmuon)
+            ptab[i, PT["xoff"]], ptab[i, PT["midx"]], ptab[i, PT["cfirst"]] = tx, midx, len(cmuon)
             for st in range(0, s.numel, CHUNK):
                 cmuon.append((s.offset + st, min(CHUNK, s.numel - st), i))
-            ptab[i, 11] = len(cmuon) - ptab[i, 10]
+            ptab[i, PT["ccount"]] = len(cmuon) - ptab[i, PT["cfirst"]]
             tx += xs
             ta += as_
             midx += 1
@@ -314,9 +318,10 @@ class FlatOptimizer:
     """
 
     def __init__(self, params, grads, table, optimizer="MuSGD", lr0=0.01, momentum=0.937, weight_decay=5e-4,
-                 nesterov=True, max_norm=10.0, scaler=False, init_scale=2.0 ** 16, growth_interval=2000,
-                 bn_buffers=None, bn_table=None, ema=True, ema_decay_max=0.9999, ema_tau=2000.0, beta2=0.999,
-                 eps=1e-8, muon_w=MUON_W, sgd_w=SGD_W, ns_bf16=False, zero_grad=True, ns_replay=True,
+                 nesterov=True, max_norm=DEFAULTS["max_norm"], scaler=False, init_scale=2.0 ** 16,
+                 growth_interval=DEFAULTS["growth_interval"], bn_buffers=None, bn_table=None, ema=True,
+                 ema_decay_max=OptimConfig.ema_decay, ema_tau=OptimConfig.ema_tau, beta2=DEFAULTS["beta2"],
+                 eps=DEFAULTS["eps"], muon_w=MUON_W, sgd_w=SGD_W, ns_bf16=False, zero_grad=True, ns_replay=True,
                  ns_batched=True):
         for nm, t in (("params", params), ("grads", grads)):
             if not isinstance(t, _C.Tensor) or t.ndim != 1:
@@ -350,7 +355,7 @@ class FlatOptimizer:
         self.state1 = _C.zeros((self.n,), dtype=self.dtype, device=dev) if kinds - {"sgd"} else None
         self.state2 = _C.zeros((self.n,), dtype=self.dtype, device=dev)
         sc = np.zeros(_S_N, np.float64 if self.dtype == "float64" else np.float32)
-        sc[_S_SCALE], sc[_S_COEF] = init_scale if self.scaler else 1.0, 1.0
+        sc[S["scale"]], sc[S["coef"]] = init_scale if self.scaler else 1.0, 1.0
         self.scalars = _C.tensor(sc, device=dev)
         if dev == "cpu":
             self._ws_bf16 = self._ws_f64 = None
@@ -414,19 +419,19 @@ class FlatOptimizer:
     @property
     def scale(self):
         """Current loss scale (1.0 without the scaler); multiply the loss gradient by it."""
-        return float(self._scalars()[_S_SCALE])
+        return float(self._scalars()[S["scale"]])
 
     @property
     def last_grad_norm(self):
-        return float(self._scalars()[_S_NORM])
+        return float(self._scalars()[S["norm"]])
 
     @property
     def last_step_skipped(self):
-        return bool(self._scalars()[_S_FOUND_INF])
+        return bool(self._scalars()[S["found_inf"]])
 
     @property
     def steps(self):
-        return int(self._scalars()[_S_STEP])
+        return int(self._scalars()[S["step"]])
 
     # -- state export / import
 
@@ -495,7 +500,7 @@ class EMA:
     """Shadow copies of the flat parameters and BN buffers; update k moves them towards the model by
     lerp(ema, model, 1 - d), d = decay (1 - exp(-k / tau)) (8.4.190's ModelEMA)."""
 
-    def __init__(self, params, bn_buffers=None, decay=0.9999, tau=2000.0, updates=0):
+    def __init__(self, params, bn_buffers=None, decay=OptimConfig.ema_decay, tau=OptimConfig.ema_tau, updates=0):
         self.decay_max, self.tau, self.updates = float(decay), float(tau), int(updates)
         self.params = _C.empty(params.shape, dtype=params.dtype, device=params.device)
         _C._optim_copy(self.params, params)

@@ -3,6 +3,10 @@
 Every Trainer, Detector and DetectionData option has a flag; ``--resume PATH`` continues a checkpoint,
 ``--digest`` prints the run's digests at the end.
 
+Several devices: ``--device 0,1,2,3`` (GPU ordinals) or ``--device cpu --devices 2`` (CPU processes),
+``--num-nodes``; ``--batch`` is then the global batch, divided over the ranks as Ultralytics does (it must
+divide evenly).
+
 Exit status: 0 when the fit ran or the resumed checkpoint had nothing left to train; 2 for a user
 error, printed as one line on stderr: argparse's errors, any error raised while the arguments are
 turned into data, model and trainer (those checks raise ValueError, TypeError, KeyError or OSError
@@ -50,7 +54,7 @@ def build_parser():
     g = p.add_argument_group("data")
     g.add_argument("--data", required=True, help="data.yaml (path, train, val, names)")
     g.add_argument("--imgsz", type=int, default=640, help="training image size, a multiple of 32 (640)")
-    g.add_argument("--batch", type=int, default=16, help="batch size (16)")
+    g.add_argument("--batch", type=int, default=16, help="batch size over all ranks (16)")
     g.add_argument("--workers", type=int, default=8, help="loader threads (8)")
     g.add_argument("--cache", choices=["none", "ram"], default="none", help="decoded-image cache (none)")
     g.add_argument("--close-mosaic", type=int, default=10, help="epochs at the end without mosaic (10)")
@@ -62,21 +66,28 @@ def build_parser():
     g.add_argument("--model", default="yolo26n",
                    help="yolo26n/s/m/l/x, or weights to start from: an Ultralytics .pt, a ptl .safetensors or "
                         ".ckpt (tensors that fit the data's class count are transferred)")
-    for name, typ, default in (("optimizer", str, "auto"), ("lr0", float, 0.01), ("lrf", float, 0.01),
-                               ("momentum", float, 0.937), ("weight-decay", float, 5e-4),
-                               ("warmup-epochs", float, 3.0), ("warmup-momentum", float, 0.8),
-                               ("warmup-bias-lr", float, 0.1), ("nbs", int, 64), ("ema-decay", float, 0.9999),
-                               ("ema-tau", float, 2000.0), ("box", float, 7.5), ("cls", float, 0.5),
-                               ("dfl", float, 1.5)):
+    from .objective import GAINS
+    from .optim import OptimConfig
+    for name, typ, default in (("optimizer", str, OptimConfig.optimizer), ("lr0", float, OptimConfig.lr0),
+                               ("lrf", float, OptimConfig.lrf), ("momentum", float, OptimConfig.momentum),
+                               ("weight-decay", float, OptimConfig.weight_decay),
+                               ("warmup-epochs", float, OptimConfig.warmup_epochs),
+                               ("warmup-momentum", float, OptimConfig.warmup_momentum),
+                               ("warmup-bias-lr", float, OptimConfig.warmup_bias_lr), ("nbs", int, OptimConfig.nbs),
+                               ("ema-decay", float, OptimConfig.ema_decay), ("ema-tau", float, OptimConfig.ema_tau),
+                               ("box", float, GAINS[0]), ("cls", float, GAINS[1]), ("dfl", float, GAINS[2])):
         g.add_argument("--" + name, type=typ, default=default, help="(%s)" % default)
     g.add_argument("--cos-lr", action="store_true", help="cosine learning-rate decay (linear by default)")
     g = p.add_argument_group("trainer")
     g.add_argument("--epochs", type=int, default=100, help="max_epochs (100)")
     g.add_argument("--max-steps", type=int, default=-1, help="optimizer steps limit (-1: none)")
     g.add_argument("--precision", default="32-true", choices=["32-true", "16-mixed", "bf16-mixed"])
-    g.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    g.add_argument("--device", default="auto", help="cpu, cuda, auto, or GPU ordinals such as 0,1,2,3")
+    g.add_argument("--devices", default=None, help="with --device cpu/cuda/auto: how many (CPU processes, GPUs)")
+    g.add_argument("--num-nodes", type=int, default=1, help="nodes of a multi-node job (1)")
+    g.add_argument("--timeout", type=float, default=None, help="seconds any wait of a distributed job may take")
     g.add_argument("--accumulate-grad-batches", type=int, default=None, help="fixed accumulation (spec rule)")
-    g.add_argument("--gradient-clip-val", type=float, default=10.0)
+    g.add_argument("--gradient-clip-val", type=float, default=OptimConfig.max_norm)
     g.add_argument("--limit-train-batches", type=_fraction_or_int, default=None)
     g.add_argument("--limit-val-batches", type=_fraction_or_int, default=None)
     g.add_argument("--check-val-every-n-epoch", type=int, default=1)
@@ -119,8 +130,29 @@ def _check_cli_args(args):
                                                else "does not exist"))
     if args.model.endswith(".safetensors") and not os.path.isfile(args.model):
         raise ConfigError("--model: %s does not exist" % args.model)
-    if args.device not in ("auto", "cpu", "cuda", "gpu"):
-        raise ConfigError("--device: expected cpu, cuda or auto, got %r" % args.device)
+    accelerator, devices = device_arguments(args.device, args.devices)
+    from ptl import distributed
+    try:
+        world = distributed.planned_world_size(accelerator, devices, args.num_nodes)
+    except ValueError as exc:
+        raise ConfigError("--device %s%s: %s" % (args.device, " --devices %s" % args.devices if args.devices else "",
+                                                  exc)) from None
+    if args.batch < world or args.batch % world:
+        raise ConfigError("--batch %d is the batch of all %d ranks: it must be a multiple of %d"
+                          % (args.batch, world, world))
+    return accelerator, devices, world
+
+
+def device_arguments(device, devices):
+    """(accelerator, devices) of the --device and --devices flags."""
+    text = device.strip().lower()
+    if text in ("cpu", "cuda", "gpu", "auto"):
+        return ("cuda" if text == "gpu" else text), (devices if devices is not None else "auto")
+    if devices is not None:
+        raise ConfigError("--devices: not with --device %s (the GPU ordinals already say which)" % device)
+    if not all(t.strip().isdigit() for t in text.split(",")):
+        raise ConfigError("--device: expected cpu, cuda, auto or GPU ordinals such as 0,1, got %r" % device)
+    return "cuda", device
 
 
 def _hparams(args):
@@ -141,21 +173,21 @@ def _build(args):
     from ptl.engine import _limit
     from ptl.trainer import Trainer
 
-    _check_cli_args(args)
+    accelerator, devices, world = _check_cli_args(args)
     trainer = Trainer(max_epochs=args.epochs, max_steps=args.max_steps, precision=args.precision,
                       accumulate_grad_batches=args.accumulate_grad_batches,
                       gradient_clip_val=args.gradient_clip_val, limit_train_batches=args.limit_train_batches,
                       limit_val_batches=args.limit_val_batches, check_val_every_n_epoch=args.check_val_every_n_epoch,
                       enable_progress_bar=args.progress_bar, enable_checkpointing=args.checkpointing,
-                      deterministic=args.deterministic, default_root_dir=args.project, accelerator=args.device,
-                      name=args.name, seed=args.seed)
+                      deterministic=args.deterministic, default_root_dir=args.project, accelerator=accelerator,
+                      devices=devices, num_nodes=args.num_nodes, timeout=args.timeout, name=args.name, seed=args.seed)
     device = trainer.device
     if args.capture_network and device == "cpu":
         raise ConfigError("--capture-network needs a CUDA device (--device cuda)")
     if device == "cpu" and args.precision != "32-true":
         raise ConfigError("--precision %s needs CUDA; the CPU trains in 32-true" % args.precision)
     try:
-        data = DetectionData(args.data, imgsz=args.imgsz, batch_size=args.batch, workers=args.workers,
+        data = DetectionData(args.data, imgsz=args.imgsz, batch_size=args.batch // world, workers=args.workers,
                              cache=None if args.cache == "none" else "ram", seed=args.seed,
                              close_mosaic=args.close_mosaic, **{k: getattr(args, k) for k in AUGMENT})
     except yaml.YAMLError as exc:
@@ -218,7 +250,8 @@ def main(argv=None):
             return 2
     if trainer.log_dir is None:  # the checkpoint had finished: the ResumeWarning above says so
         return 0
-    print("ptl.train: run folder %s" % trainer.log_dir, file=sys.stderr)
+    if trainer.is_global_zero:
+        print("ptl.train: run folder %s" % trainer.log_dir, file=sys.stderr)
     if args.digest:
         print(json.dumps(trainer.digest(), indent=1, sort_keys=True))
     return 0

@@ -15,6 +15,7 @@ import numpy as np
 from . import callbacks as cb
 from . import checkpoint as _checkpoint
 from . import cuda as _cuda
+from . import distributed as _distributed
 from . import loggers as _loggers
 from . import random as _random
 from . import report, runlog
@@ -47,14 +48,21 @@ class Trainer:
     Detector hyperparameters (optimizer, lr0, lrf, momentum, weight_decay, warmup_*, EMA, cos_lr) come
     from ``model.hparams`` (spec §10 defaults). ``accumulate_grad_batches=None`` follows the spec's
     nominal batch of 64 (with its warm-up ramp); an int fixes the number of batches per step.
+
+    Several devices (:mod:`ptl.distributed`): ``devices`` (an int, a list of GPU ordinals, ``"0,1"`` or
+    ``"auto"``; on the CPU a number of processes), ``num_nodes`` and ``strategy="ddp"`` (``"auto"``: ddp
+    when there is more than one device) as in Lightning; ``timeout`` bounds every wait of a distributed job
+    (seconds; default ``PTL_DIST_TIMEOUT`` or ``ptl.distributed.DEFAULT_TIMEOUT_S``). Rank 0 alone prints,
+    logs and writes files; ``global_rank``, ``local_rank``, ``node_rank``, ``world_size`` and
+    ``is_global_zero`` say where this process stands.
     """
 
     def __init__(self, *, max_epochs=None, max_steps=-1, precision="32-true", accumulate_grad_batches=None,
                  gradient_clip_val=10.0, limit_train_batches=None, limit_val_batches=None,
                  check_val_every_n_epoch=1, callbacks=None, logger=True, enable_progress_bar=True,
                  enable_checkpointing=True, deterministic=True, default_root_dir=None, accelerator="auto",
-                 devices="auto", name="train", seed=None, log_every_n_steps=50, enable_model_summary=True,
-                 plots=True, coco_eval=False):
+                 devices="auto", name="train", seed=None, num_nodes=1, strategy="auto", timeout=None,
+                 log_every_n_steps=50, enable_model_summary=True, plots=True, coco_eval=False):
         check_int("max_epochs", max_epochs, 1, none_ok=True)
         if check_int("max_steps", max_steps, -1) == 0:
             raise ConfigError("max_steps: expected -1 (no limit) or an int >= 1, got 0")
@@ -65,9 +73,18 @@ class Trainer:
         check_int("check_val_every_n_epoch", check_val_every_n_epoch, 1)
         if accelerator not in ("auto", "cpu", "cuda", "gpu"):
             raise ConfigError("accelerator: expected 'cpu', 'cuda' or 'auto', got %r" % (accelerator,))
-        if devices not in ("auto", 1, [0], "1") or isinstance(devices, bool):
-            raise ConfigError("devices: only one device is supported so far (multi-GPU is planned), got %r"
-                              % (devices,))
+        if strategy not in _distributed.STRATEGIES:
+            raise ConfigError("strategy: expected one of %s, got %r" % (", ".join(map(repr, _distributed.STRATEGIES)),
+                                                                      strategy))
+        check_int("num_nodes", num_nodes, 1)
+        try:
+            if accelerator == "cpu" or (accelerator == "auto" and not _cuda.is_available()):
+                _distributed.parse_devices(devices, "cpu")
+            elif devices != "auto":
+                _distributed.parse_devices(devices, "cuda", available=max(_cuda.device_count(), 1 << 16))
+            timeout = _distributed.timeout_seconds(timeout)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         _limit(limit_train_batches, 1, "limit_train_batches")
         _limit(limit_val_batches, 1, "limit_val_batches")
         if limit_train_batches is not None and not isinstance(limit_train_batches, bool) and limit_train_batches == 0:
@@ -105,6 +122,8 @@ class Trainer:
         self.deterministic = deterministic
         self.default_root_dir = default_root_dir if default_root_dir is not None else os.getcwd()
         self.accelerator = "cuda" if accelerator == "gpu" else accelerator
+        self.devices, self.num_nodes, self.strategy, self.timeout = devices, num_nodes, strategy, timeout
+        self._dist = _distributed.Context()  # one process until fit() joins a job
         # the loggers (a TypeError for anything else) and results.csv: ptl.loggers
         self._logging = _loggers.LoggerConnector(logger, log_every_n_steps, self.default_root_dir, name)
         self.loggers = self._logging.loggers
@@ -156,6 +175,26 @@ class Trainer:
         return self._state.global_step
 
     @property
+    def global_rank(self):
+        return self._dist.rank
+
+    @property
+    def local_rank(self):
+        return self._dist.local_rank
+
+    @property
+    def node_rank(self):
+        return self._dist.node_rank
+
+    @property
+    def world_size(self):
+        return self._dist.world_size
+
+    @property
+    def is_global_zero(self):
+        return self._dist.is_global_zero
+
+    @property
     def max_epochs_effective(self):
         return self.max_epochs if self.max_epochs is not None else 100
 
@@ -163,11 +202,12 @@ class Trainer:
     def device(self):
         if self.accelerator == "cpu":
             return "cpu"
+        gpu = "cuda" if not self._dist.device else "cuda:%d" % self._dist.device  # this rank's GPU
         if self.accelerator == "cuda":
             if not _cuda.is_available():
                 raise ConfigError("accelerator: 'cuda' requested but no CUDA device is available")
-            return "cuda"
-        return "cuda" if _cuda.is_available() else "cpu"
+            return gpu
+        return gpu if _cuda.is_available() else "cpu"
 
     @property
     def logger(self):
@@ -211,6 +251,7 @@ class Trainer:
             raise TypeError("model: expected a ptl.Detector, got %s" % type(model).__name__)
         if not all(hasattr(datamodule, a) for a in ("num_classes", "train_loader", "batch_size", "imgsz")):
             raise TypeError("datamodule: expected a ptl.DetectionData, got %s" % type(datamodule).__name__)
+        self._join_job()
         device = self.device  # accelerator='cuda' without a device fails here, before any work
         if capture_network and device == "cpu":
             raise ConfigError("capture_network=True: graph replay needs accelerator='cuda'")
@@ -254,10 +295,31 @@ class Trainer:
         try:
             self._guarded("fit", model, run)
         except _checkpoint.CheckpointError:
-            if self.loggers:  # the fresh version_N folder: the failed resume wrote nothing there
+            if self.loggers and self.is_global_zero:  # the fresh version_N folder: the failed resume wrote nothing there
                 runlog.remove_if_empty(self.log_dir)
             raise
         return self
+
+    def _join_job(self):
+        """This process's place: one device (the GPU that ``devices`` names). devices * num_nodes > 1, or a
+        launcher's world size > 1, needs the data-parallel step, which the fused C step does not have yet:
+        ptl.distributed launches, shards the data and reduces, but the step's all-reduce is still to be
+        wired (docs/training.md, "Several GPUs and nodes")."""
+        acc = "cpu" if self.accelerator == "cpu" or not _cuda.is_available() else "cuda"
+        try:
+            # "auto" is one device until the data-parallel step exists (then, as in Lightning, every visible GPU)
+            per_node = _distributed.parse_devices(1 if self.devices == "auto" else self.devices, acc)
+            world = _distributed.planned_world_size(acc, self.devices, self.num_nodes)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if world == 1:
+            self._dist = _distributed.Context(device=per_node[0])
+        else:
+            env = _distributed.detect_environment()
+            raise NotImplementedError("Trainer: %d ranks (devices=%r, num_nodes=%d%s) need the data-parallel training "
+                                      "step, which is not wired into the fused step yet; ptl trains on one device"
+                                      % (world, self.devices, self.num_nodes,
+                                         ", started by %s" % env.launcher if env is not None else ""))
 
     def _guarded(self, stage, model, body):
         """Runs body(); an exception fires every callback's on_exception and is re-raised (the original, even
@@ -352,6 +414,7 @@ class Trainer:
         """Validates ``model``'s current weights; returns ``[metrics dict]`` like Lightning. Writes no file
         (but ``predictions.json`` with ``coco_eval``): checkpoint and early-stopping callbacks act only while
         fitting, as in Lightning."""
+        self._join_job()
         self.model, self.datamodule = model, datamodule
         self.state.fn = "validate"
         self._engine = None
@@ -376,8 +439,11 @@ class Trainer:
 
     # -------------------------------------------------------------------------------- logs
     def _configure_run_dir(self):
-        self.log_dir = self._logging.setup(getattr(self, "is_global_zero", True))
+        """Rank 0 makes the run folder (its first logger's log_dir) and writes through the loggers; the other
+        ranks are told its path and write nothing."""
+        path = self._logging.setup(self.is_global_zero)
         self.loggers = self._logging.loggers
+        self.log_dir = self._dist.group.broadcast_object(path) if self._dist.group is not None else path
 
     def hparams(self):
         h = {"trainer": {k: getattr(self, k) for k in (
@@ -397,13 +463,17 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, path):
-        """Writes the full training state to ``path`` (atomically: a crash leaves any previous file)."""
-        _checkpoint.save(self, path)
+        """Writes the full training state to ``path`` (atomically: a crash leaves any previous file). Rank 0
+        alone writes (the state is the same on every rank)."""
+        if self.is_global_zero:
+            _checkpoint.save(self, path)
 
     def save_weights(self, path):
         """Writes the fit's EMA weights (what validation measured) as a weights-only ``.safetensors`` that
         ``Detector.load`` reads (atomically)."""
         from .weights import write_weights
+        if not self.is_global_zero:
+            return
         model = self.model
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         write_weights(path, self._engine.ema_state_dict(), model.model_name, model.num_classes, model.names)

@@ -123,14 +123,14 @@ def _as_array(k, v):
         from .io import bf16_to_float32
         v = bf16_to_float32(v[0])
     a = np.asarray(v.numpy() if hasattr(v, "numpy") and not isinstance(v, np.ndarray) else v)
-    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
-        raise ValueError("load_state_dict: %s: dtype %s is not numeric" % (k, a.dtype))
+    if not np.issubdtype(a.dtype, np.floating):  # weights and BN statistics: an int tensor is a mislabelled file
+        raise ValueError("load_state_dict: %s: dtype %s is not a floating-point type" % (k, a.dtype))
     return a
 
 
 def plan_transfer(index, state, source="state_dict"):
     """Matches ``state`` (name -> array) against ``index`` (name -> (is_buffer, offset, shape)), checking
-    everything and writing nothing. Raises ValueError for a non-numeric value."""
+    everything and writing nothing. Raises ValueError for a value that is not floating-point."""
     counters = {k[:-len("running_mean")] + "num_batches_tracked" for k in index if k.endswith(".running_mean")}
     arrays, mismatched, unexpected = {}, [], []
     given_counters = set()

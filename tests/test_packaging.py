@@ -71,15 +71,18 @@ def test_license_and_extras():
 
 
 def test_test_extra_covers_what_ci_installs():
-    """Every package .ci/run installs by name is a dependency or in the `test` extra."""
+    """.ci/run installs the project with its `test` extra, and every package it installs by name besides is a
+    dependency or in that extra (so `pip install -e .[test]` reproduces CI's test environment)."""
     meta = pyproject()["project"]
     known = {requirement_name(r) for r in meta["dependencies"] + meta["optional-dependencies"]["test"]}
-    named = set()
+    named, extras = set(), set()
     for line in (REPO / ".ci" / "run").read_text().splitlines():
         m = re.search(r"pip install (.*)", line)
         if m:
-            named |= {requirement_name(a) for a in m.group(1).split() if not a.startswith(("-", ".")) and "/" not in a}
-    assert named, "no `pip install` line in .ci/run"
+            args = [a.strip("\"'") for a in m.group(1).split()]
+            extras |= {e for a in args if a.startswith(".[") for e in a[2:].rstrip("]").split(",")}
+            named |= {requirement_name(a) for a in args if not a.startswith(("-", ".")) and "/" not in a}
+    assert "test" in extras, ".ci/run does not install the test extra"
     assert named <= known, "CI installs %s, which the test extra lacks" % sorted(named - known)
 
 

@@ -233,7 +233,7 @@ def test_progress_bar_shows_validation_then_the_table(tty):
 
 def test_optimizer_line_counts_groups():
     m = ptl.Detector("yolo26n", num_classes=3)
-    opt = ptl.optim.FlatOptimizer(ptl.from_numpy(m.flat_parameters), ptl.from_numpy(m.flat_gradients),
+    opt = ptl.optim.FlatOptimizer(m.flat_parameters, m.flat_gradients,
                                   m.parameter_table(), optimizer="MuSGD", lr0=0.01, momentum=0.9,
                                   weight_decay=0.0005)
     table = m.parameter_table()
@@ -394,7 +394,7 @@ def test_optimizer_line_matches_ultralytics():
             said.clear()
             stub = types.SimpleNamespace(args=types.SimpleNamespace(lr0=lr), data={"nc": 80})
             BaseTrainer.build_optimizer(stub, theirs, name=name, lr=lr, momentum=0.9, decay=0.0005)
-            opt = ptl.optim.FlatOptimizer(ptl.from_numpy(ours.flat_parameters), ptl.from_numpy(ours.flat_gradients),
+            opt = ptl.optim.FlatOptimizer(ours.flat_parameters, ours.flat_gradients,
                                           ours.parameter_table(), optimizer=name, lr0=lr, momentum=0.9,
                                           weight_decay=0.0005)
             assert report.optimizer_line(opt, name, lr, 0.9) == said[-1]

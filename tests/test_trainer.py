@@ -87,7 +87,7 @@ def test_validate_alone(coco256, tmp_path):
         assert not os.path.exists(tmp_path / str(logger)) or not any(os.scandir(tmp_path / str(logger)))
     tr = small_trainer(tmp_path / "fit", max_epochs=1, limit_train_batches=1, enable_checkpointing=False)
     tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
-    again = small_trainer(tmp_path / "again").validate(tr._engine.ema_model, small_data(coco256))[0]
+    again = small_trainer(tmp_path / "again").validate(tr._engine.ema_detector(), small_data(coco256))[0]
     assert again == {k: tr.callback_metrics[k] for k in again}
 
 
@@ -289,7 +289,9 @@ def test_limit_val_batches_zero_skips_validation(coco256, tmp_path):
     ({"precision": "8-true"}, "precision"), ({"precision": ["32-true"]}, "precision"),
     ({"max_epochs": 0}, "max_epochs"), ({"max_epochs": 2.0}, "max_epochs"), ({"max_epochs": True}, "max_epochs"),
     ({"max_steps": 0}, "max_steps"), ({"max_steps": -2}, "max_steps"),
-    ({"accelerator": "tpu"}, "accelerator"), ({"devices": 4}, "devices"), ({"devices": True}, "devices"),
+    ({"accelerator": "tpu"}, "accelerator"), ({"devices": 0}, "devices"), ({"devices": True}, "devices"),
+    ({"devices": [0, 1], "accelerator": "cpu"}, "devices"), ({"num_nodes": 0}, "num_nodes"),
+    ({"strategy": "fsdp"}, "strategy"), ({"timeout": -1}, "timeout"),
     ({"limit_train_batches": 1.5}, "limit_train_batches"), ({"limit_train_batches": -1}, "limit_train_batches"),
     ({"limit_train_batches": 0}, "limit_train_batches"), ({"limit_train_batches": 0.0}, "limit_train_batches"),
     ({"limit_val_batches": "all"}, "limit_val_batches"),
@@ -517,7 +519,7 @@ def test_fused_step_equals_separate_calls(coco256, tmp_path):
             if i == 4:
                 break
             losses.append(np.asarray(eng.train_step(batch, 0, i)) if fused else _separate_calls_step(eng, batch, 0, i))
-        runs.append((np.array(losses), model.flat_parameters.copy(), eng.opt.state2.numpy(), eng.opt.ema.params.numpy(),
+        runs.append((np.array(losses), model.flat_parameters.numpy(), eng.opt.state2.numpy(), eng.opt.ema.params.numpy(),
                      eng.opt.ema.updates, tr.global_step))
         eng.close()
     (l1, p1, s1, e1, u1, g1), (l2, p2, s2, e2, u2, g2) = runs
@@ -537,14 +539,15 @@ def test_cuda_capture_network_fit_equals_eager(coco256, tmp_path, precision, bat
     """ARCHITECTURE.md §3 rule 2: a fit that replays the recorded network gives the digests of the same
     fit run eagerly (losses, weights, optimizer, schedule, EMA, metrics), with gradient accumulation and
     a partial last batch (128 images in batches of 48: 48, 48, 32) or none (batches of 32). The first full
-    step records, the next replay; a partial batch runs eagerly in its own shape slot; the EMA model's
-    first validation grows the shared layer scratch, which retires the recording, so the next epoch's
-    first step records again. Nothing is left recorded after the fit."""
+    step records, the next replay; a partial batch runs eagerly in its own shape slot; validation (eval
+    mode, on the EMA's weights, in the eval slot) leaves the recording unused, or retires it when it grows
+    the shared layer scratch, so the next epoch's first step replays or records again. Nothing is left
+    recorded after the fit."""
     digests, seen = [], []
 
     class Watch(cb.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            seen.append(pl_module._cuda.recorded)
+            seen.append(pl_module.recorded)
 
     for capture in (False, True):
         seen.clear()
@@ -555,7 +558,7 @@ def test_cuda_capture_network_fit_equals_eager(coco256, tmp_path, precision, bat
         digests.append(tr.digest())
         full = [True, True, False] if batch == 48 else [True] * 4
         assert seen == (full * 2 if capture else [False] * len(full) * 2)
-        assert not model._cuda.recorded
+        assert not model.recorded
     assert digests[0] == digests[1]
 
 
@@ -577,22 +580,22 @@ def test_fused_step_accumulates_parameter_gradients(coco256, tmp_path):
     def step(batch, optimize=False):
         t = ptl.from_numpy(np.ascontiguousarray(batch.targets, dtype=np.float32))
         ptl._C.train_step(eng._plan(batch), batch.images, t, 0.5, optimize, lrs, moms, wds, 0.999)
-        return model.flat_gradients.copy()
+        return model.flat_gradients.numpy()
 
-    buf0 = model.flat_buffers.copy()
+    buf0 = model.flat_buffers.numpy()
     model.zero_grad()
     g1 = step(b1)
     model.zero_grad()
     g2 = step(b2)
     model.zero_grad()
-    model.flat_buffers[...] = buf0
+    model.flat_buffers = buf0
     step(b1)
     g12 = step(b2)
     assert np.count_nonzero(g1) > 0.9 * g1.size and not np.array_equal(g1, g2)
     ref = g1.astype(np.float64) + g2
     assert np.linalg.norm(g12 - ref) <= 1e-6 * np.linalg.norm(ref)
     assert np.abs(g12 - ref).max() <= 1e-5 * np.abs(ref).max()
-    p0 = model.flat_parameters.copy()
+    p0 = model.flat_parameters.numpy()
     assert not np.any(step(b1, optimize=True))  # the update zeroes the gradients after using them
     assert not np.array_equal(model.flat_parameters, p0)
     eng.close()

@@ -217,7 +217,8 @@ def three_class_data(coco256, tmp_path, n_train=16, n_val=8):
 
 
 def test_train_cli_starts_from_a_pt(coco256, tmp_path):
-    data = three_class_data(coco256, tmp_path, n_train=4, n_val=2)
+    # 16 training images: the first four hold none of the three classes, and a fit refuses a split without labels
+    data = three_class_data(coco256, tmp_path, n_train=16, n_val=2)
     r = subprocess.run([sys.executable, "-m", "ptl.train", "--data", data, "--model", str(PT), "--imgsz", "64",
                         "--batch", "2", "--workers", "1", "--epochs", "1", "--limit-train-batches", "1",
                         "--limit-val-batches", "1", "--device", "cpu", "--project", str(tmp_path),

@@ -86,11 +86,12 @@ void ptl_cuda_ctx_destroy(ptl_cuda_ctx *ctx)
     free(ctx);
 }
 
-static int ctx_create(int device, ptl_cuda_ctx **out)
+static int ctx_create(ptl_runtime *rt, int device, ptl_cuda_ctx **out)
 {
     ptl_cuda_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return ptl_set_error(PTL_ERR_MEMORY, "out of host memory");
+    ctx->rt = rt;
     ctx->device = device;
     pthread_mutex_init(&ctx->staging_lock, NULL);
     pthread_mutex_init(&ctx->ext_lock, NULL);
@@ -122,7 +123,7 @@ int ptl_cuda_ctx_get(ptl_runtime *rt, int device, ptl_cuda_ctx **out)
     pthread_mutex_lock(&rt->lock);
     int rc = 0;
     if (!rt->ctx[device])
-        rc = ctx_create(device, &rt->ctx[device]);
+        rc = ctx_create(rt, device, &rt->ctx[device]);
     pthread_mutex_unlock(&rt->lock);
     if (rc != 0)
         return -1;

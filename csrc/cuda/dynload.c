@@ -1,4 +1,4 @@
-/* cuBLAS, cuBLASLt and cuDNN opened at run time: same-named forwarding functions (dynload.h).
+/* cuBLAS, cuBLASLt, cuDNN and NCCL opened at run time: same-named forwarding functions (dynload.h).
  *
  * Each list entry is X(return type, function, (parameters), (arguments), value returned when the
  * library cannot be loaded). The compiler checks each definition against the library's header, so a
@@ -7,6 +7,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cudnn.h>
+#include <nccl.h>
 #include <pthread.h>
 
 #include "../dynlib.h"
@@ -137,6 +138,29 @@
       (handle, alpha, xDesc, x, dyDesc, dy, convDesc, algo, workSpace, workSpaceSizeInBytes, beta, dwDesc, dw), \
       CUDNN_STATUS_NOT_INITIALIZED)
 
+/* NCCL, for data parallelism over GPUs (cuda/nccl_comm.c); only a job of several GPUs opens it. */
+#define NCCL_FUNCTIONS(X)                                                                                       \
+    X(ncclResult_t, ncclGetVersion, (int *version), (version), ncclSystemError)                                 \
+    X(ncclResult_t, ncclGetUniqueId, (ncclUniqueId * uniqueId), (uniqueId), ncclSystemError)                    \
+    X(ncclResult_t, ncclCommInitRankConfig,                                                                     \
+      (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t *config),                    \
+      (comm, nranks, commId, rank, config), ncclSystemError)                                                    \
+    X(ncclResult_t, ncclCommGetAsyncError, (ncclComm_t comm, ncclResult_t * asyncError), (comm, asyncError),    \
+      ncclSystemError)                                                                                          \
+    X(ncclResult_t, ncclCommFinalize, (ncclComm_t comm), (comm), ncclSystemError)                               \
+    X(ncclResult_t, ncclCommDestroy, (ncclComm_t comm), (comm), ncclSystemError)                                \
+    X(ncclResult_t, ncclCommAbort, (ncclComm_t comm), (comm), ncclSystemError)                                  \
+    X(ncclResult_t, ncclAllReduce,                                                                              \
+      (const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,            \
+       ncclComm_t comm, cudaStream_t stream),                                                                   \
+      (sendbuff, recvbuff, count, datatype, op, comm, stream), ncclSystemError)                                 \
+    X(ncclResult_t, ncclBroadcast,                                                                              \
+      (const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,  \
+       cudaStream_t stream),                                                                                    \
+      (sendbuff, recvbuff, count, datatype, root, comm, stream), ncclSystemError)                               \
+    X(const char *, ncclGetErrorString, (ncclResult_t result), (result), "NCCL is not loaded")                 \
+    X(const char *, ncclGetLastError, (ncclComm_t comm), (comm), "NCCL is not loaded")
+
 /* The wheels: CUDA 13's cuBLAS wheel installs into nvidia/cu13/lib, CUDA 12's into nvidia/cublas/lib. */
 #if CUBLAS_VER_MAJOR >= 13
 #define CUBLAS_PACKAGE "nvidia-cublas"
@@ -156,12 +180,15 @@
 CUBLASLT_FUNCTIONS(POINTER)
 CUBLAS_FUNCTIONS(POINTER)
 CUDNN_FUNCTIONS(POINTER)
+NCCL_FUNCTIONS(POINTER)
 static const char *const cublaslt_symbols[] = {CUBLASLT_FUNCTIONS(SYMBOL_NAME) NULL};
 static const char *const cublas_symbols[] = {CUBLAS_FUNCTIONS(SYMBOL_NAME) NULL};
 static const char *const cudnn_symbols[] = {CUDNN_FUNCTIONS(SYMBOL_NAME) NULL};
+static const char *const nccl_symbols[] = {NCCL_FUNCTIONS(SYMBOL_NAME) NULL};
 static void **const cublaslt_slots[] = {CUBLASLT_FUNCTIONS(POINTER_ADDRESS)};
 static void **const cublas_slots[] = {CUBLAS_FUNCTIONS(POINTER_ADDRESS)};
 static void **const cudnn_slots[] = {CUDNN_FUNCTIONS(POINTER_ADDRESS)};
+static void **const nccl_slots[] = {NCCL_FUNCTIONS(POINTER_ADDRESS)};
 
 /* In load order: cuBLAS needs cuBLASLt, and cuDNN's sub-libraries find both already loaded. */
 enum { LIB_CUBLASLT, LIB_CUBLAS, LIB_CUDNN, NUM_LIBS };
@@ -174,9 +201,13 @@ static const ptl_dynlib libs[NUM_LIBS] = {
                    "nvidia-cudnn-cu" PTL_STR(CUBLAS_VER_MAJOR), CUDA_EXTRA, cudnn_symbols, cudnn_slots},
 };
 
+/* NCCL is opened apart from the others: a single-GPU fit never needs it. */
+static const ptl_dynlib nccl_lib = {"NCCL", "libnccl.so." PTL_STR(NCCL_MAJOR), {"nvidia/nccl/lib"},
+                                    "nvidia-nccl-cu" PTL_STR(CUBLAS_VER_MAJOR), CUDA_EXTRA, nccl_symbols, nccl_slots};
+
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
-static int loaded; /* set (release) once every slot is filled */
-static char paths[NUM_LIBS][1024];
+static int loaded, nccl_loaded; /* set (release) once every slot is filled */
+static char paths[NUM_LIBS][1024], nccl_path[1024];
 
 int ptl_cuda_libraries_load(void)
 {
@@ -191,6 +222,20 @@ int ptl_cuda_libraries_load(void)
     pthread_mutex_unlock(&load_lock);
     return rc;
 }
+
+int ptl_nccl_library_load(void)
+{
+    if (__atomic_load_n(&nccl_loaded, __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&load_lock);
+    int rc = nccl_loaded ? 0 : ptl_dynlib_open(&nccl_lib, nccl_path, sizeof nccl_path);
+    if (rc == 0)
+        __atomic_store_n(&nccl_loaded, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&load_lock);
+    return rc;
+}
+
+const char *ptl_nccl_library_path(void) { return __atomic_load_n(&nccl_loaded, __ATOMIC_ACQUIRE) ? nccl_path : NULL; }
 
 int ptl_cuda_library_count(void) { return NUM_LIBS; }
 
@@ -212,6 +257,15 @@ void ptl_cuda_library_info(int i, const char **name, const char **soname, const 
         return POINTER_NAME(fn) args;                                                               \
     }
 
+#define FORWARD_NCCL(ret, fn, params, args, fail)                                                   \
+    ret fn params                                                                                   \
+    {                                                                                               \
+        if (!__atomic_load_n(&nccl_loaded, __ATOMIC_ACQUIRE) && ptl_nccl_library_load() != 0)      \
+            return fail;                                                                            \
+        return POINTER_NAME(fn) args;                                                               \
+    }
+
 CUBLASLT_FUNCTIONS(FORWARD)
 CUBLAS_FUNCTIONS(FORWARD)
 CUDNN_FUNCTIONS(FORWARD)
+NCCL_FUNCTIONS(FORWARD_NCCL)

@@ -178,6 +178,13 @@ void ptl_dataset_free(ptl_dataset *ds);
 
 /* ---- the loader (loader.c, batch_plan.c, image_source.c, disk_cache.c, sample.c) ---- */
 enum { PTL_CACHE_NONE = 0, PTL_CACHE_RAM = 1, PTL_CACHE_DISK = 2 };
+/* How the ranks of a data-parallel job share an epoch (batch_plan.c); with world = 1 both are the whole epoch.
+ * SPLIT (training): the epoch's global batches hold batch * world images, in the single-process order of a
+ *   batch of that size; rank r takes the r-th slice of each (a last, partial global batch is split as evenly
+ *   as possible, so a rank's slice may be empty). Every rank has the same number of batches.
+ * DEAL (validation): the global batches are the single-process ones of `batch` images; rank r takes batches
+ *   r, r + world, r + 2 world, ... whole, so every image meets the same batch and letterbox as in one process. */
+enum { PTL_SHARD_SPLIT = 0, PTL_SHARD_DEAL = 1 };
 
 typedef struct {
     int imgsz_h, imgsz_w;  /* training frame (multiples of 32); rect and validation use a square one */
@@ -187,6 +194,7 @@ typedef struct {
     float hsv_h, hsv_s, hsv_v, flipud, fliplr;
     int pinned;            /* ring in page-locked memory (CUDA builds) */
     int64_t max_pixels, scale_pixels; /* decode limits (ptl_decode_req) */
+    int rank, world, shard; /* this process's share of every epoch (PTL_SHARD_*); world 1: all of it */
 } ptl_loader_cfg;
 
 typedef struct ptl_loader ptl_loader;
@@ -195,16 +203,24 @@ typedef struct ptl_loader ptl_loader;
  * (in item order; its folder exists), else NULL. */
 int ptl_loader_create(ptl_dataset *ds, const ptl_loader_cfg *cfg, const char *const *cache_paths, ptl_loader **out);
 void ptl_loader_destroy(ptl_loader *L);
+/* Batches per epoch of this rank, and of the epoch's global plan (the same unless sharded by DEAL). */
 int ptl_loader_num_batches(const ptl_loader *L);
-/* The (h, w) of batch b (fixed for the loader's life). */
+int ptl_loader_num_global_batches(const ptl_loader *L);
+/* The (h, w) of this rank's batch b (fixed for the loader's life). */
 void ptl_loader_batch_shape(const ptl_loader *L, int b, int *h, int *w);
+/* This rank's batch b of an epoch: the global batch it belongs to, and where its images start in the epoch's
+ * order and how many there are (0 for an empty slice of a SPLIT plan). */
+void ptl_loader_batch_slice(const ptl_loader *L, int b, int *global_batch, int *start, int *count);
+/* The dataset indices of this rank's batch b in `epoch` (count entries, see ptl_loader_batch_slice); plans
+ * the epoch's order without disturbing a running epoch. */
+int ptl_loader_batch_indices(ptl_loader *L, int epoch, int b, int64_t *out, int cap, int *count);
 /* Whether training batches keep one order (rect with differing shapes, as Ultralytics: no shuffle). */
 int ptl_loader_fixed_order(const ptl_loader *L);
 /* Starts producing the batches of `epoch` (stops the previous one). */
 int ptl_loader_start(ptl_loader *L, int epoch, int mosaic_on);
 
 typedef struct {
-    int slot, n, h, w, epoch, batch;
+    int slot, n, h, w, epoch, batch; /* batch: the global batch index (see PTL_SHARD_*) */
     uint8_t *images;   /* n*h*w*3 */
     int n_targets;
     float *targets;    /* n_targets*6: image index in batch, cls, cx, cy, w, h (normalised) */

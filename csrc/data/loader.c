@@ -64,16 +64,17 @@ static int run_one_task(ptl_loader *L, scratch_t *sc)
                 if (L->slots[k].state == SLOT_FREE) {
                     slot_t *f = &L->slots[k];
                     int b = L->assign_next++;
-                    int start = b * L->cfg.batch, end = start + L->cfg.batch;
-                    if (end > L->ds->n)
-                        end = L->ds->n;
-                    f->state = SLOT_FILLING;
+                    ptl_plan_slice(L, b, &f->global_batch, &f->start, &f->n);
+                    f->state = f->n ? SLOT_FILLING : SLOT_READY; /* an empty slice of the last global batch */
                     f->batch = b;
-                    f->n = end - start;
-                    f->h = L->bshape[2 * b];
-                    f->w = L->bshape[2 * b + 1];
+                    f->h = L->bshape[2 * f->global_batch];
+                    f->w = L->bshape[2 * f->global_batch + 1];
                     f->next_sample = f->done = 0;
                     pthread_cond_broadcast(&L->cv_work);
+                    if (!f->n) { /* nothing to build: it is ready, and that was this call's work */
+                        pthread_cond_broadcast(&L->cv_ready);
+                        return 1;
+                    }
                     break;
                 }
         }
@@ -81,7 +82,7 @@ static int run_one_task(ptl_loader *L, scratch_t *sc)
     if (!s)
         return 0;
     int i = s->next_sample++, gen = L->gen, epoch = L->epoch, mos = L->mosaic_on;
-    int idx = L->order[s->batch * L->cfg.batch + i];
+    int idx = L->order[s->start + i];
     size_t img_bytes = (size_t)s->h * s->w * 3;
     L->inflight++;
     int wait_fence = s->fence_pending;
@@ -183,6 +184,12 @@ int ptl_loader_create(ptl_dataset *ds, const ptl_loader_cfg *cfg, const char *co
                       (long long)cfg->scale_pixels);
         goto fail_ds;
     }
+    if (cfg->world < 1 || cfg->rank < 0 || cfg->rank >= cfg->world || (int64_t)cfg->batch * cfg->world > 1 << 30 ||
+        (cfg->shard != PTL_SHARD_SPLIT && cfg->shard != PTL_SHARD_DEAL)) {
+        ptl_set_error(PTL_ERR_VALUE, "loader config: rank %d of world %d (0 <= rank < world), shard %d, batch %d",
+                      cfg->rank, cfg->world, cfg->shard, cfg->batch);
+        goto fail_ds;
+    }
     L = calloc(1, sizeof *L);
     if (!L) {
         ptl_set_error(PTL_ERR_MEMORY, "out of memory creating the loader");
@@ -195,7 +202,6 @@ int ptl_loader_create(ptl_dataset *ds, const ptl_loader_cfg *cfg, const char *co
     pthread_cond_init(&L->cv_ready, NULL);
     pthread_mutex_init(&L->log_mu, NULL);
     int B = cfg->batch;
-    L->nb = (ds->n + B - 1) / B;
     L->cap = (cfg->train ? 4 : 1) * ds->max_labels + 1;
     L->threads = calloc(cfg->workers ? (size_t)cfg->workers : 1, sizeof(pthread_t));
     if (!L->threads) {
@@ -250,6 +256,33 @@ void ptl_loader_destroy(ptl_loader *L)
 
 int ptl_loader_num_batches(const ptl_loader *L) { return L->nb; }
 
+int ptl_loader_num_global_batches(const ptl_loader *L) { return L->nb_global; }
+
+void ptl_loader_batch_slice(const ptl_loader *L, int b, int *global_batch, int *start, int *count)
+{
+    ptl_plan_slice(L, b, global_batch, start, count);
+}
+
+int ptl_loader_batch_indices(ptl_loader *L, int epoch, int b, int64_t *out, int cap, int *count)
+{
+    if (epoch < 0 || b < 0 || b >= L->nb)
+        return ptl_set_error(PTL_ERR_INDEX, "epoch %d, batch %d: expected epoch >= 0 and batch in [0, %d)", epoch, b,
+                             L->nb);
+    int gb, start, n;
+    ptl_plan_slice(L, b, &gb, &start, &n);
+    if (n > cap)
+        return ptl_set_error(PTL_ERR_VALUE, "batch %d has %d images, room for %d", b, n, cap);
+    int *order = malloc(sizeof(int) * (size_t)L->ds->n);
+    if (!order)
+        return ptl_set_error(PTL_ERR_MEMORY, "out of memory planning epoch %d", epoch);
+    ptl_plan_epoch(L, epoch, order);
+    for (int i = 0; i < n; i++)
+        out[i] = order[start + i];
+    free(order);
+    *count = n;
+    return 0;
+}
+
 int ptl_loader_start(ptl_loader *L, int epoch, int mosaic_on)
 {
     if (epoch < 0)
@@ -268,7 +301,7 @@ int ptl_loader_start(ptl_loader *L, int epoch, int mosaic_on)
     L->epoch = epoch;
     L->mosaic_on = mosaic_on;
     L->assign_next = L->consume_next = 0;
-    ptl_plan_epoch(L, epoch);
+    ptl_plan_epoch(L, epoch, L->order);
     L->running = 1;
     pthread_cond_broadcast(&L->cv_work);
     pthread_mutex_unlock(&L->mu);
@@ -286,7 +319,7 @@ static void pack(ptl_loader *L, slot_t *s, ptl_batch_view *out)
             memcpy(t + 1, b, 5 * sizeof(float));
         }
     out->slot = (int)(s - L->slots);
-    out->n = s->n, out->h = s->h, out->w = s->w, out->epoch = L->epoch, out->batch = s->batch;
+    out->n = s->n, out->h = s->h, out->w = s->w, out->epoch = L->epoch, out->batch = s->global_batch;
     out->images = s->images;
     out->n_targets = nt;
     out->targets = s->targets;
@@ -393,8 +426,8 @@ int ptl_loader_sample_shape(const ptl_loader *L, int index, int *h, int *w, int 
     if (L->cfg.rect)
         for (int k = 0; k < L->ds->n; k++)
             if (L->order[k] == index) {
-                *h = L->bshape[2 * (k / L->cfg.batch)];
-                *w = L->bshape[2 * (k / L->cfg.batch) + 1];
+                *h = L->bshape[2 * (k / L->global_batch)];
+                *w = L->bshape[2 * (k / L->global_batch) + 1];
             }
     return 0;
 }
@@ -424,8 +457,10 @@ int ptl_loader_fill_cache(ptl_loader *L, const atomic_int *cancel) { return ptl_
 
 void ptl_loader_batch_shape(const ptl_loader *L, int b, int *h, int *w)
 {
-    *h = L->bshape[2 * b];
-    *w = L->bshape[2 * b + 1];
+    int gb, start, n;
+    ptl_plan_slice(L, b, &gb, &start, &n);
+    *h = L->bshape[2 * gb];
+    *w = L->bshape[2 * gb + 1];
 }
 
 int ptl_loader_fixed_order(const ptl_loader *L) { return L->rect_order; }

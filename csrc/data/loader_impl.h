@@ -18,6 +18,7 @@ enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY, SLOT_HELD };
 
 typedef struct {
     int state, batch, n, h, w, next_sample, done;
+    int global_batch, start; /* the batch's index in the global plan; its first position in the order */
     uint8_t *images;
     int is_pinned;
     float *boxes;    /* n * cap * 5, per sample */
@@ -52,10 +53,12 @@ enum { SRC_EMPTY = 0, SRC_FILLING, SRC_READY };
 struct ptl_loader {
     ptl_dataset *ds;
     ptl_loader_cfg cfg;
-    int nb, cap;           /* batches per epoch, boxes per sample */
+    int nb, cap;           /* this rank's batches per epoch, boxes per sample */
     /* batch_plan.c */
+    int nb_global;         /* batches of the epoch's global plan */
+    int global_batch;      /* images per global batch: batch * world (SPLIT) or batch (DEAL) */
     int *order;            /* dataset indices of this epoch in batch order */
-    int *bshape;           /* per batch: h, w */
+    int *bshape;           /* per global batch: h, w */
     int max_h, max_w;
     int rect_order;        /* rect training with differing shapes: the sorted order, every epoch */
     /* image_source.c */
@@ -83,10 +86,12 @@ struct ptl_loader {
     scratch_t main_scratch; /* for workers == 0 and ptl_loader_sample */
 };
 
-/* batch_plan.c: the order and batch shapes (once), the order of an epoch. */
+/* batch_plan.c: the order and batch shapes (once), the order of an epoch (into `order`, n entries), this
+ * rank's share. */
 int ptl_plan_init(ptl_loader *L);
-void ptl_plan_epoch(ptl_loader *L, int epoch);
+void ptl_plan_epoch(const ptl_loader *L, int epoch, int *order);
 void ptl_plan_free(ptl_loader *L);
+void ptl_plan_slice(const ptl_loader *L, int b, int *global_batch, int *start, int *count);
 
 /* image_source.c */
 int ptl_src_init(ptl_loader *L, const char *const *cache_paths);

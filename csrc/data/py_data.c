@@ -240,6 +240,57 @@ static PyObject *loader_batch_shapes(PyObject *self, PyObject *args)
     return a;
 }
 
+static PyObject *loader_global_len(PyObject *self, PyObject *args)
+{
+    (void)args;
+    ptl_loader *L = loader_of((LoaderObject *)self);
+    return L ? PyLong_FromLong(ptl_loader_num_global_batches(L)) : NULL;
+}
+
+/* int64 (num_batches, 3): per batch of this rank, its global batch, first position in the order, size. */
+static PyObject *loader_batch_slices(PyObject *self, PyObject *args)
+{
+    (void)args;
+    ptl_loader *L = loader_of((LoaderObject *)self);
+    if (!L)
+        return NULL;
+    npy_intp d[2] = {ptl_loader_num_batches(L), 3};
+    PyObject *a = PyArray_SimpleNew(2, d, NPY_INT64);
+    if (!a)
+        return NULL;
+    int64_t *p = PyArray_DATA((PyArrayObject *)a);
+    for (npy_intp b = 0; b < d[0]; b++) {
+        int gb, start, n;
+        ptl_loader_batch_slice(L, (int)b, &gb, &start, &n);
+        p[3 * b] = gb, p[3 * b + 1] = start, p[3 * b + 2] = n;
+    }
+    return a;
+}
+
+static PyObject *loader_batch_indices(PyObject *self, PyObject *args)
+{
+    LoaderObject *o = (LoaderObject *)self;
+    ptl_loader *L = loader_of(o);
+    int epoch, b, gb, start, n, rc;
+    if (!L || !PyArg_ParseTuple(args, "ii:batch_indices", &epoch, &b))
+        return NULL;
+    if (b < 0 || b >= ptl_loader_num_batches(L))
+        return PyErr_Format(PyExc_IndexError, "batch %d out of range [0, %d)", b, ptl_loader_num_batches(L));
+    ptl_loader_batch_slice(L, b, &gb, &start, &n);
+    npy_intp d[1] = {n};
+    PyObject *a = PyArray_SimpleNew(1, d, NPY_INT64);
+    if (!a)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ptl_loader_batch_indices(L, epoch, b, PyArray_DATA((PyArrayObject *)a), n, &n);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        Py_DECREF(a);
+        return ptl_raise(o->module);
+    }
+    return a;
+}
+
 static PyObject *loader_fixed_order(PyObject *self, PyObject *args)
 {
     (void)args;
@@ -315,7 +366,12 @@ static PyMethodDef loader_methods[] = {
      "epoch, batch, sources int64 (N,)) or None at the end of the epoch."},
     {"sample", loader_sample, METH_VARARGS,
      "sample(epoch, index, mosaic) -> (image, targets (k,5), meta, source index)."},
-    {"num_batches", loader_len, METH_NOARGS, "Batches per epoch."},
+    {"num_batches", loader_len, METH_NOARGS, "Batches per epoch (of this rank)."},
+    {"num_global_batches", loader_global_len, METH_NOARGS, "Batches of the epoch's global plan (all ranks)."},
+    {"batch_slices", loader_batch_slices, METH_NOARGS,
+     "int64 (num_batches, 3): per batch of this rank, (global batch, first position in the epoch's order, size)."},
+    {"batch_indices", loader_batch_indices, METH_VARARGS,
+     "batch_indices(epoch, batch) -> int64 dataset indices of this rank's batch in that epoch (no images built)."},
     {"batch_shapes", loader_batch_shapes, METH_NOARGS, "int64 (num_batches, 2): (h, w) of every batch."},
     {"fixed_order", loader_fixed_order, METH_NOARGS, "Whether the batches keep one order every epoch (rect)."},
     {"cache_info", loader_cache_info, METH_NOARGS, "(bytes the cache needs, bytes filled)."},
@@ -477,7 +533,8 @@ static PyObject *data_loader(PyObject *module, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"images", "labels", "nc", "imgsz", "batch", "workers", "train", "rect", "cache",
                              "persistent", "prefetch", "seed", "mosaic", "degrees", "translate", "scale",
                              "shear", "perspective", "hsv_h", "hsv_s", "hsv_v", "flipud", "fliplr", "pinned",
-                             "single_cls", "max_pixels", "scale_pixels", "cache_paths", NULL};
+                             "single_cls", "max_pixels", "scale_pixels", "cache_paths", "rank", "world", "shard",
+                             NULL};
     PyObject *images, *labels, *cache_obj = Py_None, *info = NULL, *keep = NULL, *r = NULL;
     ptl_loader_cfg c;
     scan_args sa;
@@ -490,12 +547,13 @@ static PyObject *data_loader(PyObject *module, PyObject *args, PyObject *kw)
     LoaderObject *o = NULL;
     memset(&c, 0, sizeof c);
     memset(&sa, 0, sizeof sa);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!i(ii)iippipiKfffffffffffp|pLLO:data_loader", kwlist,
+    c.world = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!i(ii)iippipiKfffffffffffp|pLLOiii:data_loader", kwlist,
                                      &PyList_Type, &images, &PyList_Type, &labels, &nc, &c.imgsz_h, &c.imgsz_w,
                                      &c.batch, &c.workers, &c.train, &c.rect, &c.cache, &c.persistent, &c.prefetch,
                                      &seed, &c.mosaic, &c.degrees, &c.translate, &c.scale, &c.shear, &c.perspective,
                                      &c.hsv_h, &c.hsv_s, &c.hsv_v, &c.flipud, &c.fliplr, &c.pinned, &single_cls,
-                                     &max_pixels, &scale_pixels, &cache_obj))
+                                     &max_pixels, &scale_pixels, &cache_obj, &c.rank, &c.world, &c.shard))
         return NULL;
     c.seed = seed;
     c.max_pixels = max_pixels;
@@ -692,9 +750,10 @@ static PyMethodDef methods[] = {
      "data_loader(images, labels, nc, imgsz (h, w), batch, workers, train, rect, cache (0 none, 1 ram, 2 disk), "
      "persistent, prefetch, seed, mosaic, degrees, translate, scale, shear, perspective, hsv_h, hsv_s, hsv_v, "
      "flipud, fliplr, pinned, single_cls=False, max_pixels=DATA_MAX_PIXELS, scale_pixels=DATA_JPEG_SCALE_PIXELS, "
-     "cache_paths=None) -> (loader or None when no image is usable, info dict). labels[i]: a label file path or "
-     "(name, rows (k, 5)). Scans the files (problems go to info['log']); cache_paths (disk cache): one file per "
-     "image."},
+     "cache_paths=None, rank=0, world=1, shard=0 (0 split, 1 deal)) -> (loader or None when no image is usable, "
+     "info dict). labels[i]: a label file path or (name, rows (k, 5)). Scans the files (problems go to "
+     "info['log']); cache_paths (disk cache): one file per image; rank/world/shard: this process's share of every "
+     "epoch (csrc/data/dataset.h)."},
     {"data_normalize", data_normalize, METH_VARARGS,
      "data_normalize(src uint8 Tensor, dst float Tensor on the same device): dst = src / 255."},
     {"data_upload", ptl_py_data_upload, METH_VARARGS,
@@ -738,4 +797,14 @@ int ptl_register_data(PyObject *module)
     if (add_constants(module) < 0 || ptl_register_data_pieces(module) < 0)
         return -1;
     return PyModule_AddFunctions(module, methods);
+}
+
+int ptl_py_batch_images(PyObject *obj, const uint8_t **px, int64_t *n, struct ptl_loader **L, int *slot)
+{
+    SlotObject *s;
+    if (images_arg(obj, px, n, &s) < 0)
+        return -1;
+    *L = s && s->loader ? s->loader->L : NULL;
+    *slot = s ? s->slot : -1;
+    return 0;
 }

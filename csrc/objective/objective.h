@@ -96,6 +96,11 @@ typedef struct {
  * this a bad index reads past the packed targets. */
 int ptl_obj_check_assignment(const int32_t *gt, int B, int64_t A, const ptl_obj_targets *tg, const char *arg);
 
+/* The values of args checked for a call on `dev` (what ptl_objective checks first). */
+int ptl_obj_check_args(const ptl_obj_args *args, ptl_device_type dev);
+/* The objective on ctx's device (NULL: the CPU), after ptl_obj_check_args. */
+struct ptl_cuda_ctx;
+int ptl_objective(struct ptl_cuda_ctx *ctx, const ptl_obj_args *args, const ptl_obj_targets *tg);
 int ptl_objective_cpu(const ptl_obj_args *args, const ptl_obj_targets *tg);
 
 #ifdef PTL_WITH_CUDA

@@ -1,6 +1,7 @@
 /* EMA of the weights and BatchNorm buffers (8.4.190's ModelEMA: a lerp towards the model), CPU reference. */
 #include "optim.h"
 
+/* Called by ptl_ema_update after ptl_ema_check. */
 int ptl_ema_update_cpu(void *ema, const void *model, int64_t n, ptl_dtype dt, double decay)
 {
     if (dt == PTL_FLOAT32) {

@@ -39,6 +39,16 @@ extern "C" {
 
 enum { PTL_OPT_SGD = 0, PTL_OPT_MUON = 1, PTL_OPT_ADAMW = 2 };
 
+/* Defaults of the step's settings (spec §4-§6, §10); Python reads them from ptl._C (OPTIM_*). */
+#define PTL_OPT_MUON_W 0.2          /* MuSGD shares of the orthogonalised and the SGD update */
+#define PTL_OPT_SGD_W 1.0
+#define PTL_OPT_BETA2 0.999         /* AdamW */
+#define PTL_OPT_EPS 1e-8
+#define PTL_OPT_MAX_NORM 10.0       /* gradient clip */
+#define PTL_OPT_GROWTH_FACTOR 2.0   /* loss scaler */
+#define PTL_OPT_BACKOFF_FACTOR 0.5
+#define PTL_OPT_GROWTH_INTERVAL 2000
+
 /* Columns of ptab. */
 enum {
     PTL_PT_OFF = 0,  /* element offset into the flat buffer */
@@ -237,9 +247,29 @@ typedef struct {
     void *ws_f64;             /* CUDA: nchunks + nmuon_chunks + nmuon doubles */
 } ptl_optim_buffers;
 
-/* One optimizer step: unscale, clip, update (skipped on Inf/NaN with the scaler), scale update. */
+/* Replay of the Newton-Schulz work (whose shapes and buffers never change for one optimizer) from a CUDA
+ * graph: the first step runs eagerly (it loads cuBLAS's kernels), the second is captured, later ones
+ * replay. A capture that fails leaves the optimizer eager for good (state PTL_NSG_FAILED). */
+enum { PTL_NSG_EAGER = 0, PTL_NSG_REPLAY = 1, PTL_NSG_FAILED = 2 };
+typedef struct {
+    void *exec; /* cudaGraphExec_t */
+    int state, eager_runs;
+    char why[160];
+} ptl_ns_graph;
+
+struct ptl_cuda_ctx;
+/* The checks a step on `dev` runs first (settings, sizes, workspaces; on the CPU also the tables);
+ * -1 naming the argument. */
+int ptl_optim_check(const ptl_optim_buffers *b, const ptl_optim_hp *hp, ptl_device_type dev);
+/* One optimizer step on ctx's device (NULL: the CPU): unscale, clip, update (skipped on Inf/NaN with the
+ * scaler), scale update, zero the gradients. g: the Newton-Schulz replay slot (CUDA; may be NULL).
+ * After its checks pass, a step writes nothing before it can no longer fail (but by a device fault). */
+int ptl_optim_step(struct ptl_cuda_ctx *ctx, const ptl_optim_buffers *b, const ptl_optim_hp *hp, ptl_ns_graph *g);
+/* ema <- lerp(ema, model, 1 - d) over n elements on ctx's device (NULL: the CPU). */
+int ptl_ema_check(ptl_device_type dev, ptl_dtype dt, double decay);
+int ptl_ema_update(struct ptl_cuda_ctx *ctx, void *ema, const void *model, int64_t n, ptl_dtype dt, double decay);
+/* The backends of the two (called by them after the checks). */
 int ptl_optim_step_cpu(const ptl_optim_buffers *b, const ptl_optim_hp *hp);
-/* ema <- lerp(ema, model, 1 - d) over n elements. */
 int ptl_ema_update_cpu(void *ema, const void *model, int64_t n, ptl_dtype dt, double decay);
 /* Batched NS5 of float32 matrices x [batch][rows][cols] into out (same shape); bf16: round every stage. */
 int ptl_newton_schulz_cpu(const float *x, float *out, int64_t batch, int64_t rows, int64_t cols, int bf16);
@@ -251,15 +281,6 @@ void ptl_ns5_iterate_f64(double *x, int64_t r, int64_t c, double *work);
 /* Sum of squares and the clip/scale bookkeeping shared by the CPU step (grad_clip.c). */
 int ptl_grad_stats_cpu(const ptl_optim_buffers *b, const ptl_optim_hp *hp, double *inv_scale, double *coef);
 
-/* Replay of the Newton-Schulz work (whose shapes and buffers never change for one optimizer) from a CUDA
- * graph: the first step runs eagerly (it loads cuBLAS's kernels), the second is captured, later ones
- * replay. A capture that fails leaves the optimizer eager for good (state PTL_NSG_FAILED). */
-enum { PTL_NSG_EAGER = 0, PTL_NSG_REPLAY = 1, PTL_NSG_FAILED = 2 };
-typedef struct {
-    void *exec; /* cudaGraphExec_t */
-    int state, eager_runs;
-    char why[160];
-} ptl_ns_graph;
 
 #ifdef PTL_WITH_CUDA
 struct CUstream_st;
