@@ -39,7 +39,7 @@ from . import _C
 
 __all__ = [
     "IOU_THRESHOLDS", "CURVE_X", "postprocess", "letterbox_params", "scale_boxes", "target_boxes",
-    "match_predictions", "ap_per_class", "ConfusionMatrix", "DetectionMetrics",
+    "match_predictions", "ap_per_class", "smooth", "ConfusionMatrix", "DetectionMetrics",
 ]
 
 IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10).astype(np.float32)  # torch.linspace(0.5, 0.95, 10)
@@ -190,6 +190,16 @@ def ap_per_class(tp, conf, pred_cls, gt_cls):
     res.update({name: v[:k] for name, v in per.items()})
     res.update({name: v[:k] for name, v in curves.items()})
     return res
+
+
+def smooth(y, fraction=0.1):
+    """``y`` (1-D) through a box filter of ``round(len(y) * fraction * 2) // 2 + 1`` points, its end values
+    repeated past the ends (8.4.190's ``smooth``); the C filter that picks ``best_conf`` from the mean F1
+    curve (fraction 0.1 of CURVE_X). Returns a new float64 array."""
+    y = _vec(y, np.float64)
+    out = np.empty_like(y)
+    _C.box_filter(y, out, round(len(y) * float(fraction) * 2) // 2 + 1)
+    return out
 
 
 class ConfusionMatrix:

@@ -25,6 +25,7 @@ import warnings
 import numpy as np
 
 from .callbacks import Callback
+from .metrics import smooth
 from .runlog import atomic_path
 
 __all__ = ["Plots", "available", "plot_results", "plot_confusion_matrix", "plot_pr_curve", "plot_mc_curve",
@@ -138,14 +139,6 @@ def plot_confusion_matrix(path, matrix, names, normalize):
     _save_figure(fig, path, DPI)
 
 
-def _box_filter(y, fraction=0.1):
-    """y smoothed by a box filter over ``fraction`` of its points (edges repeated): the mean F1 curve
-    whose maximum picks the reported confidence."""
-    nf = round(len(y) * fraction * 2) // 2 + 1
-    pad = np.ones(nf // 2)
-    return np.convolve(np.concatenate([pad * y[0], y, pad * y[-1]]), np.ones(nf) / nf, mode="valid")
-
-
 _CURVE_MARGINS = dict(left=0.08, right=0.74, bottom=0.09, top=0.94)
 
 
@@ -186,7 +179,7 @@ def plot_mc_curve(path, px, curves, names, ylabel):
         else:
             ax.plot(px, py[k], linewidth=1, color="grey", alpha=0.5)
     if len(py):
-        y = _box_filter(py.mean(0))
+        y = smooth(py.mean(0))  # the F1 curve's maximum is where best_conf was chosen
         shown += ax.plot(px, y, linewidth=3, color="blue",
                          label="all classes %.2f at %.3f" % (y.max(), px[int(y.argmax())]))
     ax.set(xlabel="Confidence", ylabel=ylabel, xlim=(0, 1), ylim=(0, 1), title="%s-Confidence Curve" % ylabel)

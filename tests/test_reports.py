@@ -59,6 +59,17 @@ def test_fit_writes_every_picture_and_log(fitted):
         assert os.path.getsize(os.path.join(log, name)) > 0
 
 
+def test_hparams_yaml_reads_back(fitted):
+    import yaml
+    from ptl.checkpoint import jsonable
+    tr, _ = fitted
+    with open(os.path.join(tr.log_dir, "hparams.yaml")) as f:
+        back = yaml.safe_load(f)
+    assert back == jsonable(tr.hparams())
+    assert back["trainer"]["max_epochs"] == 2 and back["trainer"]["limit_val_batches"] == 2
+    assert back["data"]["imgsz"] in (128, [128, 128]) and back["model"]["optimizer"] == "auto"
+
+
 def test_results_csv_has_ultralytics_columns(fitted):
     tr, _ = fitted
     with open(os.path.join(tr.log_dir, "results.csv"), newline="") as f:
@@ -114,6 +125,20 @@ def test_fit_prints_summary_and_tables(fitted, coco256):
     res = tr._engine.last_results
     table = report.validation_table(res, tr.datamodule.names)
     assert "\n".join(table) in err
+    # the per-class rows carry the C metrics of each class present in the 32 validated images (2 batches of 16)
+    start = err.rfind(report.TABLE_HEADER)  # the last validation's table
+    shown = err[start:].splitlines()[1:len(table)]
+    assert shown[0].split()[:2] == ["all", "32"] and int(shown[0].split()[2]) == int(np.sum(res["n_gt"])) > 32
+    per_class = res["per_class"]
+    assert len(shown) - 1 == len(per_class) > 5
+    for ln in shown[1:]:
+        name, cells = ln[:22].strip(), ln[22:].split()
+        c = per_class[name]
+        assert [int(cells[0]), int(cells[1])] == [c["n_images"], c["n_gt"]]
+        assert [float(x) for x in cells[2:]] == [float("%.3g" % c[k]) for k in ("precision", "recall", "ap50",
+                                                                                 "ap50_95")]
+    assert sum(c["n_gt"] for c in per_class.values()) == int(np.sum(res["n_gt"]))
+    assert tr.ap_per_class == {k: v["ap50_95"] for k, v in per_class.items()}
     assert err.count("COCO (") == 2 and coco_eval.DEFINITIONS in err
     assert "\r" not in err and "\x1b" not in err  # not a TTY: plain lines
     assert sum(ln.startswith("validation ") for ln in lines) == 2 * 2  # 2 batches per validation
@@ -411,3 +436,28 @@ def test_without_matplotlib_one_notice_and_no_plots(monkeypatch, capsys, tmp_pat
     cb = plots.Plots()
     cb.setup(types.SimpleNamespace(loggers=[CSVLogger(tmp_path)], log_dir=str(tmp_path)), None, "fit")
     assert not cb._active
+
+
+def test_validate_prints_the_table_and_writes_nothing(coco256, tmp_path):
+    out = io.StringIO()
+    data = ptl.DetectionData(str(coco256 / "data.yaml"), imgsz=64, batch_size=4, workers=1, verbose=False)
+    tr = ptl.Trainer(default_root_dir=str(tmp_path), accelerator="cpu", limit_val_batches=1,
+                     callbacks=[ProgressBar(stream=out)])
+    tr.validate(ptl.Detector("yolo26n"), data)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("validation 1/1")
+    assert lines[1] == report.TABLE_HEADER and lines[2].split()[:2] == ["all", "8"]  # validation batches are twice the training batch
+    assert len(lines) == 3 + len(tr._engine.last_results["classes"]) and os.listdir(tmp_path) == []
+
+
+def test_smooth_is_the_filter_that_picks_best_conf():
+    rng = np.random.default_rng(3)
+    y = rng.random(1000)
+    nf = 101  # round(1000 * 0.1 * 2) // 2 + 1
+    ref = np.convolve(np.concatenate([np.full(50, y[0]), y, np.full(50, y[-1])]), np.ones(nf) / nf, "valid")
+    np.testing.assert_allclose(metrics.smooth(y), ref, rtol=0, atol=1e-12)
+    assert metrics.smooth(y, 0.05).shape == (1000,) and np.array_equal(metrics.smooth(y, 0.0), y)
+    res = synthetic_results(["a", "b", "c"])
+    assert res["best_index"] == int(np.argmax(metrics.smooth(res["f1_curve"].mean(0))))
+    with pytest.raises(ValueError, match="box_filter: expected n >= 1"):
+        metrics.smooth(np.zeros(0))
