@@ -6,7 +6,7 @@ exactly these (and argparse's own errors) as one line on stderr and exits with s
 exception keeps its traceback.
 """
 
-__all__ = ["CheckpointError", "ConfigError", "ResumeWarning"]
+__all__ = ["CheckpointError", "ConfigError", "NonFiniteLossError", "ResumeWarning"]
 
 
 class ConfigError(ValueError):
@@ -16,6 +16,17 @@ class ConfigError(ValueError):
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be resumed: missing, damaged, foreign, or made by another model or setup.
     Raised before anything live (model, optimizer, trainer state) has been changed."""
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A training batch's loss is NaN or infinite: the weights are no longer usable, so the fit stops
+    before anything is saved from them (the checkpoints already written are kept). A non-finite gradient
+    shows here too, as the next batch's loss. Attributes: ``epoch``, ``batch`` (index within the epoch),
+    ``step`` (optimizer steps taken before it) and ``losses`` (name -> value)."""
+
+    def __init__(self, message, epoch, batch, step, losses):
+        super().__init__(message)
+        self.epoch, self.batch, self.step, self.losses = epoch, batch, step, losses
 
 
 class ResumeWarning(UserWarning):

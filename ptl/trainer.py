@@ -20,9 +20,10 @@ from . import loggers as _loggers
 from . import random as _random
 from . import report, runlog
 from .plots import Plots
-from .errors import ConfigError
+from .errors import ConfigError, NonFiniteLossError
 from .hparams_check import check_bool, check_float, check_int
 from .runlog import check_run_name
+from .objective import LOSS_NAMES
 from .engine import ITEM, PRECISIONS, Engine, LossValue, _limit, _PendingLosses
 
 
@@ -155,6 +156,7 @@ class Trainer:
         self.num_training_batches = 0
         self.num_val_batches = 0
         self.loss_history = []  # per training batch: the objective's losses vector (float32, LOSS_NAMES)
+        self._resumed_from = None  # the checkpoint this fit resumed from (named when a fit diverges)
         self.val_history = []
         self.ap_per_class = {}  # class name -> AP50-95 of the last validation
         self.datamodule = None
@@ -260,9 +262,10 @@ class Trainer:
         if datamodule.num_classes != model.num_classes:
             raise ConfigError("datamodule: %d classes in %s but the model has %d" % (
                 datamodule.num_classes, getattr(datamodule, "cfg", {}).get("yaml", "data.yaml"), model.num_classes))
-        resume = None
+        resume = self._resumed_from = None
         if ckpt_path is not None:
             resume = _checkpoint.read(ckpt_path)
+            self._resumed_from = resume.path
             _checkpoint.check_model(resume, model)
             if not _checkpoint.plan_resume(resume, self, datamodule):
                 st = self._state
@@ -359,7 +362,10 @@ class Trainer:
             pending = None  # the previous batch's losses: read once the next batch is queued
 
             def settle(p):
-                row = p.array()
+                losses, batch_index, step = p
+                row = losses.array()
+                if not np.isfinite(row).all():
+                    self._diverged(row, epoch, batch_index, step)
                 self.loss_history.append(row)
                 epoch_items.append(row[ITEM])
                 self.callback_metrics.update({"train/box_loss": float(row[7]), "train/cls_loss": float(row[8]),
@@ -369,10 +375,11 @@ class Trainer:
                 if i >= self.num_training_batches:
                     break
                 self._call("on_train_batch_start", batch, i)
+                step = st.global_step
                 current = _PendingLosses(eng.train_step(batch, epoch, i))
                 if pending is not None:
                     settle(pending)
-                pending = current
+                pending = (current, i, step)
                 self._call("on_train_batch_end", {"loss": LossValue(current, 0)}, batch, i)
                 if 0 < self.max_steps <= st.global_step:
                     self.should_stop = True
@@ -393,6 +400,22 @@ class Trainer:
             self._epoch_rows.append(row)
             self._write_metrics()
             self._call("on_train_epoch_end")
+
+    def _diverged(self, row, epoch, batch_index, step):
+        """Stops the fit at the first non-finite loss (read one batch behind, so with no extra device
+        synchronisation). Ultralytics reloads last.pt and retries the epoch; ptl stops instead, since the
+        same data, weights and settings would diverge again: nothing is saved from the broken weights and
+        the checkpoints already written stay as they were."""
+        losses = {n: float(v) for n, v in zip(LOSS_NAMES, row)}
+        bad = ", ".join("%s=%s" % (n, v) for n, v in losses.items() if not np.isfinite(v))
+        saver = next((c for c in self.callbacks if isinstance(c, cb.ModelCheckpoint)), None)
+        kept = [saver.last_model_path, saver.best_model_path] if saver else []
+        kept = sorted({p for p in kept + [self._resumed_from] if p and os.path.isfile(p)})
+        raise NonFiniteLossError(
+            "training diverged at epoch %d, batch %d (after %d optimizer steps): the loss is not finite (%s); "
+            "nothing was saved from these weights. %s; lower lr0, check the data, or use a precision with "
+            "more range" % (epoch, batch_index, step, bad, "Checkpoints kept: %s" % ", ".join(kept) if kept else
+                            "No checkpoint had been written"), epoch, batch_index, step, losses)
 
     def _validation_loop(self, row=None):
         self.num_val_batches = _limit(self.limit_val_batches, len(self._engine.val_loader), "limit_val_batches")
