@@ -57,6 +57,9 @@ def test_fit_writes_every_picture_and_log(fitted):
         assert im.size == (3 * 128 * 4, 3 * 128 * 4)  # 8 images, 3 x 3 tiles, enlarged 4 x
     for name in ("hparams.yaml", "metrics.csv", "results.csv", "predictions.json"):
         assert os.path.getsize(os.path.join(log, name)) > 0
+    # Ultralytics' weights/best.pt and last.pt as the EMA weights ptl writes, beside the full checkpoints
+    assert sorted(os.listdir(os.path.join(log, "weights"))) == ["best.safetensors", "last.safetensors"]
+    assert sorted(os.listdir(os.path.join(log, "checkpoints"))) == ["best.ckpt", "last.ckpt"]
 
 
 def test_hparams_yaml_reads_back(fitted):
@@ -383,7 +386,7 @@ def test_scan_labels_are_the_label_files(coco256):
 # ---- the Ultralytics tier -------------------------------------------------------------------------------
 
 @pytest.mark.ultralytics
-@pytest.mark.parametrize("scale", ["n", "s", "m", "l", "x"])
+@pytest.mark.parametrize("scale", ["n", "s"] + [pytest.param(s, marks=pytest.mark.slow) for s in "mlx"])  # m..x: 30-60 s
 def test_summary_line_matches_ultralytics(scale):
     """Layers, parameters and GFLOPs of Ultralytics 8.4.190's model_info for the same network and sizes."""
     from ultralytics.nn.tasks import DetectionModel
