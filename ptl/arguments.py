@@ -96,6 +96,8 @@ ARGS = (
     Arg("limit_train_batches", "trainer", "limit_train_batches", "limit",
         "training batches per epoch: N or a fraction"),
     Arg("limit_val_batches", "trainer", "limit_val_batches", "limit", "validation batches: N or a fraction", TV),
+    Arg("plots", "trainer", "plots", "bool", "write the run's plots (labels, batches, curves, confusion matrix)"),
+    Arg("coco_eval", "trainer", "coco_eval", "bool", "COCO evaluation of every validation (predictions.json)", TV),
     Arg("end2end", "trainer", "end2end", "bool",
         "validate the one-to-one head's top-k without NMS (false: the one-to-many head with NMS)", TV),
     Arg("overfit_batches", "trainer", "overfit_batches", "limit", "train and validate on the same first batches"),

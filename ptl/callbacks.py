@@ -500,17 +500,23 @@ class LearningRateMonitor(Callback):
 
 
 class ProgressBar(Callback):
-    """A live bar on a TTY (it/s, ETA, losses), redrawn in place on ``stream`` (default stderr); otherwise
-    plain lines, ``lines_per_epoch`` per epoch, through the ``ptl.callbacks`` logger (or written to
-    ``stream`` when one is given). Silent during the sanity check."""
+    """Training and validation progress, then the validation table.
 
-    def __init__(self, refresh_rate=1, stream=None, lines_per_epoch=4):
+    On a TTY one line is redrawn in place (a bar, it/s, ETA and the training losses) on ``stream`` (default
+    stderr); otherwise, as in a log file, ``lines_per_epoch`` plain lines per training epoch and per
+    validation, with no control characters, through the ``ptl.callbacks`` logger (or written to ``stream``
+    when one is given). Silent during the sanity check. After each validation: Ultralytics' table (:func:`ptl.report.validation_table`): the
+    ``all`` row and, with ``per_class``, one row per class present."""
+
+    def __init__(self, refresh_rate=1, stream=None, lines_per_epoch=4, per_class=True):
         self.refresh_rate = check_int("refresh_rate", refresh_rate, 1)
         if stream is not None and not callable(getattr(stream, "write", None)):
             raise ConfigError("stream: expected a text stream (with write) or None, got %r" % (stream,))
         self.stream = stream
         self.lines_per_epoch = check_int("lines_per_epoch", lines_per_epoch, 1)
+        self.per_class = check_bool("per_class", per_class)
         self._t0 = None
+        self._width = 0  # of the line on screen (TTY), padded over when redrawn shorter
 
     @property
     def _out(self):
@@ -527,48 +533,71 @@ class ProgressBar(Callback):
             self.stream.write(line + "\n")
             self.stream.flush()
 
+    @staticmethod
+    def _rate(t0, done, total):
+        elapsed = time.perf_counter() - t0
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = (total - done) / rate if rate > 0 and total else 0.0
+        return "%d/%s %.2fit/s eta %.0fs" % (done, total or "?", rate, eta)
+
+    def _show(self, text, batch_idx, total):
+        """Draws progress line ``text`` for batch ``batch_idx`` of ``total``."""
+        done = batch_idx + 1
+        last = bool(total) and done == total
+        if self._tty():
+            if done % self.refresh_rate == 0 or last:
+                bar_w = 20
+                fill = int(bar_w * done / total) if total else 0
+                line = "[%s%s] %s" % ("#" * fill, "-" * (bar_w - fill), text)
+                self._out.write("\r" + line.ljust(self._width))
+                self._width = len(line)
+                if last:
+                    self._out.write("\n")
+                    self._width = 0
+                self._out.flush()
+        else:
+            every = max(1, (total or 1) // self.lines_per_epoch)
+            if done % every == 0 or last:
+                self._say(text)
+
     def on_train_epoch_start(self, trainer, pl_module):
         self._t0 = time.perf_counter()
 
     def _line(self, trainer, batch_idx, total):
         """The progress line; the epoch's last one also counts the image files the train loader has left out
         (skipped at the scan or replaced after a failed decode, issue 18.2) when there are any."""
-        done = batch_idx + 1
-        elapsed = time.perf_counter() - self._t0
-        rate = done / elapsed if elapsed > 0 else 0.0
-        eta = (total - done) / rate if rate > 0 and total else 0.0
         losses = " ".join("%s=%.4g" % (k.split("/")[-1], v) for k, v in trainer.progress_metrics().items())
-        line = "epoch %d/%d %d/%s %.2fit/s eta %.0fs %s" % (
-            trainer.current_epoch + 1, trainer.max_epochs_effective, done, total or "?", rate, eta, losses)
+        line = "epoch %d/%d %s %s" % (trainer.current_epoch + 1, trainer.max_epochs_effective,
+                                      self._rate(self._t0, batch_idx + 1, total), losses)
         loader = getattr(getattr(trainer, "_engine", None), "train_loader", None)
-        skipped = getattr(loader, "skipped_files", 0) if total and done == total else 0
+        skipped = getattr(loader, "skipped_files", 0) if total and batch_idx + 1 == total else 0
         return line + (" skipped %d image file%s" % (skipped, "" if skipped == 1 else "s") if skipped else "")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if not _global_zero(trainer):
             return
         total = trainer.num_training_batches
-        last = total and batch_idx + 1 == total
-        if self._tty():
-            if (batch_idx + 1) % self.refresh_rate == 0 or last:
-                bar_w = 20
-                frac = (batch_idx + 1) / total if total else 0
-                bar = "#" * int(bar_w * frac) + "-" * (bar_w - int(bar_w * frac))
-                self._out.write("\r[%s] %s" % (bar, self._line(trainer, batch_idx, total)))
-                if last:
-                    self._out.write("\n")
-                self._out.flush()
-        else:
-            every = max(1, (total or 1) // max(1, self.lines_per_epoch))
-            if (batch_idx + 1) % every == 0 or last:
-                self._say(self._line(trainer, batch_idx, total))
+        self._show(self._line(trainer, batch_idx, total), batch_idx, total)
+
+    def on_validation_start(self, trainer, pl_module):
+        self._tv = time.perf_counter()
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if getattr(trainer, "sanity_checking", False) or not _global_zero(trainer):
+            return
+        total = getattr(trainer, "num_val_batches", 0)
+        self._show("validation %s" % self._rate(self._tv, batch_idx + 1, total), batch_idx, total)
 
     def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking or not _global_zero(trainer):
             return
-        shown = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("metrics/") or k.startswith("val/")}
-        if shown:
-            self._say("validation: " + " ".join("%s=%.4g" % (k, v) for k, v in sorted(shown.items())))
+        res = getattr(getattr(trainer, "_engine", None), "last_results", None)
+        if res is None:
+            return
+        from .report import validation_table
+        names = getattr(trainer.datamodule, "names", None)
+        for line in validation_table(res, names, self.per_class):
+            self._say(line)
 
 
 class CloseMosaic(Callback):

@@ -358,7 +358,7 @@ class Engine:
                 head = out["one2one" if trainer.end2end else "one2many"]
                 dets = _metrics.postprocess(head[0], head[1], (h, w), conf=0.001, end2end=trainer.end2end)
                 _update_metrics(met, dets, batch, h, w)
-                trainer._call("on_validation_batch_end", None, batch, j)
+                trainer._call("on_validation_batch_end", dets, batch, j)  # outputs: the detections per image
         finally:
             model.train(was)
         rows = np.asarray(loss_rows, np.float32).reshape(-1, 3)

@@ -39,7 +39,7 @@ from . import _C
 
 __all__ = [
     "IOU_THRESHOLDS", "CURVE_X", "postprocess", "letterbox_params", "scale_boxes", "target_boxes",
-    "match_predictions", "ap_per_class", "ConfusionMatrix", "DetectionMetrics",
+    "match_predictions", "ap_per_class", "smooth", "ConfusionMatrix", "DetectionMetrics",
 ]
 
 IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10).astype(np.float32)  # torch.linspace(0.5, 0.95, 10)
@@ -192,6 +192,16 @@ def ap_per_class(tp, conf, pred_cls, gt_cls):
     return res
 
 
+def smooth(y, fraction=0.1):
+    """``y`` (1-D) through a box filter of ``round(len(y) * fraction * 2) // 2 + 1`` points, its end values
+    repeated past the ends (8.4.190's ``smooth``); the C filter that picks ``best_conf`` from the mean F1
+    curve (fraction 0.1 of CURVE_X). Returns a new float64 array."""
+    y = _vec(y, np.float64)
+    out = np.empty_like(y)
+    _C.box_filter(y, out, round(len(y) * float(fraction) * 2) // 2 + 1)
+    return out
+
+
 class ConfusionMatrix:
     """8.4.190's detection ``ConfusionMatrix``: ``matrix`` (nc + 1, nc + 1) int64 indexed
     [predicted, true], the last row and column for the background (a missed ground truth counts in
@@ -257,13 +267,15 @@ class DetectionMetrics:
             self.confusion.update(pb, scores[order], pc, gb, gc)
 
     def compute(self):
-        """``ap_per_class``'s dict over everything seen, plus ``n_images`` (images containing each class),
+        """``ap_per_class``'s dict over everything seen, plus ``seen`` (images updated), ``n_images`` (images
+        containing each class),
         ``per_class`` ({name: {"n_images", "n_gt", "precision", "recall", "ap50", "ap50_95"}}),
         ``ap_per_class`` ({name: AP50-95}) and ``confusion_matrix`` (when the class count is known)."""
         cat = lambda xs, shape, dt: np.concatenate(xs) if xs else np.zeros(shape, dt)  # noqa: E731
         res = ap_per_class(cat(self._tp, (0, len(IOU_THRESHOLDS)), bool), cat(self._conf, 0, np.float64),
                            cat(self._cls, 0, np.int64), cat(self._gt, 0, np.int64))
         imgs = cat(self._img, 0, np.int64)
+        res["seen"] = len(self._tp)
         res["n_images"] = np.array([(imgs == c).sum() for c in res["classes"]], np.int64)
         key = (lambda c: self.names[c]) if self.names is not None else (lambda c: c)
         res["per_class"] = {

@@ -1,13 +1,22 @@
-"""The run folder's files: ``runs/<name>/version_N``, ``args.yaml`` (every resolved argument, flat: what
-``ptl train cfg=args.yaml`` reads back), ``hparams.yaml`` (the settings nested by part, for Lightning users;
-valid YAML that ``yaml.safe_load`` reads back), ``metrics.csv`` (one row per epoch, rewritten atomically)
-and ``results.png`` (its curves, when matplotlib is installed). Every file is written atomically."""
-import csv
-import logging
+"""The run folder's own files: ``args.yaml`` (every resolved argument, flat: what ``ptl train
+cfg=args.yaml`` reads back), ``results.csv`` (Ultralytics' columns, one row per epoch, appended) and the
+atomic file writes every report uses. The loggers (``metrics.csv``, ``hparams.yaml``, event files) are
+:mod:`ptl.loggers`; the plots :mod:`ptl.plots`."""
+import contextlib
 import os
 
-from .checkpoint import jsonable
 from .errors import ConfigError
+
+# results.csv as Ultralytics 8.4.190 writes it (engine/trainer.py save_metrics), then one lr/pg<i> per
+# parameter group; ptl's L1 box term stands in Ultralytics' dfl column (spec: reg_max 1)
+RESULTS_COLUMNS = ("epoch", "time", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision(B)",
+                   "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)", "val/box_loss", "val/cls_loss",
+                   "val/dfl_loss")
+_RESULTS_SOURCE = {"train/box_loss": "train/box_loss", "train/cls_loss": "train/cls_loss",
+                   "train/dfl_loss": "train/l1_loss", "metrics/precision(B)": "metrics/precision",
+                   "metrics/recall(B)": "metrics/recall", "metrics/mAP50(B)": "metrics/mAP50",
+                   "metrics/mAP50-95(B)": "metrics/mAP50-95", "val/box_loss": "val/box_loss",
+                   "val/cls_loss": "val/cls_loss", "val/dfl_loss": "val/l1_loss"}
 
 
 def check_run_name(name):
@@ -19,7 +28,8 @@ def check_run_name(name):
 
 
 def make_run_dir(root, name, versioned):
-    """``root/runs/name/version_N`` (the next free N) when ``versioned``, else ``root``; created."""
+    """``root/runs/name/version_N`` (the next free N) when ``versioned``, else ``root``; created (the
+    folders of ``Trainer.predict``; a fit's run folder is its first logger's, ptl.loggers)."""
     if versioned:
         base = os.path.join(root, "runs", name)
         os.makedirs(base, exist_ok=True)
@@ -40,81 +50,76 @@ def remove_if_empty(path):
         pass
 
 
-log = logging.getLogger(__name__)
-
-
-def _write_text(path, text):
-    """Writes ``text`` to ``path`` through a temporary file that is flushed and renamed."""
+@contextlib.contextmanager
+def atomic_path(path):
+    """Yields a temporary name beside ``path``; renamed to ``path`` when the block ends without error,
+    removed otherwise: readers see the old file or the whole new one."""
     tmp = "%s.tmp.%d" % (path, os.getpid())
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
 
 
-def _yaml_text(values, flow):
-    import yaml
-    return yaml.safe_dump(jsonable(values), sort_keys=False, default_flow_style=flow, width=1 << 16)
+def write_atomic(path, data):
+    """Writes bytes to ``path`` atomically (temporary file, fsync, rename)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
 
 
-def write_hparams(log_dir, hparams):
-    """``hparams.yaml``: nested by part (trainer, model, data); lists inline."""
-    _write_text(os.path.join(log_dir, "hparams.yaml"), _yaml_text(hparams, None))
+def append_fsynced(path, text):
+    """Appends text to an existing file with one write, then fsyncs: a crash keeps what was written before."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fmt(v):
+    return "" if v is None else "%.6g" % v
+
+
+class ResultsCSV:
+    """``results.csv``: Ultralytics' header and number format (``%.6g``, 1-based ``epoch``, ``time`` the
+    seconds of training and validation so far), one row per epoch. ``start`` writes the file anew
+    (atomically) with the rows so far (those of a resumed checkpoint too); ``append`` adds the new rows
+    with one fsynced write each, so a crash keeps every finished epoch. A value the epoch did not
+    measure (no validation) is left empty."""
+
+    def __init__(self, path, groups):
+        self.path = path
+        self.columns = RESULTS_COLUMNS + tuple("lr/pg%d" % i for i in range(len(groups)))
+        self._done = 0
+
+    def line(self, rows, k):
+        """The CSV line of epoch row ``rows[k]`` (its time counts the epochs before it)."""
+        row = rows[k]
+        elapsed = sum(float(r.get("time", 0.0)) for r in rows[:k + 1])
+        lrs = {int(key[len("lr/pg"):].split("_")[0]): v for key, v in row.items() if key.startswith("lr/pg")}
+        values = [row["epoch"] + 1, elapsed] + [row.get(_RESULTS_SOURCE[c]) for c in RESULTS_COLUMNS[2:]]
+        values += [lrs.get(i) for i in range(len(self.columns) - len(RESULTS_COLUMNS))]
+        return ",".join(_fmt(v) for v in values) + "\n"
+
+    def start(self, rows):
+        text = ",".join(self.columns) + "\n" + "".join(self.line(rows, k) for k in range(len(rows)))
+        write_atomic(self.path, text.encode())
+        self._done = len(rows)
+
+    def append(self, rows):
+        append_fsynced(self.path, "".join(self.line(rows, k) for k in range(self._done, len(rows))))
+        self._done = len(rows)
 
 
 def write_args(log_dir, args):
     """``args.yaml``: one ``key: value`` line per argument (:func:`ptl.arguments.resolved_args`)."""
-    _write_text(os.path.join(log_dir, "args.yaml"), _yaml_text(args, False))
-
-
-def write_metrics(log_dir, rows):
-    keys = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    path = os.path.join(log_dir, "metrics.csv")
-    tmp = path + ".tmp"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("%.6g" % v if isinstance(v, float) else v) for k, v in r.items()})
-    os.replace(tmp, path)
-    plot_results(path, os.path.join(log_dir, "results.png"))
-
-
-def plot_results(csv_path, png_path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        if not getattr(plot_results, "warned", False):
-            log.warning("matplotlib is not installed; results.png skipped")
-            plot_results.warned = True
-        return
-    with open(csv_path) as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        return
-    keys = [k for k in rows[0] if k not in ("epoch", "step", "time")]
-    n = len(keys)
-    cols = min(5, n)
-    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(3.2 * cols, 2.6 * ((n + cols - 1) // cols)),
-                             squeeze=False)
-    x = [int(r["epoch"]) for r in rows]
-    for ax, k in zip(axes.flat, keys):
-        y = [float(r[k]) if r.get(k) not in (None, "") else float("nan") for r in rows]
-        ax.plot(x, y, marker=".")
-        ax.set_title(k, fontsize=9)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    fig.tight_layout()
-    tmp = png_path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, png_path)
+    import yaml
+    from .checkpoint import jsonable
+    text = yaml.safe_dump(jsonable(args), sort_keys=False, default_flow_style=False, width=1 << 16)
+    write_atomic(os.path.join(log_dir, "args.yaml"), text.encode())

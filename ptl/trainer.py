@@ -24,8 +24,10 @@ from . import callbacks as cb
 from . import checkpoint as _checkpoint
 from . import cuda as _cuda
 from . import distributed as _distributed
+from . import loggers as _loggers
 from . import random as _random
-from . import runlog
+from . import report, runlog
+from .plots import Plots
 from .errors import ConfigError, DivergenceError
 from .hparams_check import check_bool, check_float, check_int
 from .optim import choose_optimizer
@@ -190,7 +192,7 @@ class Trainer:
                  check_val_every_n_epoch=1, num_sanity_val_steps=None, enable_checkpointing=None,
                  enable_progress_bar=None, accumulate_grad_batches=None, gradient_clip_val=10.0, deterministic=None,
                  default_root_dir=None, name="train", seed=None, patience=None, freeze=None, timeout=None,
-                 end2end=False):
+                 end2end=False, log_every_n_steps=50, enable_model_summary=True, plots=True, coco_eval=False):
         check_int("max_epochs", max_epochs, 1, none_ok=True)
         if check_int("max_steps", max_steps, -1) == 0:
             raise ConfigError("max_steps: expected -1 (no limit) or an int >= 1, got 0")
@@ -235,9 +237,11 @@ class Trainer:
             dev_batches = check_int("fast_dev_run", fast_dev_run, 0)
         if accelerator == "cpu" and precision not in (None, "auto") and PRECISIONS[precision] != "float32":
             raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (precision,))
-        if logger is not None:
-            check_bool("logger", logger)
         check_bool("end2end", end2end)
+        for flag, value in (("enable_model_summary", enable_model_summary), ("plots", plots),
+                            ("coco_eval", coco_eval)):
+            check_bool(flag, value)
+        check_int("log_every_n_steps", log_every_n_steps, 1)
         for flag, value in (("enable_progress_bar", enable_progress_bar),
                             ("enable_checkpointing", enable_checkpointing)):
             if value is not None:
@@ -289,7 +293,11 @@ class Trainer:
         self.devices, self.num_nodes, self.strategy, self.timeout = devices, num_nodes, strategy, timeout
         self.end2end = end2end
         self._dist = _distributed.Context()  # one process until fit() joins a job
-        self.logger = logger is not False
+        # the loggers (a TypeError for anything else) and results.csv: ptl.loggers
+        self._logging = _loggers.LoggerConnector(logger, log_every_n_steps, self.default_root_dir, name)
+        self.loggers = self._logging.loggers
+        self.log_every_n_steps = log_every_n_steps
+        self.enable_model_summary = enable_model_summary
         self.name = name
         self.seed = seed
         self.patience = patience
@@ -304,6 +312,11 @@ class Trainer:
                                                      monitor_optional=True))
         if self.enable_progress_bar and not any(isinstance(c, cb.ProgressBar) for c in self.callbacks):
             self.callbacks.append(cb.ProgressBar())
+        if plots and not any(isinstance(c, Plots) for c in self.callbacks):
+            self.callbacks.append(Plots())
+        if coco_eval:
+            from .coco_eval import COCOEvaluator  # needs faster-coco-eval or pycocotools
+            self.callbacks.append(COCOEvaluator())
         self.callback_metrics = {}
         self.logged_metrics = {}
         self.should_stop = False
@@ -313,6 +326,7 @@ class Trainer:
         self.validated_this_epoch = False
         self.current_epoch_completed = 0
         self.num_training_batches = 0
+        self.num_val_batches = 0
         self.loss_history = []  # per training batch: the objective's losses vector (float32, LOSS_NAMES)
         self._resumed_from = None  # the checkpoint this fit resumed from (named when a fit diverges)
         self._last_batch = (0, 0, 0)  # epoch, batch index and optimizer steps after the latest training batch
@@ -391,6 +405,11 @@ class Trainer:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         return "cuda:%d" % ids[0]
+
+    @property
+    def logger(self):
+        """The first logger (None without one), as Lightning's ``trainer.logger``."""
+        return self.loggers[0] if self.loggers else None
 
     def log_dict(self, values):
         for k, v in values.items():
@@ -494,6 +513,8 @@ class Trainer:
             self._start_messages(ckpt_path)
             self._write_hparams()
             self._write_args(ckpt_path)
+            if self.enable_model_summary:
+                report.print_fit_summary(self)
             self._call("on_fit_start")
             self._sanity_check()
             self._train_start = _clock()
@@ -505,7 +526,7 @@ class Trainer:
         try:
             self._guarded("fit", model, run)
         except _checkpoint.CheckpointError:
-            if self.logger:  # the fresh version_N folder: the failed resume wrote nothing there
+            if self.loggers and self.is_global_zero:  # the fresh version_N folder: the failed resume wrote nothing there
                 runlog.remove_if_empty(self.log_dir)
             raise
         return self
@@ -579,16 +600,18 @@ class Trainer:
                     c.on_exception(self, model, exc)
                 except Exception:
                     pass
-            self._teardown(stage)
+            self._teardown(stage, "failed")
             raise
-        self._teardown(stage)
+        self._teardown(stage, "success")
         return result
 
-    def _teardown(self, stage):
+    def _teardown(self, stage, status):
         try:
             self._call("teardown", stage)
         finally:
             self.state.fn = None
+            if stage == "fit":
+                self._logging.finalize(status)
             if self._engine is not None:
                 self._engine.close()
 
@@ -678,6 +701,7 @@ class Trainer:
                 epoch_items.append(row[ITEM])
                 self.callback_metrics.update({"train/box_loss": float(row[7]), "train/cls_loss": float(row[8]),
                                               "train/l1_loss": float(row[9])})
+                self._logging.log_step(self, row, len(self.loss_history))
             res = None
             for i, batch in enumerate(eng.train_loader):
                 if i >= self.num_training_batches:
@@ -752,6 +776,7 @@ class Trainer:
                 "No checkpoint had been written"), epoch, batch_index, step, losses, tensors)
 
     def _validation_loop(self, row=None):
+        self.num_val_batches = _limit(self.limit_val_batches, len(self._engine.val_loader), "limit_val_batches")
         res = self._run_validation()
         if not self.validating_mid_epoch:
             self.validated_this_epoch = True
@@ -766,8 +791,9 @@ class Trainer:
 
     # ---------------------------------------------------------------------------- validate etc.
     def validate(self, model, datamodule):
-        """Validates ``model``'s current weights; returns ``[metrics dict]`` like Lightning. Writes no file:
-        checkpoint and early-stopping callbacks act only while fitting, as in Lightning."""
+        """Validates ``model``'s current weights; returns ``[metrics dict]`` like Lightning. Writes no file
+        (but ``predictions.json`` with ``coco_eval``): checkpoint and early-stopping callbacks act only while
+        fitting, as in Lightning."""
         self._join_job()
         self._check_precision(self.device)
         self.model, self.datamodule = model, datamodule
@@ -800,11 +826,14 @@ class Trainer:
 
     # -------------------------------------------------------------------------------- logs
     def _configure_run_dir(self):
-        """Rank 0 makes the run folder (none with fast_dev_run); the other ranks are told its path."""
+        """Rank 0 makes the run folder (its first logger's log_dir; none with fast_dev_run) and writes through
+        the loggers; the other ranks are told its path and write nothing."""
         if self.fast_dev_run:  # writes nothing, not even the folder
+            self.loggers = []
             self.log_dir = self.default_root_dir
             return
-        path = runlog.make_run_dir(self.default_root_dir, self.name, bool(self.logger)) if self.is_global_zero else None
+        path = self._logging.setup(self.is_global_zero)
+        self.loggers = self._logging.loggers
         self.log_dir = self._dist.group.broadcast_object(path) if self._dist.group is not None else path
 
     def hparams(self):
@@ -822,8 +851,7 @@ class Trainer:
         return h
 
     def _write_hparams(self):
-        if self.logger and self.is_global_zero:
-            runlog.write_hparams(self.log_dir, self.hparams())
+        self._logging.log_hyperparams(self.hparams())
 
     def _write_args(self, ckpt_path):
         if self.logger and self.is_global_zero:
@@ -832,8 +860,7 @@ class Trainer:
                                                           self.capture_network))
 
     def _write_metrics(self):
-        if self.logger and self.is_global_zero:
-            runlog.write_metrics(self.log_dir, self._epoch_rows)
+        self._logging.log_epoch(self, self._epoch_rows, len(self.loss_history), self.log_dir)
 
     # ----------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, path):

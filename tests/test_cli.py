@@ -257,6 +257,9 @@ def test_resume_that_continues_prints_the_digest(files, capsys):
                 r"ResumeWarning: ckpt_path: .*unfinished\.ckpt comes from a run planned for 3 epoch\(s\); resuming it "
                 r"for 2 changes the learning-rate schedule",
                 r"resuming from .*unfinished\.ckpt at epoch 1$",
+                # the fit's summary (ptl.report): model, datasets, optimizer choice and groups
+                r"YOLO26n summary: 260 layers, 2,572,280 parameters, 2,572,280 gradients, [0-9.]+ GFLOPs$",
+                r"train: .*128 images, ", r"val: .*128 images, ", r"optimizer: ", r"optimizer: ",
                 r"run folder %s\d+$" % re.escape(str(files["root"] / "runs" / "train" / "version_"))]
     assert len(err) == len(expected), err
     for line, pattern in zip(err, expected):

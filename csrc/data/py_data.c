@@ -476,14 +476,21 @@ static int scan_job(void *arg, const atomic_int *cancel)
     return ptl_dataset_scan(a->images, a->labels, a->n, &a->cfg, cancel, &a->ds);
 }
 
-/* The scan's results for Python (problems, counts, shapes, files). */
+/* The scan's results for Python (problems, counts, shapes, files, and every kept label as a row
+ * (item index, cls, cx, cy, w, h) in item order: the reports' label statistics and COCO ground truth). */
 static PyObject *scan_info(const ptl_dataset *ds)
 {
-    PyObject *log = PyList_New(ds->log.n), *shapes = NULL, *files = NULL, *unsup = NULL;
-    npy_intp dims[2] = {ds->n, 2};
+    PyObject *log = PyList_New(ds->log.n), *shapes = NULL, *files = NULL, *unsup = NULL, *labels = NULL;
+    npy_intp dims[2] = {ds->n, 2}, ldims[2] = {(npy_intp)ds->n_boxes, 6};
     if (!log || !(shapes = PyArray_SimpleNew(2, dims, NPY_INT64)) || !(files = PyList_New(ds->n)) ||
-        !(unsup = PyDict_New()))
+        !(unsup = PyDict_New()) || !(labels = PyArray_SimpleNew(2, ldims, NPY_FLOAT32)))
         goto fail;
+    float *row = (float *)PyArray_DATA((PyArrayObject *)labels);
+    for (int i = 0; i < ds->n; i++)
+        for (int k = 0; k < ds->items[i].n; k++, row += 6) {
+            row[0] = (float)i;
+            memcpy(row + 1, ds->items[i].labels + 5 * k, 5 * sizeof(float));
+        }
     for (int i = 0; i < ds->log.n; i++) {
         PyObject *s = PyUnicode_DecodeUTF8(ds->log.msg[i], (Py_ssize_t)strlen(ds->log.msg[i]), "replace");
         if (!s)
@@ -507,15 +514,17 @@ static PyObject *scan_info(const ptl_dataset *ds)
         }
         Py_XDECREF(c);
     }
-    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:N,s:N,s:N,s:N}", "n", ds->n, "skipped", ds->n_skipped,
-                         "duplicates", ds->n_duplicates, "missing_labels", ds->n_missing_labels, "labeled",
-                         ds->n_labeled, "empty", ds->n_empty, "boxes", (long long)ds->n_boxes, "max_labels",
-                         ds->max_labels, "log", log, "shapes", shapes, "files", files, "unsupported", unsup);
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:N,s:N,s:N,s:N,s:N}", "n", ds->n, "skipped",
+                         ds->n_skipped, "duplicates", ds->n_duplicates, "missing_labels", ds->n_missing_labels,
+                         "labeled", ds->n_labeled, "empty", ds->n_empty, "boxes", (long long)ds->n_boxes,
+                         "max_labels", ds->max_labels, "log", log, "shapes", shapes, "files", files, "unsupported",
+                         unsup, "labels", labels);
 fail:
     Py_XDECREF(log);
     Py_XDECREF(shapes);
     Py_XDECREF(files);
     Py_XDECREF(unsup);
+    Py_XDECREF(labels);
     return NULL;
 }
 

@@ -125,6 +125,23 @@ static int64_t class_slot(const int64_t *classes, int64_t nc, int64_t c)
     return lo < nc && classes[lo] == c ? lo : -1;
 }
 
+int ptl_box_filter(const double *y, int64_t n, int64_t width, double *out)
+{
+    if (!y || !out || n < 1 || width < 1 || width % 2 == 0)
+        return ptl_set_error(PTL_ERR_VALUE, "box_filter: expected n >= 1 points and an odd width >= 1, got n=%lld, "
+                             "width=%lld", (long long)n, (long long)width);
+    const int64_t half = width / 2;
+    for (int64_t i = 0; i < n; i++) {
+        double s = 0.0;
+        for (int64_t j = 0; j < width; j++) {
+            int64_t k = i + j - half; /* the edges repeated: np.convolve over the padded curve */
+            s += y[k < 0 ? 0 : k >= n ? n - 1 : k] * (1.0 / (double)width);
+        }
+        out[i] = s;
+    }
+    return 0;
+}
+
 static void *zalloc(size_t n, size_t size) { return calloc(n ? n : 1, size); }
 
 int ptl_ap_per_class(int64_t n, const uint8_t *tp, const double *conf, const int64_t *pred_cls, int64_t m,
@@ -133,7 +150,7 @@ int ptl_ap_per_class(int64_t n, const uint8_t *tp, const double *conf, const int
     conf_index *order = NULL;
     int64_t *sorted_gt = NULL, *start = NULL, *members = NULL, *fill = NULL;
     double *own_p = NULL, *own_r = NULL, *own_f1 = NULL, *negconf = NULL, *recall = NULL, *precision = NULL,
-           *mrec = NULL, *mpre = NULL, *col_r = NULL, *col_p = NULL, *smooth_in = NULL;
+           *mrec = NULL, *mpre = NULL, *col_r = NULL, *col_p = NULL;
     double *p_curve, *r_curve, *f1_curve;
     int64_t nc = 0, maxp = 1;
     int rc = -1;
@@ -226,8 +243,7 @@ int ptl_ap_per_class(int64_t n, const uint8_t *tp, const double *conf, const int
     col_p = (double *)malloc((size_t)maxp * sizeof *col_p);
     mrec = (double *)malloc((size_t)(maxp + 3) * sizeof *mrec);
     mpre = (double *)malloc((size_t)(maxp + 3) * sizeof *mpre);
-    smooth_in = (double *)malloc((PTL_AP_CURVE + PTL_AP_SMOOTH - 1) * sizeof *smooth_in);
-    if (!negconf || !recall || !precision || !col_r || !col_p || !mrec || !mpre || !smooth_in)
+    if (!negconf || !recall || !precision || !col_r || !col_p || !mrec || !mpre)
         goto oom;
 
     for (int64_t c = 0; c < nc; c++) {
@@ -271,8 +287,7 @@ int ptl_ap_per_class(int64_t n, const uint8_t *tp, const double *conf, const int
 
     /* F1 per class and point; its mean over classes, box-filtered with edge padding; first argmax */
     {
-        const int half = PTL_AP_SMOOTH / 2;
-        double mean_f1[PTL_AP_CURVE];
+        double mean_f1[PTL_AP_CURVE], smoothed[PTL_AP_CURVE];
         for (int i = 0; i < PTL_AP_CURVE; i++) {
             double s = 0.0;
             for (int64_t c = 0; c < nc; c++) {
@@ -282,18 +297,13 @@ int ptl_ap_per_class(int64_t n, const uint8_t *tp, const double *conf, const int
             }
             mean_f1[i] = s / (double)nc;
         }
-        for (int i = 0; i < PTL_AP_CURVE + PTL_AP_SMOOTH - 1; i++)
-            smooth_in[i] = i < half ? mean_f1[0] : i >= half + PTL_AP_CURVE ? mean_f1[PTL_AP_CURVE - 1] : mean_f1[i - half];
+        ptl_box_filter(mean_f1, PTL_AP_CURVE, PTL_AP_SMOOTH, smoothed);
         double best = -INFINITY;
-        for (int i = 0; i < PTL_AP_CURVE; i++) {
-            double s = 0.0;
-            for (int j = 0; j < PTL_AP_SMOOTH; j++)
-                s += smooth_in[i + j] * (1.0 / PTL_AP_SMOOTH);
-            if (s > best) {
-                best = s;
+        for (int i = 0; i < PTL_AP_CURVE; i++)
+            if (smoothed[i] > best) {
+                best = smoothed[i];
                 res->best_index = i;
             }
-        }
         res->best_conf = grid((int)res->best_index, PTL_AP_CURVE);
     }
     {
@@ -340,6 +350,5 @@ fail:
     free(col_p);
     free(mrec);
     free(mpre);
-    free(smooth_in);
     return rc;
 }

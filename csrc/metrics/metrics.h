@@ -37,6 +37,11 @@ float ptl_box_iou_f(const float *a, const float *b);
 int ptl_match_predictions(int64_t n, const float *pred_boxes, const int64_t *pred_cls, int64_t m,
                           const float *gt_boxes, const int64_t *gt_cls, uint8_t *tp);
 
+/* out[i] = the mean of y over the `width` points centred on i (width odd), y's first and last values
+ * repeated past its ends: Ultralytics' smooth(), a box filter of round(n * f * 2) // 2 + 1 points. The
+ * best-F1 confidence is the first maximum of the mean F1 curve filtered so; the P/R/F1 plots draw it. */
+int ptl_box_filter(const double *y, int64_t n, int64_t width, double *out);
+
 /* One image into the (nc + 1) x (nc + 1) confusion matrix, indexed [predicted][true], background last:
  * predictions with conf > conf_thres, class-agnostic greedy matching in descending confidence (stable),
  * each taking the unclaimed ground truth of highest IoU when it exceeds iou_thres. Counts are added. */

@@ -341,6 +341,32 @@ fail:
     return ret;
 }
 
+static PyObject *py_box_filter(PyObject *self, PyObject *args)
+{
+    PyObject *yo, *outo;
+    long long width;
+    Py_buffer y, out;
+    int rc;
+    if (!PyArg_ParseTuple(args, "OOL:box_filter", &yo, &outo, &width))
+        return NULL;
+    if (buffer_arg(yo, "y", 'f', 8, 0, -1, &y) < 0)
+        return NULL;
+    if (buffer_arg(outo, "out", 'f', 8, 1, y.len / 8, &out) < 0) {
+        PyBuffer_Release(&y);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    rc = ptl_box_filter(y.buf, (int64_t)(y.len / 8), (int64_t)width, out.buf);
+    Py_END_ALLOW_THREADS;
+    PyBuffer_Release(&y);
+    PyBuffer_Release(&out);
+    if (rc != 0) {
+        ptl_raise(self);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"postprocess", (PyCFunction)(void (*)(void))py_postprocess, METH_VARARGS | METH_KEYWORDS,
      "postprocess(boxes, scores, img_h, img_w, max_det=300, conf=0.001) -> (out (B, k, 6), count (B,))\n"
@@ -360,6 +386,8 @@ static PyMethodDef methods[] = {
      "ap_per_class(tp u8 (n, 10), conf f64, pred_cls i64, gt_cls i64, classes, n_gt, n_pred (i64 out), "
      "ap (cap, 10), precision, recall, f1, tp, fp (cap), p_curve, r_curve, f1_curve, pr_curve (cap, 1000) "
      "(f64 out)) -> dict of scalars"},
+    {"box_filter", py_box_filter, METH_VARARGS,
+     "box_filter(y f64 (n), out f64 (n) out, width): the centred mean over width (odd) points, edges repeated"},
     {NULL, NULL, 0, NULL},
 };
 
