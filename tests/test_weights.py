@@ -755,7 +755,9 @@ def ultralytics_transfers(ultralytics_made, coco256):
     out, _ = ultralytics_made
     cases = transfer_cases(coco256)
     r = subprocess.run([sys.executable, "-c", TRANSFER_ULTRALYTICS, str(out), json.dumps(cases)], capture_output=True,
-                       text=True, timeout=900, env=dict(os.environ, YOLO_OFFLINE="1"))
+                       # its 'Transferred a/b' line is an INFO record: verbose even where another test module
+                       # has set YOLO_VERBOSE=False in this process's environment
+                       text=True, timeout=900, env=dict(os.environ, YOLO_OFFLINE="1", YOLO_VERBOSE="True"))
     assert r.returncode == 0, r.stderr
     return out, cases, json.loads(r.stdout.strip().splitlines()[-1])
 
