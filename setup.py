@@ -7,6 +7,8 @@ Environment:
   PTL_CUDA_ARCH       comma-separated targets: sm_XX = machine code, compute_XX = PTX
                       (default "sm_90,compute_80": Hopper code plus PTX for Ampere/Ada and newer)
   PTL_JOBS            parallel compile jobs (default: CPU count)
+  PTL_DNNL=0          build without oneDNN (the fast CPU convolutions, csrc/cpu/); PTL_DNNL=1 fails if
+                      it is not found (Debian/Ubuntu: apt-get install libdnnl-dev)
 """
 import glob
 import hashlib
@@ -15,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy
@@ -84,6 +87,26 @@ def _gencode():
     return flags
 
 
+def _system_library(name, header, lib):
+    """True when `header` compiles and -l`lib` links with the system compiler's default paths. PTL_<name>=0
+    skips the library, PTL_<name>=1 makes its absence an error."""
+    flag = os.environ.get("PTL_" + name, "").strip()
+    if flag == "0":
+        return False
+    cc = (sysconfig.get_config_var("CC") or "gcc").split()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as f:
+            f.write("#include <%s>\nint main(void) { return 0; }\n" % header)
+        found = subprocess.run([cc, src, "-o", os.path.join(tmp, "probe"), "-l" + lib],
+                               capture_output=True).returncode == 0
+    if not found and flag == "1":
+        sys.exit("PTL_%s=1 but <%s> with -l%s was not found" % (name, header, lib))
+    if not found:
+        print("ptl: <%s> not found; building without it (PTL_%s=0 silences this)" % (header, name), file=sys.stderr)
+    return found
+
+
 CUDA_HOME = _cuda_home()
 C_SOURCES = sorted(glob.glob("csrc/**/*.c", recursive=True))
 CU_SOURCES = sorted(glob.glob("csrc/cuda/**/*.cu", recursive=True))
@@ -102,6 +125,9 @@ if CUDA_HOME:
     rpath += [cuda_lib, cudnn_lib]
     libraries += ["cudart_static", "cublasLt", "cublas", "cudnn", "stdc++", "dl", "rt", "pthread"]
     macros.append(("PTL_WITH_CUDA", "1"))
+if _system_library("DNNL", "oneapi/dnnl/dnnl.h", "dnnl"):
+    libraries.append("dnnl")
+    macros.append(("PTL_WITH_DNNL", "1"))
 macros.append(("NPY_NO_DEPRECATED_API", "NPY_1_21_API_VERSION"))
 
 C_FLAGS = ["-std=gnu11", "-O2", "-fPIC", "-fopenmp", "-ffp-contract=off", "-Wall", "-Wextra",

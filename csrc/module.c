@@ -11,6 +11,7 @@ int ptl_register_metrics(PyObject *module);
 int ptl_register_layers(PyObject *module);
 int ptl_register_io(PyObject *module);
 int ptl_register_train(PyObject *module);
+int ptl_register_cpu(PyObject *module);
 #ifdef PTL_WITH_CUDA
 int ptl_register_layers_cuda(PyObject *module);
 int ptl_register_network_cuda(PyObject *module);
@@ -19,7 +20,7 @@ int ptl_register_network_cuda(PyObject *module);
 static const ptl_register_fn registrations[] = {
     ptl_register_tensor, ptl_register_cuda,   ptl_register_random, ptl_register_objective,
     ptl_register_optim,  ptl_register_data,   ptl_register_nn,     ptl_register_metrics,
-    ptl_register_layers, ptl_register_io,     ptl_register_train,
+    ptl_register_layers, ptl_register_io,     ptl_register_train,  ptl_register_cpu,
 #ifdef PTL_WITH_CUDA
     ptl_register_layers_cuda, ptl_register_network_cuda,
 #endif

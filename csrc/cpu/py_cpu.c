@@ -1,0 +1,235 @@
+/* Python bindings of the fast CPU backend (csrc/cpu/), for tests and benchmarks: ptl._C.cpu_* functions.
+ * Every output is passed in (overwritten or accumulated as the C function does), so a benchmark times
+ * the kernel alone. Tensors are float32 CPU tensors. */
+#include "../py.h"
+#include "conv2d.h"
+#include "threads.h"
+
+static const ptl_device CPU = {PTL_CPU, 0};
+
+static PtlTensor *arg(PyObject *m, PyObject *obj, const char *name, int ndim, const int64_t *shape)
+{
+    return ptl_tensor_arg(m, obj, name, PTL_FLOAT32, &CPU, ndim, shape);
+}
+
+#define RUN(call)                                                                                            \
+    do {                                                                                                     \
+        int rc_;                                                                                             \
+        Py_BEGIN_ALLOW_THREADS rc_ = (call);                                                                 \
+        Py_END_ALLOW_THREADS if (rc_ != 0) return ptl_raise(m);                                              \
+    } while (0)
+
+/* ------------------------------------------------------------------ threads */
+
+static PyObject *py_cpu_threads(PyObject *m, PyObject *noargs)
+{
+    (void)m;
+    (void)noargs;
+    return PyLong_FromLong(ptl_cpu_threads());
+}
+
+/* ------------------------------------------------------------------ conv2d plans */
+
+/* A plan with the workspace its calls need, owned by a capsule. */
+typedef struct {
+    ptl_cpu_conv2d_plan *plan;
+    void *workspace;
+    size_t workspace_bytes;
+} conv_plan_box;
+
+static const char PLAN_CAPSULE[] = "ptl.cpu_conv2d_plan";
+
+static void plan_box_free(PyObject *capsule)
+{
+    conv_plan_box *b = PyCapsule_GetPointer(capsule, PLAN_CAPSULE);
+    if (!b)
+        return;
+    ptl_cpu_conv2d_plan_destroy(b->plan);
+    free(b->workspace);
+    free(b);
+}
+
+static const ptl_cpu_conv2d_plan *plan_arg(PyObject *obj, void **ws, size_t *ws_bytes)
+{
+    conv_plan_box *b = PyCapsule_GetPointer(obj, PLAN_CAPSULE);
+    if (!b)
+        return NULL;
+    *ws = b->workspace;
+    *ws_bytes = b->workspace_bytes;
+    return b->plan;
+}
+
+static PyObject *py_cpu_conv2d_available(PyObject *m, PyObject *noargs)
+{
+    (void)m;
+    (void)noargs;
+    return PyBool_FromLong(ptl_cpu_conv2d_available());
+}
+
+/* cpu_conv2d_plan(n, h, w, cin, cout, k, stride, groups, weights="ohwi", bias=False, directions=7) -> plan */
+static PyObject *py_cpu_conv2d_plan(PyObject *m, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"n", "h", "w", "cin", "cout", "k", "stride", "groups", "weights", "bias", "directions",
+                             NULL};
+    int n, h, w, cin, cout, k, stride, groups, bias = 0, directions = PTL_CPU_CONV_ALL;
+    const char *layout = "ohwi";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiiii|spi:cpu_conv2d_plan", kwlist, &n, &h, &w, &cin, &cout, &k,
+                                     &stride, &groups, &layout, &bias, &directions))
+        return NULL;
+    ptl_cpu_conv2d_opts o = {.bias = bias, .directions = directions};
+    if (!strcmp(layout, "ohwi"))
+        o.weights = PTL_CPU_WEIGHTS_OHWI;
+    else if (!strcmp(layout, "oihw"))
+        o.weights = PTL_CPU_WEIGHTS_OIHW;
+    else
+        return PyErr_Format(PyExc_ValueError, "weights: expected 'ohwi' or 'oihw', got '%s'", layout);
+    ptl_conv2d_desc d;
+    if (ptl_conv2d_init(&d, n, h, w, cin, cout, k, stride, groups))
+        return ptl_raise(m);
+    conv_plan_box *b = calloc(1, sizeof *b);
+    if (!b)
+        return PyErr_NoMemory();
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = ptl_cpu_conv2d_plan_create(&d, &o, &b->plan);
+    Py_END_ALLOW_THREADS if (rc)
+    {
+        free(b);
+        return ptl_raise(m);
+    }
+    b->workspace_bytes = ptl_cpu_conv2d_plan_workspace(b->plan);
+    if (b->workspace_bytes && !(b->workspace = malloc(b->workspace_bytes))) {
+        ptl_cpu_conv2d_plan_destroy(b->plan);
+        free(b);
+        return PyErr_NoMemory();
+    }
+    PyObject *cap = PyCapsule_New(b, PLAN_CAPSULE, plan_box_free);
+    if (!cap) {
+        ptl_cpu_conv2d_plan_destroy(b->plan);
+        free(b->workspace);
+        free(b);
+    }
+    return cap;
+}
+
+/* cpu_conv2d_plan_info(plan) -> {"workspace": bytes, "forward": impl, "backward_input": impl,
+ * "backward_weight": impl} */
+static PyObject *py_cpu_conv2d_plan_info(PyObject *m, PyObject *po)
+{
+    (void)m;
+    void *ws;
+    size_t wsb;
+    const ptl_cpu_conv2d_plan *p = plan_arg(po, &ws, &wsb);
+    if (!p)
+        return NULL;
+    return Py_BuildValue("{s:n,s:s,s:s,s:s}", "workspace", (Py_ssize_t)wsb, "forward",
+                         ptl_cpu_conv2d_plan_impl(p, PTL_CPU_CONV_FORWARD), "backward_input",
+                         ptl_cpu_conv2d_plan_impl(p, PTL_CPU_CONV_BACKWARD_INPUT), "backward_weight",
+                         ptl_cpu_conv2d_plan_impl(p, PTL_CPU_CONV_BACKWARD_WEIGHT));
+}
+
+/* Weights in the plan's layout: (cout, k, k, cin/groups) or (cout, cin/groups, k, k). */
+static PtlTensor *weights_arg(PyObject *m, PyObject *obj, const char *name, const ptl_cpu_conv2d_plan *p)
+{
+    const ptl_conv2d_desc *d = ptl_cpu_conv2d_plan_desc(p);
+    const int64_t cig = d->cin / d->groups;
+    const int64_t ohwi[4] = {d->cout, d->k, d->k, cig}, oihw[4] = {d->cout, cig, d->k, d->k};
+    return arg(m, obj, name, 4, ptl_cpu_conv2d_plan_opts(p)->weights == PTL_CPU_WEIGHTS_OHWI ? ohwi : oihw);
+}
+
+/* cpu_conv2d_forward(plan, x, w, bias|None, y): y = conv(x, w) (+ bias). */
+static PyObject *py_cpu_conv2d_forward(PyObject *m, PyObject *args)
+{
+    PyObject *po, *xo, *wo, *bo, *yo;
+    void *ws;
+    size_t wsb;
+    if (!PyArg_ParseTuple(args, "OOOOO:cpu_conv2d_forward", &po, &xo, &wo, &bo, &yo))
+        return NULL;
+    const ptl_cpu_conv2d_plan *p = plan_arg(po, &ws, &wsb);
+    if (!p)
+        return NULL;
+    const ptl_conv2d_desc *d = ptl_cpu_conv2d_plan_desc(p);
+    const int64_t xs[4] = {d->n, d->h, d->w, d->cin}, ys[4] = {d->n, d->ho, d->wo, d->cout}, bs[1] = {d->cout};
+    PtlTensor *x, *w, *b = NULL, *y;
+    if (!(x = arg(m, xo, "x", 4, xs)) || !(w = weights_arg(m, wo, "w", p)) || !(y = arg(m, yo, "y", 4, ys)))
+        return NULL;
+    if (bo != Py_None && !(b = arg(m, bo, "bias", 1, bs)))
+        return NULL;
+    RUN(ptl_cpu_conv2d_forward(p, ptl_tensor_data(x), ptl_tensor_data(w), b ? ptl_tensor_data(b) : NULL,
+                               ptl_tensor_data(y), ws, wsb));
+    Py_RETURN_NONE;
+}
+
+/* cpu_conv2d_backward_input(plan, dy, w, dx): dx = dL/dx. */
+static PyObject *py_cpu_conv2d_backward_input(PyObject *m, PyObject *args)
+{
+    PyObject *po, *dyo, *wo, *dxo;
+    void *ws;
+    size_t wsb;
+    if (!PyArg_ParseTuple(args, "OOOO:cpu_conv2d_backward_input", &po, &dyo, &wo, &dxo))
+        return NULL;
+    const ptl_cpu_conv2d_plan *p = plan_arg(po, &ws, &wsb);
+    if (!p)
+        return NULL;
+    const ptl_conv2d_desc *d = ptl_cpu_conv2d_plan_desc(p);
+    const int64_t xs[4] = {d->n, d->h, d->w, d->cin}, ys[4] = {d->n, d->ho, d->wo, d->cout};
+    PtlTensor *dy, *w, *dx;
+    if (!(dy = arg(m, dyo, "dy", 4, ys)) || !(w = weights_arg(m, wo, "w", p)) || !(dx = arg(m, dxo, "dx", 4, xs)))
+        return NULL;
+    RUN(ptl_cpu_conv2d_backward_input(p, ptl_tensor_data(dy), ptl_tensor_data(w), ptl_tensor_data(dx), ws, wsb));
+    Py_RETURN_NONE;
+}
+
+/* cpu_conv2d_backward_weight(plan, x, dy, dw): dw += dL/dw. */
+static PyObject *py_cpu_conv2d_backward_weight(PyObject *m, PyObject *args)
+{
+    PyObject *po, *xo, *dyo, *dwo;
+    void *ws;
+    size_t wsb;
+    if (!PyArg_ParseTuple(args, "OOOO:cpu_conv2d_backward_weight", &po, &xo, &dyo, &dwo))
+        return NULL;
+    const ptl_cpu_conv2d_plan *p = plan_arg(po, &ws, &wsb);
+    if (!p)
+        return NULL;
+    const ptl_conv2d_desc *d = ptl_cpu_conv2d_plan_desc(p);
+    const int64_t xs[4] = {d->n, d->h, d->w, d->cin}, ys[4] = {d->n, d->ho, d->wo, d->cout};
+    PtlTensor *x, *dy, *dw;
+    if (!(x = arg(m, xo, "x", 4, xs)) || !(dy = arg(m, dyo, "dy", 4, ys)) || !(dw = weights_arg(m, dwo, "dw", p)))
+        return NULL;
+    RUN(ptl_cpu_conv2d_backward_weight(p, ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(dw), ws, wsb));
+    Py_RETURN_NONE;
+}
+
+/* cpu_conv2d_backward_bias(plan, dy, db): db += sum of dy over (n, ho, wo). */
+static PyObject *py_cpu_conv2d_backward_bias(PyObject *m, PyObject *args)
+{
+    PyObject *po, *dyo, *dbo;
+    void *ws;
+    size_t wsb;
+    if (!PyArg_ParseTuple(args, "OOO:cpu_conv2d_backward_bias", &po, &dyo, &dbo))
+        return NULL;
+    const ptl_cpu_conv2d_plan *p = plan_arg(po, &ws, &wsb);
+    if (!p)
+        return NULL;
+    const ptl_conv2d_desc *d = ptl_cpu_conv2d_plan_desc(p);
+    const int64_t ys[4] = {d->n, d->ho, d->wo, d->cout}, bs[1] = {d->cout};
+    PtlTensor *dy, *db;
+    if (!(dy = arg(m, dyo, "dy", 4, ys)) || !(db = arg(m, dbo, "db", 1, bs)))
+        return NULL;
+    RUN(ptl_cpu_conv2d_backward_bias(p, ptl_tensor_data(dy), ptl_tensor_data(db)));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"cpu_threads", py_cpu_threads, METH_NOARGS, "() -> threads of ptl's CPU kernels in the calling thread"},
+    {"cpu_conv2d_available", py_cpu_conv2d_available, METH_NOARGS, "() -> whether this build has oneDNN"},
+    {"cpu_conv2d_plan", (PyCFunction)(void (*)(void))py_cpu_conv2d_plan, METH_VARARGS | METH_KEYWORDS,
+     "(n, h, w, cin, cout, k, stride, groups, weights='ohwi', bias=False, directions=7) -> plan"},
+    {"cpu_conv2d_plan_info", py_cpu_conv2d_plan_info, METH_O, "(plan) -> workspace bytes and oneDNN impls"},
+    {"cpu_conv2d_forward", py_cpu_conv2d_forward, METH_VARARGS, "(plan, x, w, bias|None, y); y ="},
+    {"cpu_conv2d_backward_input", py_cpu_conv2d_backward_input, METH_VARARGS, "(plan, dy, w, dx); dx ="},
+    {"cpu_conv2d_backward_weight", py_cpu_conv2d_backward_weight, METH_VARARGS, "(plan, x, dy, dw); dw +="},
+    {"cpu_conv2d_backward_bias", py_cpu_conv2d_backward_bias, METH_VARARGS, "(plan, dy, db); db +="},
+    {NULL, NULL, 0, NULL},
+};
+
+int ptl_register_cpu(PyObject *module) { return PyModule_AddFunctions(module, methods); }

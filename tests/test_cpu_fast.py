@@ -1,0 +1,201 @@
+"""The fast CPU backend (csrc/cpu/) against the plain-C reference kernels (csrc/nn/), the oracle: float32
+outputs and gradients within 1e-5 relative (max-norm: max |fast - ref| <= 1e-5 * max |ref|) on yolo26n's
+layer shapes, the overwrite/accumulate contract, bitwise reruns, and which results depend on the thread
+count. Also the OpenMP settings ptl._C is loaded with (ptl/_openmp.py)."""
+import hashlib
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ptl
+
+C = ptl._C
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(ptl.__file__)))
+RTOL = 1e-5
+
+needs_dnnl = pytest.mark.skipif(not C.cpu_conv2d_available(), reason="ptl built without oneDNN")
+
+
+def T(a):
+    return ptl.tensor(np.ascontiguousarray(a, np.float32))
+
+
+def N(t):
+    return np.array(t.numpy())
+
+
+def assert_close(fast, ref, what):
+    fast, ref = np.asarray(fast, np.float64), np.asarray(ref, np.float64)
+    assert np.isfinite(fast).all(), f"{what}: non-finite values"
+    scale = np.abs(ref).max()
+    err = np.abs(fast - ref).max()
+    assert err <= RTOL * scale, f"{what}: max |fast - ref| = {err:.3g}, {err / scale:.3g} of max |ref| = {scale:.3g}"
+
+
+# ---------------------------------------------------------------------------------------------- conv2d
+
+# (h, w, cin, cout, k, stride, groups, bias): yolo26n's layer shapes at imgsz 320 (a few, at batch 2),
+# plus odd sizes, a grouped non-depthwise conv and a 5x5 one for the paths the network does not take.
+CONV_CASES = [
+    (160, 160, 3, 16, 3, 2, 1, False),   # the stem (reads the image), stride 2
+    (80, 80, 16, 8, 3, 1, 1, False),     # C3k2 bottleneck 3x3
+    (80, 80, 32, 32, 1, 1, 1, False),    # 1x1
+    (40, 40, 64, 64, 3, 2, 1, False),    # downsampling 3x3 stride 2
+    (20, 20, 192, 128, 1, 1, 1, False),  # wide 1x1
+    (10, 10, 128, 128, 3, 1, 128, False),  # PSA positional depthwise
+    (40, 40, 80, 80, 3, 1, 80, False),   # head depthwise
+    (40, 40, 16, 4, 1, 1, 1, True),      # Detect box output with bias
+    (40, 40, 80, 80, 1, 1, 1, True),     # Detect class output with bias
+    (17, 15, 24, 40, 3, 2, 1, True),     # odd sizes, stride 2
+    (13, 11, 32, 48, 3, 1, 4, False),    # grouped, not depthwise
+    (12, 12, 8, 16, 5, 1, 1, False),     # 5x5
+]
+
+
+def conv_id(c):
+    h, w, cin, cout, k, s, g, b = c
+    return f"{h}x{w}-{cin}to{cout}-k{k}s{s}g{g}" + ("-bias" if b else "")
+
+
+def conv_inputs(case, n=2, seed=0):
+    h, w, cin, cout, k, s, g, b = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, h, w, cin)).astype(np.float32)
+    wt = (rng.standard_normal((cout, k, k, cin // g)) / np.sqrt(k * k * cin // g)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32) if b else None
+    ho, wo = (h + 2 * (k // 2) - k) // s + 1, (w + 2 * (k // 2) - k) // s + 1
+    dy = rng.standard_normal((n, ho, wo, cout)).astype(np.float32)
+    return x, wt, bias, dy
+
+
+def fast_conv(case, x, wt, bias, dy, dw0, db0, layout="ohwi"):
+    """(y, dx, dw0 + dw, db0 + db) from the fast plan; outputs start as NaN to prove they are overwritten."""
+    h, w, cin, cout, k, s, g, b = case
+    plan = C.cpu_conv2d_plan(x.shape[0], h, w, cin, cout, k, s, g, weights=layout, bias=b)
+    wl = wt if layout == "ohwi" else wt.transpose(0, 3, 1, 2)
+    y, dx = T(np.full(dy.shape, np.nan)), T(np.full(x.shape, np.nan))
+    dw = T(dw0 if layout == "ohwi" else dw0.transpose(0, 3, 1, 2))
+    db = T(db0)
+    C.cpu_conv2d_forward(plan, T(x), T(wl), None if bias is None else T(bias), y)
+    C.cpu_conv2d_backward_input(plan, T(dy), T(wl), dx)
+    C.cpu_conv2d_backward_weight(plan, T(x), T(dy), dw)
+    C.cpu_conv2d_backward_bias(plan, T(dy), db)
+    dw = N(dw) if layout == "ohwi" else N(dw).transpose(0, 2, 3, 1)
+    return N(y), N(dx), dw, N(db)
+
+
+def ref_conv(case, x, wt, bias, dy, dw0, db0):
+    h, w, cin, cout, k, s, g, b = case
+    y = N(C.layer_conv2d_forward(T(x), T(wt), None if bias is None else T(bias), s, g))
+    dx, dw, db = T(np.zeros(x.shape)), T(dw0), T(db0)
+    C.layer_conv2d_backward_input(T(dy), T(wt), dx, s, g)
+    C.layer_conv2d_backward_weight(T(x), T(dy), dw, s, g)
+    C.layer_conv2d_backward_bias(T(dy), db)
+    return y, N(dx), N(dw), N(db)
+
+
+@needs_dnnl
+@pytest.mark.parametrize("case", CONV_CASES, ids=conv_id)
+def test_conv2d_matches_reference(case):
+    x, wt, bias, dy = conv_inputs(case)
+    rng = np.random.default_rng(1)
+    dw0 = rng.standard_normal(wt.shape).astype(np.float32)  # the weight and bias gradients accumulate
+    db0 = rng.standard_normal(case[3]).astype(np.float32)
+    ref = ref_conv(case, x, wt, bias, dy, dw0, db0)
+    fast = fast_conv(case, x, wt, bias, dy, dw0, db0)
+    for name, f, r, base in zip(("y", "dx", "dw", "db"), fast, ref, (0, 0, dw0, db0)):
+        assert_close(f - base, r - base, name)
+    # the bias gradient is summed in the reference's order
+    np.testing.assert_array_equal(fast[3], ref[3])
+
+
+@needs_dnnl
+@pytest.mark.parametrize("case", [CONV_CASES[3], CONV_CASES[6], CONV_CASES[9], CONV_CASES[10]], ids=conv_id)
+def test_conv2d_oihw_weights_match_ohwi(case):
+    x, wt, bias, dy = conv_inputs(case, seed=3)
+    dw0, db0 = np.zeros(wt.shape, np.float32), np.zeros(case[3], np.float32)
+    a = fast_conv(case, x, wt, bias, dy, dw0, db0, "ohwi")
+    b = fast_conv(case, x, wt, bias, dy, dw0, db0, "oihw")
+    for name, u, v in zip(("y", "dx", "dw", "db"), a, b):
+        assert_close(u, v, name)
+
+
+@needs_dnnl
+def test_conv2d_reruns_are_bitwise_equal():
+    for case in CONV_CASES[:8]:
+        x, wt, bias, dy = conv_inputs(case, seed=5)
+        dw0, db0 = np.zeros(wt.shape, np.float32), np.zeros(case[3], np.float32)
+        a = fast_conv(case, x, wt, bias, dy, dw0, db0)
+        b = fast_conv(case, x, wt, bias, dy, dw0, db0)
+        for u, v in zip(a, b):
+            np.testing.assert_array_equal(u, v)
+
+
+@needs_dnnl
+def test_conv2d_plan_checks_its_arguments():
+    with pytest.raises(ValueError, match="groups"):
+        C.cpu_conv2d_plan(1, 8, 8, 6, 4, 3, 1, 4)
+    with pytest.raises(ValueError, match="weights"):
+        C.cpu_conv2d_plan(1, 8, 8, 4, 4, 3, 1, 1, weights="hwio")
+    with pytest.raises(ValueError, match="directions"):
+        C.cpu_conv2d_plan(1, 8, 8, 4, 4, 3, 1, 1, directions=8)
+    fwd_only = C.cpu_conv2d_plan(1, 8, 8, 4, 4, 3, 1, 1, directions=1)
+    x, w, y = T(np.zeros((1, 8, 8, 4))), T(np.zeros((4, 3, 3, 4))), T(np.zeros((1, 8, 8, 4)))
+    with pytest.raises(ValueError, match="without this direction"):
+        C.cpu_conv2d_backward_input(fwd_only, y, w, x)
+    with pytest.raises(ValueError, match="without a bias"):
+        C.cpu_conv2d_forward(fwd_only, x, w, T(np.zeros(4)), y)
+    with pytest.raises(ValueError, match="w"):
+        C.cpu_conv2d_forward(fwd_only, x, T(np.zeros((4, 4, 3, 3))), None, y)  # OIHW given to an OHWI plan
+    C.cpu_conv2d_forward(fwd_only, x, w, None, y)
+
+
+# ---------------------------------------------------------------------------------------------- threads
+
+THREAD_SCRIPT = r"""
+import hashlib, json, sys
+import numpy as np
+sys.path.insert(0, {repo!r})
+import test_cpu_fast as t
+out = {{"threads": t.C.cpu_threads()}}
+for case in t.CONV_CASES[:10]:
+    x, wt, bias, dy = t.conv_inputs(case, n=4, seed=9)
+    res = t.fast_conv(case, x, wt, bias, dy, np.zeros(wt.shape, np.float32), np.zeros(case[3], np.float32))
+    for name, a in zip(("y", "dx", "dw", "db"), res):
+        out[t.conv_id(case) + ":" + name] = hashlib.sha256(a.tobytes()).hexdigest()[:16]
+print(json.dumps(out))
+"""
+
+
+def run_with_threads(threads, script=THREAD_SCRIPT):
+    import json
+    env = dict(os.environ, PTL_NUM_THREADS=str(threads), PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-c", script.format(repo=os.path.join(REPO, "tests"))], env=env,
+                         capture_output=True, text=True, check=True, cwd=REPO)
+    return json.loads(out.stdout)
+
+
+@needs_dnnl
+def test_conv2d_thread_count_dependence_is_what_the_header_says():
+    one, three = run_with_threads(1), run_with_threads(3)
+    assert (one.pop("threads"), three.pop("threads")) == (1, 3)
+    differ = sorted({k.split(":")[1] for k in one if one[k] != three[k]})
+    # conv2d.h: only the weight gradient's summation order depends on the thread count
+    assert set(differ) <= {"dw"}, differ
+
+
+def test_num_threads_setting_and_environment_restored():
+    script = ("import os, ptl; print(ptl._C.cpu_threads(), 'OMP_NUM_THREADS' in os.environ, "
+              "'GOMP_SPINCOUNT' in os.environ)")
+    env = {k: v for k, v in os.environ.items() if k not in ("PTL_NUM_THREADS", "OMP_NUM_THREADS")}
+    for extra, want in (({}, len(os.sched_getaffinity(0))), ({"PTL_NUM_THREADS": "3"}, 3),
+                        ({"OMP_NUM_THREADS": "2", "PTL_NUM_THREADS": "1"}, 1), ({"OMP_NUM_THREADS": "2"}, 2)):
+        out = subprocess.run([sys.executable, "-c", script], env=dict(env, PYTHONPATH=REPO, **extra), cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout.split()
+        assert out == [str(want), str("OMP_NUM_THREADS" in extra), "False"], (extra, out)
+    bad = subprocess.run([sys.executable, "-c", "import ptl"], env=dict(env, PYTHONPATH=REPO, PTL_NUM_THREADS="0"),
+                         cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode != 0 and "PTL_NUM_THREADS" in bad.stderr
