@@ -199,3 +199,61 @@ def test_num_threads_setting_and_environment_restored():
     bad = subprocess.run([sys.executable, "-c", "import ptl"], env=dict(env, PYTHONPATH=REPO, PTL_NUM_THREADS="0"),
                          cwd=REPO, capture_output=True, text=True)
     assert bad.returncode != 0 and "PTL_NUM_THREADS" in bad.stderr
+
+
+# ---------------------------------------------------------------------------------------------- batchnorm
+
+BN_SHAPES = [(2, 80, 80, 16), (2, 40, 40, 64), (2, 10, 10, 256), (3, 7, 5, 8), (1, 1, 3, 24)]
+
+
+def bn_inputs(shape, seed=0):
+    rng = np.random.default_rng(seed)
+    c = shape[-1]
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(np.float32)
+    p = [(rng.random(c) + 0.5).astype(np.float32) for _ in range(4)]  # gamma, beta, running mean/var
+    dy = rng.standard_normal(shape).astype(np.float32)
+    return x, p, dy
+
+
+def fast_bn(x, p, dy, training, act, dg0, db0):
+    gamma, beta, rm, rv = (T(a) for a in p)
+    c = x.shape[-1]
+    sm, si, y = T(np.full(c, np.nan)), T(np.full(c, np.nan)), T(np.full(x.shape, np.nan))
+    C.cpu_batchnorm_forward(T(x), gamma, beta, rm, rv, training, act, sm, si, y)
+    dx, dg, db = T(np.full(x.shape, np.nan)), T(dg0), T(db0)
+    C.cpu_batchnorm_backward(T(x), T(dy), gamma, beta, sm, si, training, act, dx, dg, db)
+    return [N(t) for t in (y, sm, si, rm, rv, dx, dg, db)]
+
+
+def ref_bn(x, p, dy, training, act, dg0, db0):
+    gamma, beta, rm, rv = (T(a) for a in p)
+    y, sm, si = C.layer_batchnorm_forward(T(x), gamma, beta, rm, rv, training, act)
+    dx, dg, db = T(np.zeros(x.shape)), T(dg0), T(db0)
+    C.layer_batchnorm_backward(T(x), T(dy), gamma, beta, sm, si, training, act, dx, dg, db)
+    return [N(t) for t in (y, sm, si, rm, rv, dx, dg, db)]
+
+
+@pytest.mark.parametrize("shape", BN_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("act", ["silu", None], ids=["silu", "none"])
+def test_batchnorm_matches_reference(shape, training, act):
+    x, p, dy = bn_inputs(shape)
+    rng = np.random.default_rng(2)
+    dg0, db0 = (rng.standard_normal(shape[-1]).astype(np.float32) for _ in range(2))
+    fast, ref = fast_bn(x, p, dy, training, act, dg0, db0), ref_bn(x, p, dy, training, act, dg0, db0)
+    names = ("y", "save_mean", "save_invstd", "running_mean", "running_var", "dx", "dgamma", "dbeta")
+    for name, f, r in zip(names, fast, ref):
+        base = dg0 if name == "dgamma" else db0 if name == "dbeta" else 0
+        assert_close(f - base, r - base, name)
+
+
+def test_batchnorm_reruns_are_bitwise_equal_and_checks_arguments():
+    x, p, dy = bn_inputs((2, 40, 40, 64), seed=4)
+    z = np.zeros(64, np.float32)
+    for u, v in zip(fast_bn(x, p, dy, True, "silu", z, z), fast_bn(x, p, dy, True, "silu", z, z)):
+        np.testing.assert_array_equal(u, v)
+    c = T(np.ones(4))
+    with pytest.raises(ValueError, match="act"):
+        C.cpu_batchnorm_forward(T(np.ones((2, 4))), c, c, c, c, True, "relu", c, c, T(np.ones((2, 4))))
+    with pytest.raises(ValueError, match="gamma"):
+        C.cpu_batchnorm_forward(T(np.ones((2, 4))), T(np.ones(3)), c, c, c, True, None, c, c, T(np.ones((2, 4))))

@@ -2,7 +2,9 @@
  * Every output is passed in (overwritten or accumulated as the C function does), so a benchmark times
  * the kernel alone. Tensors are float32 CPU tensors. */
 #include "../py.h"
+#include "batchnorm.h"
 #include "conv2d.h"
+#include "test_redirect.h"
 #include "threads.h"
 
 static const ptl_device CPU = {PTL_CPU, 0};
@@ -219,6 +221,116 @@ static PyObject *py_cpu_conv2d_backward_bias(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ batchnorm */
+
+static int parse_act(PyObject *obj, ptl_act *act)
+{
+    if (obj == Py_None) {
+        *act = PTL_ACT_NONE;
+        return 0;
+    }
+    if (PyUnicode_Check(obj) && PyUnicode_CompareWithASCIIString(obj, "silu") == 0) {
+        *act = PTL_ACT_SILU;
+        return 0;
+    }
+    PyErr_Format(PyExc_ValueError, "act: expected None or 'silu', got %R", obj);
+    return -1;
+}
+
+/* x (..., c): rows m and channels c, and the per-channel shape. */
+static PtlTensor *rows_arg(PyObject *m, PyObject *obj, const char *name, int64_t *rows, int64_t *cs)
+{
+    PtlTensor *x = arg(m, obj, name, -1, NULL);
+    if (!x)
+        return NULL;
+    if (x->ndim < 1 || x->shape[x->ndim - 1] < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: expected channels last and at least one channel", name);
+        return NULL;
+    }
+    cs[0] = x->shape[x->ndim - 1];
+    *rows = ptl_tensor_numel(x) / cs[0];
+    return x;
+}
+
+/* A workspace the binding allocates per call (the kernels themselves allocate nothing). */
+#define WITH_WORKSPACE(bytes, call)                                                                          \
+    do {                                                                                                     \
+        const size_t wsb_ = (bytes);                                                                         \
+        void *ws_ = malloc(wsb_ ? wsb_ : 1);                                                                 \
+        if (!ws_)                                                                                            \
+            return PyErr_NoMemory();                                                                         \
+        int rc_;                                                                                             \
+        Py_BEGIN_ALLOW_THREADS rc_ = (call);                                                                 \
+        Py_END_ALLOW_THREADS free(ws_);                                                                      \
+        if (rc_ != 0)                                                                                        \
+            return ptl_raise(m);                                                                             \
+    } while (0)
+
+/* cpu_batchnorm_forward(x, gamma, beta, running_mean, running_var, training, act, save_mean, save_invstd, y) */
+static PyObject *py_cpu_batchnorm_forward(PyObject *m, PyObject *args)
+{
+    PyObject *xo, *go, *bo, *rmo, *rvo, *acto, *smo, *sio, *yo;
+    int training;
+    ptl_act act;
+    if (!PyArg_ParseTuple(args, "OOOOOpOOOO:cpu_batchnorm_forward", &xo, &go, &bo, &rmo, &rvo, &training, &acto, &smo,
+                          &sio, &yo) ||
+        parse_act(acto, &act))
+        return NULL;
+    int64_t rows, cs[1];
+    PtlTensor *x = rows_arg(m, xo, "x", &rows, cs), *g, *b, *rm, *rv, *sm, *si, *y;
+    if (!x || !(g = arg(m, go, "gamma", 1, cs)) || !(b = arg(m, bo, "beta", 1, cs)) ||
+        !(rm = arg(m, rmo, "running_mean", 1, cs)) || !(rv = arg(m, rvo, "running_var", 1, cs)) ||
+        !(sm = arg(m, smo, "save_mean", 1, cs)) || !(si = arg(m, sio, "save_invstd", 1, cs)) ||
+        !(y = arg(m, yo, "y", x->ndim, x->shape)))
+        return NULL;
+    WITH_WORKSPACE(ptl_cpu_batchnorm_workspace(rows, (int)cs[0]),
+                   ptl_cpu_batchnorm_forward(rows, (int)cs[0], ptl_tensor_data(x), ptl_tensor_data(g),
+                                             ptl_tensor_data(b), ptl_tensor_data(rm), ptl_tensor_data(rv), training,
+                                             act, ptl_tensor_data(sm), ptl_tensor_data(si), ptl_tensor_data(y), ws_,
+                                             wsb_));
+    Py_RETURN_NONE;
+}
+
+/* cpu_batchnorm_backward(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma|None,
+ * dbeta|None): dx =, dgamma/dbeta += */
+static PyObject *py_cpu_batchnorm_backward(PyObject *m, PyObject *args)
+{
+    PyObject *xo, *dyo, *go, *bo, *smo, *sio, *acto, *dxo, *dgo, *dbo;
+    int training;
+    ptl_act act;
+    if (!PyArg_ParseTuple(args, "OOOOOOpOOOO:cpu_batchnorm_backward", &xo, &dyo, &go, &bo, &smo, &sio, &training,
+                          &acto, &dxo, &dgo, &dbo) ||
+        parse_act(acto, &act))
+        return NULL;
+    int64_t rows, cs[1];
+    PtlTensor *x = rows_arg(m, xo, "x", &rows, cs), *dy, *g, *b, *sm, *si, *dx, *dg = NULL, *db = NULL;
+    if (!x || !(dy = arg(m, dyo, "dy", x->ndim, x->shape)) || !(g = arg(m, go, "gamma", 1, cs)) ||
+        !(b = arg(m, bo, "beta", 1, cs)) || !(sm = arg(m, smo, "save_mean", 1, cs)) ||
+        !(si = arg(m, sio, "save_invstd", 1, cs)) || !(dx = arg(m, dxo, "dx", x->ndim, x->shape)))
+        return NULL;
+    if ((dgo != Py_None && !(dg = arg(m, dgo, "dgamma", 1, cs))) || (dbo != Py_None && !(db = arg(m, dbo, "dbeta", 1, cs))))
+        return NULL;
+    WITH_WORKSPACE(ptl_cpu_batchnorm_workspace(rows, (int)cs[0]),
+                   ptl_cpu_batchnorm_backward(rows, (int)cs[0], ptl_tensor_data(x), ptl_tensor_data(dy),
+                                              ptl_tensor_data(g), ptl_tensor_data(b), ptl_tensor_data(sm),
+                                              ptl_tensor_data(si), training, act, ptl_tensor_data(dx),
+                                              dg ? ptl_tensor_data(dg) : NULL, db ? ptl_tensor_data(db) : NULL, ws_,
+                                              wsb_));
+    Py_RETURN_NONE;
+}
+
+/* cpu_test_redirect(on): routes the reference convolutions' float32 calls to the fast plans (tests and
+ * benchmarks only, until the executor's backend table exists). */
+static PyObject *py_cpu_test_redirect(PyObject *m, PyObject *on)
+{
+    const int flag = PyObject_IsTrue(on);
+    if (flag < 0)
+        return NULL;
+    if (ptl_cpu_test_redirect(flag))
+        return ptl_raise(m);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"cpu_threads", py_cpu_threads, METH_NOARGS, "() -> threads of ptl's CPU kernels in the calling thread"},
     {"cpu_conv2d_available", py_cpu_conv2d_available, METH_NOARGS, "() -> whether this build has oneDNN"},
@@ -229,6 +341,11 @@ static PyMethodDef methods[] = {
     {"cpu_conv2d_backward_input", py_cpu_conv2d_backward_input, METH_VARARGS, "(plan, dy, w, dx); dx ="},
     {"cpu_conv2d_backward_weight", py_cpu_conv2d_backward_weight, METH_VARARGS, "(plan, x, dy, dw); dw +="},
     {"cpu_conv2d_backward_bias", py_cpu_conv2d_backward_bias, METH_VARARGS, "(plan, dy, db); db +="},
+    {"cpu_batchnorm_forward", py_cpu_batchnorm_forward, METH_VARARGS,
+     "(x, gamma, beta, running_mean, running_var, training, act, save_mean, save_invstd, y)"},
+    {"cpu_batchnorm_backward", py_cpu_batchnorm_backward, METH_VARARGS,
+     "(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma|None, dbeta|None)"},
+    {"cpu_test_redirect", py_cpu_test_redirect, METH_O, "(on): reference float32 convs -> fast plans (tests)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,124 @@
+/* Convolution plans made on first use per (shape, bias) and kept until the redirect is removed; one
+ * workspace grown to the largest need. Allocating on a shape's first call is fine here: this is a test
+ * bridge, not the executor. */
+#include "test_redirect.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "batchnorm.h"
+#include "conv2d.h"
+
+const ptl_cpu_redirect *ptl_cpu_test_redirect_ops;
+
+typedef struct {
+    ptl_conv2d_desc d;
+    int bias;
+    ptl_cpu_conv2d_plan *plan;
+} entry;
+
+static entry *entries;
+static int nentries, cap;
+static void *workspace;
+static size_t workspace_bytes;
+
+static int reserve(size_t need)
+{
+    if (need <= workspace_bytes)
+        return 0;
+    void *grown = realloc(workspace, need);
+    if (!grown)
+        return ptl_set_error(PTL_ERR_MEMORY, "cpu test redirect: out of memory");
+    workspace = grown;
+    workspace_bytes = need;
+    return 0;
+}
+
+/* The plan for d with (bias = 1) or without a bias; bias < 0 takes either (the gradients need none). */
+static const ptl_cpu_conv2d_plan *plan_for(const ptl_conv2d_desc *d, int bias)
+{
+    for (int i = 0; i < nentries; i++)
+        if ((bias < 0 || entries[i].bias == bias) && !memcmp(&entries[i].d, d, sizeof *d))
+            return entries[i].plan;
+    if (nentries == cap) {
+        entry *grown = realloc(entries, sizeof *entries * (cap ? 2 * cap : 64));
+        if (!grown) {
+            ptl_set_error(PTL_ERR_MEMORY, "cpu test redirect: out of memory");
+            return NULL;
+        }
+        entries = grown;
+        cap = cap ? 2 * cap : 64;
+    }
+    entry *e = &entries[nentries];
+    const ptl_cpu_conv2d_opts o = {PTL_CPU_WEIGHTS_OHWI, bias > 0, PTL_CPU_CONV_ALL};
+    e->d = *d;
+    e->bias = bias > 0;
+    if (ptl_cpu_conv2d_plan_create(d, &o, &e->plan))
+        return NULL;
+    if (reserve(ptl_cpu_conv2d_plan_workspace(e->plan))) {
+        ptl_cpu_conv2d_plan_destroy(e->plan);
+        return NULL;
+    }
+    nentries++;
+    return e->plan;
+}
+
+static int conv_forward(const ptl_conv2d_desc *d, const float *x, const float *wt, const float *bias, float *y)
+{
+    const ptl_cpu_conv2d_plan *p = plan_for(d, bias != NULL);
+    return p ? ptl_cpu_conv2d_forward(p, x, wt, bias, y, workspace, workspace_bytes) : -1;
+}
+
+static int conv_backward_input(const ptl_conv2d_desc *d, const float *dy, const float *wt, float *dx)
+{
+    const ptl_cpu_conv2d_plan *p = plan_for(d, -1);
+    return p ? ptl_cpu_conv2d_backward_input(p, dy, wt, dx, workspace, workspace_bytes) : -1;
+}
+
+static int conv_backward_weight(const ptl_conv2d_desc *d, const float *x, const float *dy, float *dwt)
+{
+    const ptl_cpu_conv2d_plan *p = plan_for(d, -1);
+    return p ? ptl_cpu_conv2d_backward_weight(p, x, dy, dwt, workspace, workspace_bytes) : -1;
+}
+
+static int bn_forward(int64_t m, int c, const float *x, const float *gamma, const float *beta, float *running_mean,
+                      float *running_var, int training, ptl_act act, float *save_mean, float *save_invstd, float *y)
+{
+    if (reserve(ptl_cpu_batchnorm_workspace(m, c)))
+        return -1;
+    return ptl_cpu_batchnorm_forward(m, c, x, gamma, beta, running_mean, running_var, training, act, save_mean,
+                                     save_invstd, y, workspace, workspace_bytes);
+}
+
+static int bn_backward(int64_t m, int c, const float *x, const float *dy, const float *gamma, const float *beta,
+                       const float *save_mean, const float *save_invstd, int training, ptl_act act, float *dx,
+                       float *dgamma, float *dbeta)
+{
+    if (reserve(ptl_cpu_batchnorm_workspace(m, c)))
+        return -1;
+    return ptl_cpu_batchnorm_backward(m, c, x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma,
+                                      dbeta, workspace, workspace_bytes);
+}
+
+static const ptl_cpu_redirect ops = {conv_forward, conv_backward_input, conv_backward_weight, bn_forward,
+                                     bn_backward};
+
+int ptl_cpu_test_redirect(int on)
+{
+    if (on) {
+        if (!ptl_cpu_conv2d_available())
+            return ptl_set_error(PTL_ERR_RUNTIME, "cpu test redirect: this ptl was built without oneDNN");
+        ptl_cpu_test_redirect_ops = &ops;
+        return 0;
+    }
+    ptl_cpu_test_redirect_ops = NULL;
+    for (int i = 0; i < nentries; i++)
+        ptl_cpu_conv2d_plan_destroy(entries[i].plan);
+    free(entries);
+    free(workspace);
+    entries = NULL;
+    workspace = NULL;
+    nentries = cap = 0;
+    workspace_bytes = 0;
+    return 0;
+}

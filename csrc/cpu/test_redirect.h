@@ -1,0 +1,38 @@
+/* Test-only bridge until the executor's backend table (issue 12) takes the fast CPU backend: while
+ * installed, the reference entry points of csrc/nn that consult ptl_cpu_test_redirect_ops (convolution
+ * forward and gradients, BatchNorm forward and backward) send their float32 calls here, to the fast
+ * kernels, so that the unchanged CPU network can be run, compared and timed with them. NULL, the
+ * default, leaves the reference kernels in place. Not thread-safe: one network at a time. */
+#ifndef PTL_CPU_TEST_REDIRECT_H
+#define PTL_CPU_TEST_REDIRECT_H
+
+#include "../nn/activation.h"
+#include "../nn/conv2d.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The reference signatures, float32, without the dtype. */
+typedef struct {
+    int (*conv2d_forward)(const ptl_conv2d_desc *d, const float *x, const float *wt, const float *bias, float *y);
+    int (*conv2d_backward_input)(const ptl_conv2d_desc *d, const float *dy, const float *wt, float *dx);
+    int (*conv2d_backward_weight)(const ptl_conv2d_desc *d, const float *x, const float *dy, float *dwt);
+    int (*batchnorm_forward)(int64_t m, int c, const float *x, const float *gamma, const float *beta,
+                             float *running_mean, float *running_var, int training, ptl_act act, float *save_mean,
+                             float *save_invstd, float *y);
+    int (*batchnorm_backward)(int64_t m, int c, const float *x, const float *dy, const float *gamma,
+                              const float *beta, const float *save_mean, const float *save_invstd, int training,
+                              ptl_act act, float *dx, float *dgamma, float *dbeta);
+} ptl_cpu_redirect;
+
+extern const ptl_cpu_redirect *ptl_cpu_test_redirect_ops;
+
+/* on = 1 installs the redirect (fails without oneDNN); on = 0 removes it and frees its plans. */
+int ptl_cpu_test_redirect(int on);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
