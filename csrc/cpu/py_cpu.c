@@ -319,14 +319,15 @@ static PyObject *py_cpu_batchnorm_backward(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* cpu_test_redirect(on): routes the reference convolutions' float32 calls to the fast plans (tests and
- * benchmarks only, until the executor's backend table exists). */
-static PyObject *py_cpu_test_redirect(PyObject *m, PyObject *on)
+/* cpu_test_redirect(kinds): routes the reference kernels' float32 calls to the fast ones, kinds = bits
+ * 1 (convolutions) | 2 (BatchNorm), 0 to undo (tests and benchmarks only, until the executor's backend
+ * table exists). */
+static PyObject *py_cpu_test_redirect(PyObject *m, PyObject *args)
 {
-    const int flag = PyObject_IsTrue(on);
-    if (flag < 0)
+    int kinds;
+    if (!PyArg_ParseTuple(args, "i:cpu_test_redirect", &kinds))
         return NULL;
-    if (ptl_cpu_test_redirect(flag))
+    if (ptl_cpu_test_redirect(kinds))
         return ptl_raise(m);
     Py_RETURN_NONE;
 }
@@ -345,7 +346,8 @@ static PyMethodDef methods[] = {
      "(x, gamma, beta, running_mean, running_var, training, act, save_mean, save_invstd, y)"},
     {"cpu_batchnorm_backward", py_cpu_batchnorm_backward, METH_VARARGS,
      "(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma|None, dbeta|None)"},
-    {"cpu_test_redirect", py_cpu_test_redirect, METH_O, "(on): reference float32 convs -> fast plans (tests)"},
+    {"cpu_test_redirect", py_cpu_test_redirect, METH_VARARGS,
+     "(kinds): reference float32 convs (1) / BatchNorm (2) -> fast kernels; 0 undoes (tests)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -100,14 +100,18 @@ static int bn_backward(int64_t m, int c, const float *x, const float *dy, const 
                                       dbeta, workspace, workspace_bytes);
 }
 
-static const ptl_cpu_redirect ops = {conv_forward, conv_backward_input, conv_backward_weight, bn_forward,
-                                     bn_backward};
+static ptl_cpu_redirect ops;
 
-int ptl_cpu_test_redirect(int on)
+int ptl_cpu_test_redirect(int kinds)
 {
-    if (on) {
+    if (kinds & ~PTL_CPU_REDIRECT_ALL)
+        return ptl_set_error(PTL_ERR_VALUE, "cpu test redirect: unknown kinds %d", kinds);
+    if (kinds) {
         if (!ptl_cpu_conv2d_available())
             return ptl_set_error(PTL_ERR_RUNTIME, "cpu test redirect: this ptl was built without oneDNN");
+        const int conv = kinds & PTL_CPU_REDIRECT_CONV, bn = kinds & PTL_CPU_REDIRECT_BATCHNORM;
+        ops = (ptl_cpu_redirect){conv ? conv_forward : NULL, conv ? conv_backward_input : NULL,
+                                 conv ? conv_backward_weight : NULL, bn ? bn_forward : NULL, bn ? bn_backward : NULL};
         ptl_cpu_test_redirect_ops = &ops;
         return 0;
     }

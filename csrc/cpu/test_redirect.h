@@ -13,7 +13,7 @@
 extern "C" {
 #endif
 
-/* The reference signatures, float32, without the dtype. */
+/* The reference signatures, float32, without the dtype; NULL entries keep the reference. */
 typedef struct {
     int (*conv2d_forward)(const ptl_conv2d_desc *d, const float *x, const float *wt, const float *bias, float *y);
     int (*conv2d_backward_input)(const ptl_conv2d_desc *d, const float *dy, const float *wt, float *dx);
@@ -28,8 +28,15 @@ typedef struct {
 
 extern const ptl_cpu_redirect *ptl_cpu_test_redirect_ops;
 
-/* on = 1 installs the redirect (fails without oneDNN); on = 0 removes it and frees its plans. */
-int ptl_cpu_test_redirect(int on);
+/* Whether the reference entry point `fn` (a member above) sends this dtype's call here. */
+#define PTL_CPU_REDIRECTED(dt, fn)                                                                           \
+    ((dt) == PTL_FLOAT32 && ptl_cpu_test_redirect_ops && ptl_cpu_test_redirect_ops->fn)
+
+enum { PTL_CPU_REDIRECT_CONV = 1, PTL_CPU_REDIRECT_BATCHNORM = 2, PTL_CPU_REDIRECT_ALL = 3 };
+
+/* Installs the redirect for the kernels named by `kinds` (PTL_CPU_REDIRECT_* bits; the others keep the
+ * reference); 0 removes it and frees its plans. Fails without oneDNN. */
+int ptl_cpu_test_redirect(int kinds);
 
 #ifdef __cplusplus
 }

@@ -53,7 +53,7 @@ int ptl_batchnorm_forward(ptl_dtype dt, int64_t m, int c, const void *x, const v
 {
     if (check("batchnorm_forward", dt, m, c, act))
         return -1;
-    if (dt == PTL_FLOAT32 && ptl_cpu_test_redirect_ops)
+    if (PTL_CPU_REDIRECTED(dt, batchnorm_forward))
         return ptl_cpu_test_redirect_ops->batchnorm_forward(m, c, x, gamma, beta, running_mean, running_var, training,
                                                             act, save_mean, save_invstd, y);
     if (dt == PTL_FLOAT32)
@@ -69,7 +69,7 @@ int ptl_batchnorm_backward(ptl_dtype dt, int64_t m, int c, const void *x, const 
 {
     if (check("batchnorm_backward", dt, m, c, act))
         return -1;
-    if (dt == PTL_FLOAT32 && ptl_cpu_test_redirect_ops)
+    if (PTL_CPU_REDIRECTED(dt, batchnorm_backward))
         return ptl_cpu_test_redirect_ops->batchnorm_backward(m, c, x, dy, gamma, beta, save_mean, save_invstd,
                                                              training, act, dx, dgamma, dbeta);
     if (dt == PTL_FLOAT32)
