@@ -12,10 +12,11 @@
  * The weights may be given in OHWI (cout, k, k, cin/groups), as the reference kernels take them, or in
  * OIHW (cout, cin/groups, k, k), the network's master layout (PyTorch's), which then needs no conversion.
  *
- * Reproducibility: the same plan, inputs and thread count give bitwise-identical results run to run;
- * the weight gradient's summation order depends on the thread count (tests/test_cpu_fast.py says which
- * directions). The bias gradient is summed in double in pixel order, as the reference sums it (bitwise
- * equal to it, any thread count).
+ * Reproducibility: results are bitwise identical run to run and for any thread count (tested in
+ * tests/test_cpu_fast.py). oneDNN's forward and input gradient are; the weight gradient is computed one
+ * image at a time by a single-threaded primitive (the images spread over the team) and the images' parts
+ * are added in image order. The bias gradient is summed in double in pixel order, as the reference sums
+ * it (bitwise equal to it). The weight gradient uses at most n (batch) threads.
  *
  * Built without oneDNN (PTL_WITH_DNNL undefined), ptl_cpu_conv2d_available() is 0 and making a plan
  * fails with a message saying so. */

@@ -332,6 +332,30 @@ static PyObject *py_cpu_test_redirect(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* cpu_test_redirect_stats() -> {entry: (seconds, calls)} since the redirect was installed. */
+static PyObject *py_cpu_test_redirect_stats(PyObject *m, PyObject *noargs)
+{
+    (void)m;
+    (void)noargs;
+    static const char *names[PTL_CPU_REDIRECT_ENTRIES] = {"conv2d_forward", "conv2d_backward_input",
+                                                          "conv2d_backward_weight", "batchnorm_forward",
+                                                          "batchnorm_backward"};
+    double secs[PTL_CPU_REDIRECT_ENTRIES];
+    int64_t calls[PTL_CPU_REDIRECT_ENTRIES];
+    ptl_cpu_test_redirect_stats(secs, calls);
+    PyObject *d = PyDict_New();
+    for (int i = 0; d && i < PTL_CPU_REDIRECT_ENTRIES; i++) {
+        PyObject *v = Py_BuildValue("(dL)", secs[i], (long long)calls[i]);
+        if (!v || PyDict_SetItemString(d, names[i], v) < 0) {
+            Py_XDECREF(v);
+            Py_CLEAR(d);
+            break;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
 static PyMethodDef methods[] = {
     {"cpu_threads", py_cpu_threads, METH_NOARGS, "() -> threads of ptl's CPU kernels in the calling thread"},
     {"cpu_conv2d_available", py_cpu_conv2d_available, METH_NOARGS, "() -> whether this build has oneDNN"},
@@ -348,6 +372,8 @@ static PyMethodDef methods[] = {
      "(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma|None, dbeta|None)"},
     {"cpu_test_redirect", py_cpu_test_redirect, METH_VARARGS,
      "(kinds): reference float32 convs (1) / BatchNorm (2) -> fast kernels; 0 undoes (tests)"},
+    {"cpu_test_redirect_stats", py_cpu_test_redirect_stats, METH_NOARGS,
+     "() -> {entry: (seconds, calls)} of the redirected kernels (benchmarks)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "batchnorm.h"
 #include "conv2d.h"
@@ -16,6 +17,26 @@ typedef struct {
     int bias;
     ptl_cpu_conv2d_plan *plan;
 } entry;
+
+static double seconds[PTL_CPU_REDIRECT_ENTRIES];
+static int64_t calls[PTL_CPU_REDIRECT_ENTRIES];
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Runs `call` and adds its wall time to entry `e`'s total. */
+#define TIMED(e, call)                                                                                       \
+    do {                                                                                                     \
+        const double t0_ = now();                                                                            \
+        const int rc_ = (call);                                                                              \
+        seconds[e] += now() - t0_;                                                                           \
+        calls[e]++;                                                                                          \
+        return rc_;                                                                                          \
+    } while (0)
 
 static entry *entries;
 static int nentries, cap;
@@ -66,19 +87,25 @@ static const ptl_cpu_conv2d_plan *plan_for(const ptl_conv2d_desc *d, int bias)
 static int conv_forward(const ptl_conv2d_desc *d, const float *x, const float *wt, const float *bias, float *y)
 {
     const ptl_cpu_conv2d_plan *p = plan_for(d, bias != NULL);
-    return p ? ptl_cpu_conv2d_forward(p, x, wt, bias, y, workspace, workspace_bytes) : -1;
+    if (!p)
+        return -1;
+    TIMED(0, ptl_cpu_conv2d_forward(p, x, wt, bias, y, workspace, workspace_bytes));
 }
 
 static int conv_backward_input(const ptl_conv2d_desc *d, const float *dy, const float *wt, float *dx)
 {
     const ptl_cpu_conv2d_plan *p = plan_for(d, -1);
-    return p ? ptl_cpu_conv2d_backward_input(p, dy, wt, dx, workspace, workspace_bytes) : -1;
+    if (!p)
+        return -1;
+    TIMED(1, ptl_cpu_conv2d_backward_input(p, dy, wt, dx, workspace, workspace_bytes));
 }
 
 static int conv_backward_weight(const ptl_conv2d_desc *d, const float *x, const float *dy, float *dwt)
 {
     const ptl_cpu_conv2d_plan *p = plan_for(d, -1);
-    return p ? ptl_cpu_conv2d_backward_weight(p, x, dy, dwt, workspace, workspace_bytes) : -1;
+    if (!p)
+        return -1;
+    TIMED(2, ptl_cpu_conv2d_backward_weight(p, x, dy, dwt, workspace, workspace_bytes));
 }
 
 static int bn_forward(int64_t m, int c, const float *x, const float *gamma, const float *beta, float *running_mean,
@@ -86,8 +113,8 @@ static int bn_forward(int64_t m, int c, const float *x, const float *gamma, cons
 {
     if (reserve(ptl_cpu_batchnorm_workspace(m, c)))
         return -1;
-    return ptl_cpu_batchnorm_forward(m, c, x, gamma, beta, running_mean, running_var, training, act, save_mean,
-                                     save_invstd, y, workspace, workspace_bytes);
+    TIMED(3, ptl_cpu_batchnorm_forward(m, c, x, gamma, beta, running_mean, running_var, training, act, save_mean,
+                                       save_invstd, y, workspace, workspace_bytes));
 }
 
 static int bn_backward(int64_t m, int c, const float *x, const float *dy, const float *gamma, const float *beta,
@@ -96,8 +123,8 @@ static int bn_backward(int64_t m, int c, const float *x, const float *dy, const 
 {
     if (reserve(ptl_cpu_batchnorm_workspace(m, c)))
         return -1;
-    return ptl_cpu_batchnorm_backward(m, c, x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma,
-                                      dbeta, workspace, workspace_bytes);
+    TIMED(4, ptl_cpu_batchnorm_backward(m, c, x, dy, gamma, beta, save_mean, save_invstd, training, act, dx,
+                                        dgamma, dbeta, workspace, workspace_bytes));
 }
 
 static ptl_cpu_redirect ops;
@@ -113,6 +140,8 @@ int ptl_cpu_test_redirect(int kinds)
         ops = (ptl_cpu_redirect){conv ? conv_forward : NULL, conv ? conv_backward_input : NULL,
                                  conv ? conv_backward_weight : NULL, bn ? bn_forward : NULL, bn ? bn_backward : NULL};
         ptl_cpu_test_redirect_ops = &ops;
+        memset(seconds, 0, sizeof seconds);
+        memset(calls, 0, sizeof calls);
         return 0;
     }
     ptl_cpu_test_redirect_ops = NULL;
@@ -125,4 +154,10 @@ int ptl_cpu_test_redirect(int kinds)
     nentries = cap = 0;
     workspace_bytes = 0;
     return 0;
+}
+
+void ptl_cpu_test_redirect_stats(double secs[PTL_CPU_REDIRECT_ENTRIES], int64_t ncalls[PTL_CPU_REDIRECT_ENTRIES])
+{
+    memcpy(secs, seconds, sizeof seconds);
+    memcpy(ncalls, calls, sizeof calls);
 }

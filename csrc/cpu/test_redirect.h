@@ -38,6 +38,11 @@ enum { PTL_CPU_REDIRECT_CONV = 1, PTL_CPU_REDIRECT_BATCHNORM = 2, PTL_CPU_REDIRE
  * reference); 0 removes it and frees its plans. Fails without oneDNN. */
 int ptl_cpu_test_redirect(int kinds);
 
+/* Wall seconds spent in, and calls of, each redirected entry since the redirect was installed, in the
+ * order of ptl_cpu_redirect's members (for benchmarks). */
+#define PTL_CPU_REDIRECT_ENTRIES 5
+void ptl_cpu_test_redirect_stats(double secs[PTL_CPU_REDIRECT_ENTRIES], int64_t calls[PTL_CPU_REDIRECT_ENTRIES]);
+
 #ifdef __cplusplus
 }
 #endif
