@@ -231,7 +231,8 @@ def test_batchnorm_reruns_are_bitwise_equal_and_checks_arguments():
 
 def network_run(kinds, dtype="float32", size=96, batch=2):
     """yolo26n forward + backward (fixed random images and output gradients) with the reference kernels,
-    or with the fast ones through the test redirect (kinds: 1 convs, 2 BatchNorm, 3 both); returns the
+    or with the fast ones through the test redirect (kinds: bits 1 convs, 2 BatchNorm, 4 attention, 8 add and
+    accumulate; 15 all); returns the
     head outputs, the flat gradients and the BN running statistics, in float64."""
     x = np.random.default_rng(0).random((batch, 3, size, size))
     m = ptl.Detector("yolo26n", num_classes=80, seed=0, dtype=dtype)
@@ -259,7 +260,7 @@ def test_network_with_fast_kernels_is_as_accurate_as_the_reference():
     1.8x, at most 4x), and its flat gradient's L2 error within 3x (measured 2x)."""
     m, o64, g64, b64 = network_run(0, "float64")
     _, o32, g32, b32 = network_run(0)
-    _, ofa, gfa, bfa = network_run(3)
+    _, ofa, gfa, bfa = network_run(15)
 
     def err(a, b):
         return np.abs(a - b).max() / np.abs(b).max()
@@ -278,7 +279,7 @@ def test_network_with_fast_kernels_is_as_accurate_as_the_reference():
 
 @needs_dnnl
 def test_network_with_fast_kernels_reruns_bitwise():
-    a, b = network_run(3, size=64), network_run(3, size=64)
+    a, b = network_run(15, size=64), network_run(15, size=64)
     for u, v in zip(a[1:], b[1:]):
         if isinstance(u, list):
             for p, q in zip(u, v):
@@ -306,7 +307,7 @@ for shape in t.BN_SHAPES[:3]:
     z = np.zeros(shape[-1], np.float32)
     for name, a in zip(("y", "mean", "invstd", "rmean", "rvar", "dx", "dgamma", "dbeta"), t.fast_bn(x, p, dy, True, "silu", z, z)):
         out["bn " + str(shape) + ":" + name] = digest(a)
-_, outs, grads, bufs = t.network_run(3, size=64)
+_, outs, grads, bufs = t.network_run(15, size=64)
 out["network:outputs"], out["network:dw"], out["network:buffers"] = digest(np.concatenate([o.ravel() for o in outs])), digest(grads), digest(bufs)
 print(json.dumps(out))
 """
@@ -329,3 +330,51 @@ def test_results_do_not_depend_on_the_thread_count():
     one, three = run_with_threads(1), run_with_threads(3)
     assert (one.pop("threads"), three.pop("threads")) == (1, 3)
     assert one == three, sorted(k for k in one if one[k] != three[k])
+
+
+# ---------------------------------------------------------------------------------------------- element-wise
+
+def test_add_accumulate_and_channel_copy_equal_the_reference():
+    rng = np.random.default_rng(6)
+    a, b = (rng.standard_normal((2, 40, 40, 48)).astype(np.float32) for _ in range(2))
+    y = T(np.full(a.shape, np.nan))
+    C.cpu_add(T(a), T(b), y)
+    np.testing.assert_array_equal(N(y), N(C.layer_add(T(a), T(b))))
+    acc_fast, acc_ref = T(b), T(b)
+    C.cpu_accumulate(T(a), acc_fast)
+    C.layer_accumulate(T(a), acc_ref)
+    np.testing.assert_array_equal(N(acc_fast), N(acc_ref))
+    src = rng.standard_normal((2, 40, 40, 96)).astype(np.float32)
+    dst0 = rng.standard_normal((2, 40, 40, 64)).astype(np.float32)
+    for src_off, dst_off, c, acc in ((0, 0, 64, False), (32, 16, 48, True), (95, 63, 1, True), (10, 0, 0, False)):
+        f, r = T(dst0), T(dst0)
+        C.cpu_channel_copy(T(src), src_off, f, dst_off, c, acc)
+        C.layer_channel_copy(T(src), src_off, r, dst_off, c, acc)
+        np.testing.assert_array_equal(N(f), N(r))
+    with pytest.raises(ValueError, match="slice out of range"):
+        C.cpu_channel_copy(T(src), 90, T(dst0), 0, 8, False)
+
+
+# ---------------------------------------------------------------------------------------------- attention
+
+@pytest.mark.parametrize("b,hw,heads,kd,hd", [(4, (10, 10), 2, 32, 64), (2, (5, 3), 3, 4, 8)])
+def test_attention_matches_reference(b, hw, heads, kd, hd):
+    rng = np.random.default_rng(8)
+    n, cq, dim = hw[0] * hw[1], heads * (2 * kd + hd), heads * hd
+    qkv = (rng.standard_normal((b, hw[0], hw[1], cq)) * 2).astype(np.float32)
+    d_o = rng.standard_normal((b, hw[0], hw[1], dim)).astype(np.float32)
+    dv = rng.standard_normal((b, hw[0], hw[1], dim)).astype(np.float32)
+    o_ref, a_ref, v_ref = (N(t) for t in C.layer_attention_forward(T(qkv), heads, kd, hd))
+    at, o, v = T(np.full((b, heads, n, n), np.nan)), T(np.full((b, n, dim), np.nan)), T(np.full((b, n, dim), np.nan))
+    C.cpu_attention_forward(T(qkv.reshape(b, n, cq)), heads, kd, hd, at, o, v)
+    assert_close(N(at), a_ref, "attn")
+    assert_close(N(o).reshape(o_ref.shape), o_ref, "o")
+    np.testing.assert_array_equal(N(v).reshape(v_ref.shape), v_ref)
+    for extra in (dv, None):
+        dq_ref = T(np.zeros(qkv.shape))
+        C.layer_attention_backward(T(qkv), T(a_ref), T(d_o), None if extra is None else T(extra), heads, kd, hd, dq_ref)
+        dq = T(np.full((b, n, cq), np.nan))
+        # with the reference's probabilities the backward computes the reference's bits
+        C.cpu_attention_backward(T(qkv.reshape(b, n, cq)), T(a_ref), T(d_o.reshape(b, n, dim)),
+                                 None if extra is None else T(extra.reshape(b, n, dim)), heads, kd, hd, dq)
+        np.testing.assert_array_equal(N(dq).reshape(qkv.shape), N(dq_ref))

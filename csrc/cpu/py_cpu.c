@@ -2,8 +2,10 @@
  * Every output is passed in (overwritten or accumulated as the C function does), so a benchmark times
  * the kernel alone. Tensors are float32 CPU tensors. */
 #include "../py.h"
+#include "attention.h"
 #include "batchnorm.h"
 #include "conv2d.h"
+#include "elementwise.h"
 #include "test_redirect.h"
 #include "threads.h"
 
@@ -319,8 +321,103 @@ static PyObject *py_cpu_batchnorm_backward(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ element-wise, attention */
+
+/* cpu_add(a, b, y): y = a + b; cpu_accumulate(x, y): y += x (same shapes) */
+static PyObject *py_cpu_add(PyObject *m, PyObject *args)
+{
+    PyObject *ao, *bo, *yo;
+    if (!PyArg_ParseTuple(args, "OOO:cpu_add", &ao, &bo, &yo))
+        return NULL;
+    PtlTensor *a = arg(m, ao, "a", -1, NULL), *b, *y;
+    if (!a || !(b = arg(m, bo, "b", a->ndim, a->shape)) || !(y = arg(m, yo, "y", a->ndim, a->shape)))
+        return NULL;
+    RUN(ptl_cpu_add(ptl_tensor_numel(a), ptl_tensor_data(a), ptl_tensor_data(b), ptl_tensor_data(y)));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_cpu_accumulate(PyObject *m, PyObject *args)
+{
+    PyObject *xo, *yo;
+    if (!PyArg_ParseTuple(args, "OO:cpu_accumulate", &xo, &yo))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", -1, NULL), *y;
+    if (!x || !(y = arg(m, yo, "y", x->ndim, x->shape)))
+        return NULL;
+    RUN(ptl_cpu_accumulate(ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(y)));
+    Py_RETURN_NONE;
+}
+
+/* cpu_channel_copy(src, src_off, dst, dst_off, c, accumulate): rows of src (..., src_c) and dst (..., dst_c) */
+static PyObject *py_cpu_channel_copy(PyObject *m, PyObject *args)
+{
+    PyObject *so, *dso;
+    int src_off, dst_off, c, acc;
+    if (!PyArg_ParseTuple(args, "OiOiip:cpu_channel_copy", &so, &src_off, &dso, &dst_off, &c, &acc))
+        return NULL;
+    int64_t ms, md, cs[1], cd[1];
+    PtlTensor *src = rows_arg(m, so, "src", &ms, cs), *dst;
+    if (!src || !(dst = rows_arg(m, dso, "dst", &md, cd)))
+        return NULL;
+    if (ms != md)
+        return PyErr_Format(PyExc_ValueError, "dst: expected %lld rows like src, got %lld", (long long)ms,
+                            (long long)md);
+    RUN(ptl_cpu_channel_copy(ms, c, ptl_tensor_data(src), (int)cs[0], src_off, ptl_tensor_data(dst), (int)cd[0],
+                             dst_off, acc));
+    Py_RETURN_NONE;
+}
+
+/* cpu_attention_forward(qkv (b, n, cq), heads, kd, hd, attn (b, heads, n, n), o (b, n, dim), v|None) */
+static PyObject *py_cpu_attention_forward(PyObject *m, PyObject *args)
+{
+    PyObject *qo, *ao, *oo, *vo;
+    int heads, kd, hd;
+    if (!PyArg_ParseTuple(args, "OiiiOOO:cpu_attention_forward", &qo, &heads, &kd, &hd, &ao, &oo, &vo))
+        return NULL;
+    if (heads <= 0 || kd <= 0 || hd <= 0)
+        return PyErr_Format(PyExc_ValueError, "heads, kd, hd: expected positive sizes, got %d, %d, %d", heads, kd, hd);
+    const int64_t qs[3] = {-1, -1, (int64_t)heads * (2 * kd + hd)};
+    PtlTensor *qkv = arg(m, qo, "qkv", 3, qs), *at, *o, *v = NULL;
+    if (!qkv)
+        return NULL;
+    const int b = (int)qkv->shape[0], n = (int)qkv->shape[1];
+    const int64_t as[4] = {b, heads, n, n}, os[3] = {b, n, (int64_t)heads * hd};
+    if (!(at = arg(m, ao, "attn", 4, as)) || !(o = arg(m, oo, "o", 3, os)) ||
+        (vo != Py_None && !(v = arg(m, vo, "v", 3, os))))
+        return NULL;
+    WITH_WORKSPACE(ptl_cpu_attention_workspace(b, n, heads, kd, hd),
+                   ptl_cpu_attention_forward(b, n, heads, kd, hd, ptl_tensor_data(qkv), ptl_tensor_data(at),
+                                             ptl_tensor_data(o), v ? ptl_tensor_data(v) : NULL, ws_, wsb_));
+    Py_RETURN_NONE;
+}
+
+/* cpu_attention_backward(qkv, attn, d_o, dv|None, heads, kd, hd, dqkv): dqkv = */
+static PyObject *py_cpu_attention_backward(PyObject *m, PyObject *args)
+{
+    PyObject *qo, *ao, *doo, *dvo, *dqo;
+    int heads, kd, hd;
+    if (!PyArg_ParseTuple(args, "OOOOiiiO:cpu_attention_backward", &qo, &ao, &doo, &dvo, &heads, &kd, &hd, &dqo))
+        return NULL;
+    if (heads <= 0 || kd <= 0 || hd <= 0)
+        return PyErr_Format(PyExc_ValueError, "heads, kd, hd: expected positive sizes, got %d, %d, %d", heads, kd, hd);
+    const int64_t qs[3] = {-1, -1, (int64_t)heads * (2 * kd + hd)};
+    PtlTensor *qkv = arg(m, qo, "qkv", 3, qs), *at, *d_o, *dv = NULL, *dq;
+    if (!qkv)
+        return NULL;
+    const int b = (int)qkv->shape[0], n = (int)qkv->shape[1];
+    const int64_t as[4] = {b, heads, n, n}, os[3] = {b, n, (int64_t)heads * hd};
+    if (!(at = arg(m, ao, "attn", 4, as)) || !(d_o = arg(m, doo, "d_o", 3, os)) ||
+        (dvo != Py_None && !(dv = arg(m, dvo, "dv", 3, os))) || !(dq = arg(m, dqo, "dqkv", 3, qkv->shape)))
+        return NULL;
+    WITH_WORKSPACE(ptl_cpu_attention_workspace(b, n, heads, kd, hd),
+                   ptl_cpu_attention_backward(b, n, heads, kd, hd, ptl_tensor_data(qkv), ptl_tensor_data(at),
+                                              ptl_tensor_data(d_o), dv ? ptl_tensor_data(dv) : NULL,
+                                              ptl_tensor_data(dq), ws_, wsb_));
+    Py_RETURN_NONE;
+}
+
 /* cpu_test_redirect(kinds): routes the reference kernels' float32 calls to the fast ones, kinds = bits
- * 1 (convolutions) | 2 (BatchNorm), 0 to undo (tests and benchmarks only, until the executor's backend
+ * 1 (convolutions) | 2 (BatchNorm) | 4 (attention) | 8 (add, accumulate), 0 to undo (tests and benchmarks only, until the executor's backend
  * table exists). */
 static PyObject *py_cpu_test_redirect(PyObject *m, PyObject *args)
 {
@@ -337,9 +434,10 @@ static PyObject *py_cpu_test_redirect_stats(PyObject *m, PyObject *noargs)
 {
     (void)m;
     (void)noargs;
-    static const char *names[PTL_CPU_REDIRECT_ENTRIES] = {"conv2d_forward", "conv2d_backward_input",
-                                                          "conv2d_backward_weight", "batchnorm_forward",
-                                                          "batchnorm_backward"};
+    static const char *names[PTL_CPU_REDIRECT_ENTRIES] = {
+        "conv2d_forward",     "conv2d_backward_input", "conv2d_backward_weight", "batchnorm_forward",
+        "batchnorm_backward", "attention_forward",     "attention_backward",     "add",
+        "accumulate"};
     double secs[PTL_CPU_REDIRECT_ENTRIES];
     int64_t calls[PTL_CPU_REDIRECT_ENTRIES];
     ptl_cpu_test_redirect_stats(secs, calls);
@@ -370,8 +468,14 @@ static PyMethodDef methods[] = {
      "(x, gamma, beta, running_mean, running_var, training, act, save_mean, save_invstd, y)"},
     {"cpu_batchnorm_backward", py_cpu_batchnorm_backward, METH_VARARGS,
      "(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma|None, dbeta|None)"},
+    {"cpu_add", py_cpu_add, METH_VARARGS, "(a, b, y); y = a + b"},
+    {"cpu_accumulate", py_cpu_accumulate, METH_VARARGS, "(x, y); y += x"},
+    {"cpu_channel_copy", py_cpu_channel_copy, METH_VARARGS, "(src, src_off, dst, dst_off, c, accumulate)"},
+    {"cpu_attention_forward", py_cpu_attention_forward, METH_VARARGS, "(qkv, heads, kd, hd, attn, o, v|None)"},
+    {"cpu_attention_backward", py_cpu_attention_backward, METH_VARARGS,
+     "(qkv, attn, d_o, dv|None, heads, kd, hd, dqkv); dqkv ="},
     {"cpu_test_redirect", py_cpu_test_redirect, METH_VARARGS,
-     "(kinds): reference float32 convs (1) / BatchNorm (2) -> fast kernels; 0 undoes (tests)"},
+     "(kinds): reference float32 convs 1, BatchNorm 2, attention 4, add/accumulate 8 -> fast; 0 undoes"},
     {"cpu_test_redirect_stats", py_cpu_test_redirect_stats, METH_NOARGS,
      "() -> {entry: (seconds, calls)} of the redirected kernels (benchmarks)"},
     {NULL, NULL, 0, NULL},

@@ -7,8 +7,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "attention.h"
 #include "batchnorm.h"
 #include "conv2d.h"
+#include "elementwise.h"
 
 const ptl_cpu_redirect *ptl_cpu_test_redirect_ops;
 
@@ -127,6 +129,25 @@ static int bn_backward(int64_t m, int c, const float *x, const float *dy, const 
                                         dgamma, dbeta, workspace, workspace_bytes));
 }
 
+static int attn_forward(int b, int n, int heads, int kd, int hd, const float *qkv, float *attn, float *o, float *v)
+{
+    if (reserve(ptl_cpu_attention_workspace(b, n, heads, kd, hd)))
+        return -1;
+    TIMED(5, ptl_cpu_attention_forward(b, n, heads, kd, hd, qkv, attn, o, v, workspace, workspace_bytes));
+}
+
+static int attn_backward(int b, int n, int heads, int kd, int hd, const float *qkv, const float *attn,
+                         const float *d_o, const float *dv, float *dqkv)
+{
+    if (reserve(ptl_cpu_attention_workspace(b, n, heads, kd, hd)))
+        return -1;
+    TIMED(6, ptl_cpu_attention_backward(b, n, heads, kd, hd, qkv, attn, d_o, dv, dqkv, workspace, workspace_bytes));
+}
+
+static int add(int64_t n, const float *a, const float *b, float *y) { TIMED(7, ptl_cpu_add(n, a, b, y)); }
+
+static int accumulate(int64_t n, const float *x, float *y) { TIMED(8, ptl_cpu_accumulate(n, x, y)); }
+
 static ptl_cpu_redirect ops;
 
 int ptl_cpu_test_redirect(int kinds)
@@ -137,8 +158,16 @@ int ptl_cpu_test_redirect(int kinds)
         if (!ptl_cpu_conv2d_available())
             return ptl_set_error(PTL_ERR_RUNTIME, "cpu test redirect: this ptl was built without oneDNN");
         const int conv = kinds & PTL_CPU_REDIRECT_CONV, bn = kinds & PTL_CPU_REDIRECT_BATCHNORM;
-        ops = (ptl_cpu_redirect){conv ? conv_forward : NULL, conv ? conv_backward_input : NULL,
-                                 conv ? conv_backward_weight : NULL, bn ? bn_forward : NULL, bn ? bn_backward : NULL};
+        const int attn = kinds & PTL_CPU_REDIRECT_ATTENTION, elem = kinds & PTL_CPU_REDIRECT_ELEMENTWISE;
+        ops = (ptl_cpu_redirect){conv ? conv_forward : NULL,
+                                 conv ? conv_backward_input : NULL,
+                                 conv ? conv_backward_weight : NULL,
+                                 bn ? bn_forward : NULL,
+                                 bn ? bn_backward : NULL,
+                                 attn ? attn_forward : NULL,
+                                 attn ? attn_backward : NULL,
+                                 elem ? add : NULL,
+                                 elem ? accumulate : NULL};
         ptl_cpu_test_redirect_ops = &ops;
         memset(seconds, 0, sizeof seconds);
         memset(calls, 0, sizeof calls);

@@ -1,6 +1,6 @@
 /* Test-only bridge until the executor's backend table (issue 12) takes the fast CPU backend: while
  * installed, the reference entry points of csrc/nn that consult ptl_cpu_test_redirect_ops (convolution
- * forward and gradients, BatchNorm forward and backward) send their float32 calls here, to the fast
+ * forward and gradients, BatchNorm, attention, add and accumulate) send their float32 calls here, to the fast
  * kernels, so that the unchanged CPU network can be run, compared and timed with them. NULL, the
  * default, leaves the reference kernels in place. Not thread-safe: one network at a time. */
 #ifndef PTL_CPU_TEST_REDIRECT_H
@@ -24,6 +24,12 @@ typedef struct {
     int (*batchnorm_backward)(int64_t m, int c, const float *x, const float *dy, const float *gamma,
                               const float *beta, const float *save_mean, const float *save_invstd, int training,
                               ptl_act act, float *dx, float *dgamma, float *dbeta);
+    int (*attention_forward)(int b, int n, int heads, int kd, int hd, const float *qkv, float *attn, float *o,
+                             float *v);
+    int (*attention_backward)(int b, int n, int heads, int kd, int hd, const float *qkv, const float *attn,
+                              const float *d_o, const float *dv, float *dqkv);
+    int (*add)(int64_t n, const float *a, const float *b, float *y);
+    int (*accumulate)(int64_t n, const float *x, float *y);
 } ptl_cpu_redirect;
 
 extern const ptl_cpu_redirect *ptl_cpu_test_redirect_ops;
@@ -32,7 +38,13 @@ extern const ptl_cpu_redirect *ptl_cpu_test_redirect_ops;
 #define PTL_CPU_REDIRECTED(dt, fn)                                                                           \
     ((dt) == PTL_FLOAT32 && ptl_cpu_test_redirect_ops && ptl_cpu_test_redirect_ops->fn)
 
-enum { PTL_CPU_REDIRECT_CONV = 1, PTL_CPU_REDIRECT_BATCHNORM = 2, PTL_CPU_REDIRECT_ALL = 3 };
+enum {
+    PTL_CPU_REDIRECT_CONV = 1,
+    PTL_CPU_REDIRECT_BATCHNORM = 2,
+    PTL_CPU_REDIRECT_ATTENTION = 4,
+    PTL_CPU_REDIRECT_ELEMENTWISE = 8, /* add, accumulate */
+    PTL_CPU_REDIRECT_ALL = 15
+};
 
 /* Installs the redirect for the kernels named by `kinds` (PTL_CPU_REDIRECT_* bits; the others keep the
  * reference); 0 removes it and frees its plans. Fails without oneDNN. */
@@ -40,7 +52,7 @@ int ptl_cpu_test_redirect(int kinds);
 
 /* Wall seconds spent in, and calls of, each redirected entry since the redirect was installed, in the
  * order of ptl_cpu_redirect's members (for benchmarks). */
-#define PTL_CPU_REDIRECT_ENTRIES 5
+#define PTL_CPU_REDIRECT_ENTRIES 9
 void ptl_cpu_test_redirect_stats(double secs[PTL_CPU_REDIRECT_ENTRIES], int64_t calls[PTL_CPU_REDIRECT_ENTRIES]);
 
 #ifdef __cplusplus
