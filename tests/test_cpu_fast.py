@@ -378,3 +378,37 @@ def test_attention_matches_reference(b, hw, heads, kd, hd):
         C.cpu_attention_backward(T(qkv.reshape(b, n, cq)), T(a_ref), T(d_o.reshape(b, n, dim)),
                                  None if extra is None else T(extra.reshape(b, n, dim)), heads, kd, hd, dq)
         np.testing.assert_array_equal(N(dq).reshape(qkv.shape), N(dq_ref))
+
+
+# ---------------------------------------------------------------------------------------------- max-pool, upsample
+
+@pytest.mark.parametrize("shape", [(4, 10, 10, 128), (2, 7, 9, 20), (1, 3, 2, 5)], ids=lambda s: "x".join(map(str, s)))
+def test_maxpool_equals_the_reference_bitwise(shape):
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[..., 0] = np.round(x[..., 0])  # ties: the first maximum in scan order takes the gradient
+    x[0, 1, 1, 1 % shape[-1]] = np.nan  # a NaN wins and propagates
+    dy = rng.standard_normal(shape).astype(np.float32)
+    y = T(np.full(shape, 7.0))
+    C.cpu_maxpool5_forward(T(x), y)
+    np.testing.assert_array_equal(N(y), N(C.layer_maxpool5_forward(T(x))))
+    for acc in (False, True):
+        base = rng.standard_normal(shape).astype(np.float32)
+        f, r = T(base), T(base)
+        C.cpu_maxpool5_backward(T(x), T(dy), f, acc)
+        C.layer_maxpool5_backward(T(x), T(dy), r, acc)
+        np.testing.assert_array_equal(N(f), N(r))
+
+
+def test_upsample_equals_the_reference_bitwise():
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 10, 10, 64)).astype(np.float32)
+    dy = rng.standard_normal((2, 20, 20, 64)).astype(np.float32)
+    y = T(np.full(dy.shape, np.nan))
+    C.cpu_upsample2x_forward(T(x), y)
+    np.testing.assert_array_equal(N(y), N(C.layer_upsample2x_forward(T(x))))
+    for acc in (False, True):
+        f, r = T(x), T(x)
+        C.cpu_upsample2x_backward(T(dy), f, acc)
+        C.layer_upsample2x_backward(T(dy), r, acc)
+        np.testing.assert_array_equal(N(f), N(r))

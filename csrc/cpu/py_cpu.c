@@ -6,8 +6,10 @@
 #include "batchnorm.h"
 #include "conv2d.h"
 #include "elementwise.h"
+#include "maxpool.h"
 #include "test_redirect.h"
 #include "threads.h"
+#include "upsample.h"
 
 static const ptl_device CPU = {PTL_CPU, 0};
 
@@ -416,6 +418,70 @@ static PyObject *py_cpu_attention_backward(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ max-pool, upsample */
+
+/* cpu_maxpool5_forward(x, y); cpu_maxpool5_backward(x, dy, dx, accumulate), all (n, h, w, c) */
+static PyObject *py_cpu_maxpool5_forward(PyObject *m, PyObject *args)
+{
+    PyObject *xo, *yo;
+    if (!PyArg_ParseTuple(args, "OO:cpu_maxpool5_forward", &xo, &yo))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", 4, NULL), *y;
+    if (!x || !(y = arg(m, yo, "y", 4, x->shape)))
+        return NULL;
+    RUN(ptl_cpu_maxpool5_forward((int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3],
+                                 ptl_tensor_data(x), ptl_tensor_data(y)));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_cpu_maxpool5_backward(PyObject *m, PyObject *args)
+{
+    PyObject *xo, *dyo, *dxo;
+    int acc;
+    if (!PyArg_ParseTuple(args, "OOOp:cpu_maxpool5_backward", &xo, &dyo, &dxo, &acc))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", 4, NULL), *dy, *dx;
+    if (!x || !(dy = arg(m, dyo, "dy", 4, x->shape)) || !(dx = arg(m, dxo, "dx", 4, x->shape)))
+        return NULL;
+    RUN(ptl_cpu_maxpool5_backward((int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3],
+                                  ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(dx), acc));
+    Py_RETURN_NONE;
+}
+
+/* cpu_upsample2x_forward(x (n, h, w, c), y (n, 2h, 2w, c)); cpu_upsample2x_backward(dy, dx, accumulate) */
+static PyObject *py_cpu_upsample2x_forward(PyObject *m, PyObject *args)
+{
+    PyObject *xo, *yo;
+    if (!PyArg_ParseTuple(args, "OO:cpu_upsample2x_forward", &xo, &yo))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", 4, NULL), *y;
+    if (!x)
+        return NULL;
+    const int64_t ys[4] = {x->shape[0], 2 * x->shape[1], 2 * x->shape[2], x->shape[3]};
+    if (!(y = arg(m, yo, "y", 4, ys)))
+        return NULL;
+    RUN(ptl_cpu_upsample2x_forward((int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3],
+                                   ptl_tensor_data(x), ptl_tensor_data(y)));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_cpu_upsample2x_backward(PyObject *m, PyObject *args)
+{
+    PyObject *dyo, *dxo;
+    int acc;
+    if (!PyArg_ParseTuple(args, "OOp:cpu_upsample2x_backward", &dyo, &dxo, &acc))
+        return NULL;
+    PtlTensor *dx = arg(m, dxo, "dx", 4, NULL), *dy;
+    if (!dx)
+        return NULL;
+    const int64_t ys[4] = {dx->shape[0], 2 * dx->shape[1], 2 * dx->shape[2], dx->shape[3]};
+    if (!(dy = arg(m, dyo, "dy", 4, ys)))
+        return NULL;
+    RUN(ptl_cpu_upsample2x_backward((int)dx->shape[0], (int)dx->shape[1], (int)dx->shape[2], (int)dx->shape[3],
+                                    ptl_tensor_data(dy), ptl_tensor_data(dx), acc));
+    Py_RETURN_NONE;
+}
+
 /* cpu_test_redirect(kinds): routes the reference kernels' float32 calls to the fast ones, kinds = bits
  * 1 (convolutions) | 2 (BatchNorm) | 4 (attention) | 8 (add, accumulate), 0 to undo (tests and benchmarks only, until the executor's backend
  * table exists). */
@@ -474,6 +540,10 @@ static PyMethodDef methods[] = {
     {"cpu_attention_forward", py_cpu_attention_forward, METH_VARARGS, "(qkv, heads, kd, hd, attn, o, v|None)"},
     {"cpu_attention_backward", py_cpu_attention_backward, METH_VARARGS,
      "(qkv, attn, d_o, dv|None, heads, kd, hd, dqkv); dqkv ="},
+    {"cpu_maxpool5_forward", py_cpu_maxpool5_forward, METH_VARARGS, "(x, y)"},
+    {"cpu_maxpool5_backward", py_cpu_maxpool5_backward, METH_VARARGS, "(x, dy, dx, accumulate)"},
+    {"cpu_upsample2x_forward", py_cpu_upsample2x_forward, METH_VARARGS, "(x, y)"},
+    {"cpu_upsample2x_backward", py_cpu_upsample2x_backward, METH_VARARGS, "(dy, dx, accumulate)"},
     {"cpu_test_redirect", py_cpu_test_redirect, METH_VARARGS,
      "(kinds): reference float32 convs 1, BatchNorm 2, attention 4, add/accumulate 8 -> fast; 0 undoes"},
     {"cpu_test_redirect_stats", py_cpu_test_redirect_stats, METH_NOARGS,
