@@ -44,6 +44,13 @@ from common import HERE, coco256_yaml
 IMGSZ, BATCH, NBATCHES = 320, 4, 8
 
 
+def cpu_seconds():
+    """CPU time of this process so far (every thread, user + system)."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 # --------------------------------------------------------------------------------------------- children
 def child_ptl_step(args):
     import numpy as np
@@ -63,14 +70,15 @@ def child_ptl_step(args):
     eng = Engine(trainer, model, data)
     trainer._engine = eng
     ptl._C.cpu_test_redirect(args.kinds)
-    times = []
+    times, cpu = [], []
     for i in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_seconds()
         losses = eng.train_step(batches[i % NBATCHES], 1, i)
         np.asarray(losses.numpy() if hasattr(losses, "numpy") else losses)
         times.append(time.perf_counter() - t0)
+        cpu.append(cpu_seconds() - c0)
     ptl._C.cpu_test_redirect(0)
-    return {"times": times[args.warmup:], "threads": ptl._C.cpu_threads(),
+    return {"times": times[args.warmup:], "cpu": cpu[args.warmup:], "threads": ptl._C.cpu_threads(),
             "loss": [float(v) for v in np.asarray(losses.numpy() if hasattr(losses, "numpy") else losses).ravel()]}
 
 
@@ -98,9 +106,9 @@ def child_torch_step(args):
     lr = 0.01 if args.optimizer == "MuSGD" else round(0.002 * 5 / (4 + 80), 6)
     opt = BaseTrainer.build_optimizer(None, model, args.optimizer, lr=lr, momentum=0.937, decay=5e-4)
     ema = ModelEMA(model)
-    times = []
+    times, cpu = [], []
     for i in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_seconds()
         loss, _ = model.loss(batches[i % NBATCHES])
         loss.sum().backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
@@ -108,7 +116,9 @@ def child_torch_step(args):
         opt.zero_grad()
         ema.update(model)
         times.append(time.perf_counter() - t0)
-    return {"times": times[args.warmup:], "threads": torch.get_num_threads(), "loss": [float(v) for v in loss.detach()]}
+        cpu.append(cpu_seconds() - c0)
+    return {"times": times[args.warmup:], "cpu": cpu[args.warmup:], "threads": torch.get_num_threads(),
+            "loss": [float(v) for v in loss.detach()]}
 
 
 def conv_shapes():
@@ -265,7 +275,7 @@ def bench_steps(args, results):
             for spin in spins:
                 arms.append((opt, arm, spin))
     loads = {"off": [False], "on": [True], "both": [False, True]}[args.load]
-    per = {}
+    per, cpu = {}, {}
     for r in range(args.rounds):
         for opt, arm, spin in arms:
             for loaded in loads:
@@ -280,21 +290,24 @@ def bench_steps(args, results):
                     res = run_child("ptl-step" if arm.startswith("ptl") else "torch-step", extra, env)
                 key = (opt, arm, spin, loaded)
                 per.setdefault(key, []).append(statistics.median(res["times"]))
-                print("round %d %-6s %-8s spin=%-6s load=%-5s median %.3f s (threads %d, %s)" % (
-                    r, opt, arm, spin, loaded, per[key][-1], res["threads"], os.getloadavg()[0]), flush=True)
-    print("\nstep seconds, median (min-max) over %d rounds of %d-step medians; machine load avg now %.2f" % (
-        args.rounds, args.steps, os.getloadavg()[0]))
+                cpu.setdefault(key, []).append(statistics.median(res["cpu"]))
+                print("round %d %-6s %-8s spin=%-6s load=%-5s median %.3f s, cpu %.3f s (threads %d, load avg %.1f)"
+                      % (r, opt, arm, spin, loaded, per[key][-1], cpu[key][-1], res["threads"], os.getloadavg()[0]),
+                      flush=True)
+    print("\nstep wall seconds, median (min-max) over %d rounds of %d-step medians, and the CPU seconds of the "
+          "step (all threads); machine load avg now %.2f" % (args.rounds, args.steps, os.getloadavg()[0]))
     for key, xs in per.items():
         opt, arm, spin, loaded = key
-        line = "%-6s %-8s spin=%-6s %s %s" % (opt, arm, spin, "loaded" if loaded else "quiet ", fmt(xs))
+        line = "%-6s %-8s spin=%-6s %s %s cpu %.3f" % (opt, arm, spin, "loaded" if loaded else "quiet ", fmt(xs),
+                                                      statistics.median(cpu[key]))
         torch_key = (opt, "torch", None, loaded)
         if arm != "torch" and torch_key in per:
             line += "  x torch %.2f" % (statistics.median(xs) / statistics.median(per[torch_key]))
         if loaded and (opt, arm, spin, False) in per:
             line += "  slowdown %.2f" % (statistics.median(xs) / statistics.median(per[(opt, arm, spin, False)]))
         print(line)
-    results["step"] = [{"optimizer": k[0], "arm": k[1], "spin": k[2], "loaded": k[3], "round_medians": v}
-                       for k, v in per.items()]
+    results["step"] = [{"optimizer": k[0], "arm": k[1], "spin": k[2], "loaded": k[3], "round_medians": v,
+                        "cpu_round_medians": cpu[k]} for k, v in per.items()]
 
 
 def bench_convs(args, results):

@@ -2,7 +2,6 @@
 outputs and gradients within 1e-5 relative (max-norm: max |fast - ref| <= 1e-5 * max |ref|) on yolo26n's
 layer shapes, the overwrite/accumulate contract, bitwise reruns, and which results depend on the thread
 count. Also the OpenMP settings ptl._C is loaded with (ptl/_openmp.py)."""
-import hashlib
 import os
 import subprocess
 import sys
