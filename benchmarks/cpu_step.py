@@ -4,9 +4,10 @@ Step (``--what step``): yolo26n, batch 4, imgsz 320, on the same 8 augmented coc
 ptl's loader and saved, so no loader runs while steps are timed), forward + objective + backward + gradient
 clipping (max norm 10) + optimizer + EMA, the optimizer stepping every batch:
 - ``ptl-ref``: ptl's fused CPU step (``Engine.train_step``: one C call), reference kernels;
-- ``ptl-fast``: the same with the fast CPU kernels (oneDNN convolutions; BatchNorm, attention, add and
-  accumulate of csrc/cpu) through the
-  test redirect (``ptl._C.cpu_test_redirect``), until the executor's backend table takes them;
+- ``ptl-fast``: the same with the fast CPU kernels (oneDNN convolutions; csrc/cpu's BatchNorm+SiLU,
+  attention, max-pool, add, accumulate, channel copies) through the test redirect
+  (``ptl._C.cpu_test_redirect``), until the executor's backend table takes them (the upsample, the
+  weight-layout conversions and the network's own zeroing stay the reference's);
 - ``torch``: Ultralytics' own model and loss, ``YOLO("yolo26n.yaml").model`` with ``model.loss(batch)``
   (E2ELoss), its ``BaseTrainer.build_optimizer`` (AdamW or MuSGD, the same parameter groups and
   hyperparameters as its trainer), ``clip_grad_norm_(10)``, ``optimizer.step``, ``ModelEMA.update``;
@@ -285,7 +286,7 @@ def bench_steps(args, results):
                 extra = ["--optimizer", opt, "--batches", batches, "--data", data_yaml, "--steps", str(args.steps),
                          "--warmup", str(args.warmup), "--threads", str(threads)]
                 if arm.startswith("ptl"):
-                    extra += ["--kinds", "15" if arm == "ptl-fast" else "0"]
+                    extra += ["--kinds", "31" if arm == "ptl-fast" else "0"]
                 with Load(loaded):
                     res = run_child("ptl-step" if arm.startswith("ptl") else "torch-step", extra, env)
                 key = (opt, arm, spin, loaded)

@@ -230,9 +230,9 @@ def test_batchnorm_reruns_are_bitwise_equal_and_checks_arguments():
 
 def network_run(kinds, dtype="float32", size=96, batch=2):
     """yolo26n forward + backward (fixed random images and output gradients) with the reference kernels,
-    or with the fast ones through the test redirect (kinds: bits 1 convs, 2 BatchNorm, 4 attention, 8 add and
-    accumulate; 15 all); returns the
-    head outputs, the flat gradients and the BN running statistics, in float64."""
+    or with the fast ones through the test redirect (kinds: bits 1 convs, 2 BatchNorm, 4 attention, 8 add,
+    accumulate and channel copies, 16 max-pool; 31 all); returns the head outputs, the flat gradients and
+    the BN running statistics, in float64."""
     x = np.random.default_rng(0).random((batch, 3, size, size))
     m = ptl.Detector("yolo26n", num_classes=80, seed=0, dtype=dtype)
     m.train()
@@ -259,7 +259,7 @@ def test_network_with_fast_kernels_is_as_accurate_as_the_reference():
     1.8x, at most 4x), and its flat gradient's L2 error within 3x (measured 2x)."""
     m, o64, g64, b64 = network_run(0, "float64")
     _, o32, g32, b32 = network_run(0)
-    _, ofa, gfa, bfa = network_run(15)
+    _, ofa, gfa, bfa = network_run(31)
 
     def err(a, b):
         return np.abs(a - b).max() / np.abs(b).max()
@@ -278,7 +278,7 @@ def test_network_with_fast_kernels_is_as_accurate_as_the_reference():
 
 @needs_dnnl
 def test_network_with_fast_kernels_reruns_bitwise():
-    a, b = network_run(15, size=64), network_run(15, size=64)
+    a, b = network_run(31, size=64), network_run(31, size=64)
     for u, v in zip(a[1:], b[1:]):
         if isinstance(u, list):
             for p, q in zip(u, v):
@@ -306,7 +306,7 @@ for shape in t.BN_SHAPES[:3]:
     z = np.zeros(shape[-1], np.float32)
     for name, a in zip(("y", "mean", "invstd", "rmean", "rvar", "dx", "dgamma", "dbeta"), t.fast_bn(x, p, dy, True, "silu", z, z)):
         out["bn " + str(shape) + ":" + name] = digest(a)
-_, outs, grads, bufs = t.network_run(15, size=64)
+_, outs, grads, bufs = t.network_run(31, size=64)
 out["network:outputs"], out["network:dw"], out["network:buffers"] = digest(np.concatenate([o.ravel() for o in outs])), digest(grads), digest(bufs)
 print(json.dumps(out))
 """

@@ -483,7 +483,8 @@ static PyObject *py_cpu_upsample2x_backward(PyObject *m, PyObject *args)
 }
 
 /* cpu_test_redirect(kinds): routes the reference kernels' float32 calls to the fast ones, kinds = bits
- * 1 (convolutions) | 2 (BatchNorm) | 4 (attention) | 8 (add, accumulate), 0 to undo (tests and benchmarks only, until the executor's backend
+ * 1 (convolutions) | 2 (BatchNorm) | 4 (attention) | 8 (add, accumulate, channel copies) | 16 (max-pool),
+ * 0 to undo (tests and benchmarks only, until the executor's backend
  * table exists). */
 static PyObject *py_cpu_test_redirect(PyObject *m, PyObject *args)
 {
@@ -503,7 +504,7 @@ static PyObject *py_cpu_test_redirect_stats(PyObject *m, PyObject *noargs)
     static const char *names[PTL_CPU_REDIRECT_ENTRIES] = {
         "conv2d_forward",     "conv2d_backward_input", "conv2d_backward_weight", "batchnorm_forward",
         "batchnorm_backward", "attention_forward",     "attention_backward",     "add",
-        "accumulate"};
+        "accumulate",         "channel_copy",          "maxpool5_forward",       "maxpool5_backward"};
     double secs[PTL_CPU_REDIRECT_ENTRIES];
     int64_t calls[PTL_CPU_REDIRECT_ENTRIES];
     ptl_cpu_test_redirect_stats(secs, calls);
@@ -545,7 +546,7 @@ static PyMethodDef methods[] = {
     {"cpu_upsample2x_forward", py_cpu_upsample2x_forward, METH_VARARGS, "(x, y)"},
     {"cpu_upsample2x_backward", py_cpu_upsample2x_backward, METH_VARARGS, "(dy, dx, accumulate)"},
     {"cpu_test_redirect", py_cpu_test_redirect, METH_VARARGS,
-     "(kinds): reference float32 convs 1, BatchNorm 2, attention 4, add/accumulate 8 -> fast; 0 undoes"},
+     "(kinds): reference float32 convs 1, BN 2, attention 4, add/accumulate/copy 8, pool 16 -> fast; 0 undoes"},
     {"cpu_test_redirect_stats", py_cpu_test_redirect_stats, METH_NOARGS,
      "() -> {entry: (seconds, calls)} of the redirected kernels (benchmarks)"},
     {NULL, NULL, 0, NULL},

@@ -11,6 +11,7 @@
 #include "batchnorm.h"
 #include "conv2d.h"
 #include "elementwise.h"
+#include "maxpool.h"
 
 const ptl_cpu_redirect *ptl_cpu_test_redirect_ops;
 
@@ -148,6 +149,22 @@ static int add(int64_t n, const float *a, const float *b, float *y) { TIMED(7, p
 
 static int accumulate(int64_t n, const float *x, float *y) { TIMED(8, ptl_cpu_accumulate(n, x, y)); }
 
+static int channel_copy(int64_t m, int c, const float *src, int src_c, int src_off, float *dst, int dst_c,
+                        int dst_off, int acc)
+{
+    TIMED(9, ptl_cpu_channel_copy(m, c, src, src_c, src_off, dst, dst_c, dst_off, acc));
+}
+
+static int pool_forward(int n, int h, int w, int c, const float *x, float *y)
+{
+    TIMED(10, ptl_cpu_maxpool5_forward(n, h, w, c, x, y));
+}
+
+static int pool_backward(int n, int h, int w, int c, const float *x, const float *dy, float *dx, int acc)
+{
+    TIMED(11, ptl_cpu_maxpool5_backward(n, h, w, c, x, dy, dx, acc));
+}
+
 static ptl_cpu_redirect ops;
 
 int ptl_cpu_test_redirect(int kinds)
@@ -159,6 +176,7 @@ int ptl_cpu_test_redirect(int kinds)
             return ptl_set_error(PTL_ERR_RUNTIME, "cpu test redirect: this ptl was built without oneDNN");
         const int conv = kinds & PTL_CPU_REDIRECT_CONV, bn = kinds & PTL_CPU_REDIRECT_BATCHNORM;
         const int attn = kinds & PTL_CPU_REDIRECT_ATTENTION, elem = kinds & PTL_CPU_REDIRECT_ELEMENTWISE;
+        const int pool = kinds & PTL_CPU_REDIRECT_MAXPOOL;
         ops = (ptl_cpu_redirect){conv ? conv_forward : NULL,
                                  conv ? conv_backward_input : NULL,
                                  conv ? conv_backward_weight : NULL,
@@ -167,7 +185,10 @@ int ptl_cpu_test_redirect(int kinds)
                                  attn ? attn_forward : NULL,
                                  attn ? attn_backward : NULL,
                                  elem ? add : NULL,
-                                 elem ? accumulate : NULL};
+                                 elem ? accumulate : NULL,
+                                 elem ? channel_copy : NULL,
+                                 pool ? pool_forward : NULL,
+                                 pool ? pool_backward : NULL};
         ptl_cpu_test_redirect_ops = &ops;
         memset(seconds, 0, sizeof seconds);
         memset(calls, 0, sizeof calls);

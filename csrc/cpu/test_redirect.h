@@ -1,6 +1,7 @@
 /* Test-only bridge until the executor's backend table (issue 12) takes the fast CPU backend: while
  * installed, the reference entry points of csrc/nn that consult ptl_cpu_test_redirect_ops (convolution
- * forward and gradients, BatchNorm, attention, add and accumulate) send their float32 calls here, to the fast
+ * forward and gradients, BatchNorm, attention, max-pool, add, accumulate and channel copies) send their
+ * float32 calls here, to the fast
  * kernels, so that the unchanged CPU network can be run, compared and timed with them. NULL, the
  * default, leaves the reference kernels in place. Not thread-safe: one network at a time. */
 #ifndef PTL_CPU_TEST_REDIRECT_H
@@ -30,6 +31,10 @@ typedef struct {
                               const float *d_o, const float *dv, float *dqkv);
     int (*add)(int64_t n, const float *a, const float *b, float *y);
     int (*accumulate)(int64_t n, const float *x, float *y);
+    int (*channel_copy)(int64_t m, int c, const float *src, int src_c, int src_off, float *dst, int dst_c,
+                        int dst_off, int accumulate);
+    int (*maxpool5_forward)(int n, int h, int w, int c, const float *x, float *y);
+    int (*maxpool5_backward)(int n, int h, int w, int c, const float *x, const float *dy, float *dx, int accumulate);
 } ptl_cpu_redirect;
 
 extern const ptl_cpu_redirect *ptl_cpu_test_redirect_ops;
@@ -42,8 +47,9 @@ enum {
     PTL_CPU_REDIRECT_CONV = 1,
     PTL_CPU_REDIRECT_BATCHNORM = 2,
     PTL_CPU_REDIRECT_ATTENTION = 4,
-    PTL_CPU_REDIRECT_ELEMENTWISE = 8, /* add, accumulate */
-    PTL_CPU_REDIRECT_ALL = 15
+    PTL_CPU_REDIRECT_ELEMENTWISE = 8, /* add, accumulate, channel copies */
+    PTL_CPU_REDIRECT_MAXPOOL = 16,
+    PTL_CPU_REDIRECT_ALL = 31
 };
 
 /* Installs the redirect for the kernels named by `kinds` (PTL_CPU_REDIRECT_* bits; the others keep the
@@ -52,7 +58,7 @@ int ptl_cpu_test_redirect(int kinds);
 
 /* Wall seconds spent in, and calls of, each redirected entry since the redirect was installed, in the
  * order of ptl_cpu_redirect's members (for benchmarks). */
-#define PTL_CPU_REDIRECT_ENTRIES 9
+#define PTL_CPU_REDIRECT_ENTRIES 12
 void ptl_cpu_test_redirect_stats(double secs[PTL_CPU_REDIRECT_ENTRIES], int64_t calls[PTL_CPU_REDIRECT_ENTRIES]);
 
 #ifdef __cplusplus
