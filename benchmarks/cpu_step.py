@@ -73,13 +73,17 @@ def child_ptl_step(args):
     ptl._C.cpu_test_redirect(args.kinds)
     times, cpu = [], []
     for i in range(args.warmup + args.steps):
+        if i == args.warmup and args.kinds:
+            ptl._C.cpu_test_redirect(args.kinds)  # again: restarts the per-kernel totals, keeps the plans
         t0, c0 = time.perf_counter(), cpu_seconds()
         losses = eng.train_step(batches[i % NBATCHES], 1, i)
         np.asarray(losses.numpy() if hasattr(losses, "numpy") else losses)
         times.append(time.perf_counter() - t0)
         cpu.append(cpu_seconds() - c0)
+    kernels = {k: v[0] / args.steps for k, v in ptl._C.cpu_test_redirect_stats().items()} if args.kinds else {}
     ptl._C.cpu_test_redirect(0)
     return {"times": times[args.warmup:], "cpu": cpu[args.warmup:], "threads": ptl._C.cpu_threads(),
+            "kernels": kernels,
             "loss": [float(v) for v in np.asarray(losses.numpy() if hasattr(losses, "numpy") else losses).ravel()]}
 
 
@@ -276,7 +280,7 @@ def bench_steps(args, results):
             for spin in spins:
                 arms.append((opt, arm, spin))
     loads = {"off": [False], "on": [True], "both": [False, True]}[args.load]
-    per, cpu = {}, {}
+    per, cpu, kernels = {}, {}, {}
     for r in range(args.rounds):
         for opt, arm, spin in arms:
             for loaded in loads:
@@ -292,6 +296,8 @@ def bench_steps(args, results):
                 key = (opt, arm, spin, loaded)
                 per.setdefault(key, []).append(statistics.median(res["times"]))
                 cpu.setdefault(key, []).append(statistics.median(res["cpu"]))
+                if res.get("kernels"):
+                    kernels[key] = res["kernels"]
                 print("round %d %-6s %-8s spin=%-6s load=%-5s median %.3f s, cpu %.3f s (threads %d, load avg %.1f)"
                       % (r, opt, arm, spin, loaded, per[key][-1], cpu[key][-1], res["threads"], os.getloadavg()[0]),
                       flush=True)
@@ -307,8 +313,12 @@ def bench_steps(args, results):
         if loaded and (opt, arm, spin, False) in per:
             line += "  slowdown %.2f" % (statistics.median(xs) / statistics.median(per[(opt, arm, spin, False)]))
         print(line)
+    for key, ks in kernels.items():
+        print("%s %s spin=%s %s, last round, ms per step in the fast kernels (wall): %s; total %.1f" % (
+            key[0], key[1], key[2], "loaded" if key[3] else "quiet", ", ".join(
+                "%s %.1f" % (k, 1e3 * v) for k, v in ks.items() if v), 1e3 * sum(ks.values())))
     results["step"] = [{"optimizer": k[0], "arm": k[1], "spin": k[2], "loaded": k[3], "round_medians": v,
-                        "cpu_round_medians": cpu[k]} for k, v in per.items()]
+                        "cpu_round_medians": cpu[k], "kernels_last_round": kernels.get(k)} for k, v in per.items()]
 
 
 def bench_convs(args, results):

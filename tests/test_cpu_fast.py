@@ -411,3 +411,36 @@ def test_upsample_equals_the_reference_bitwise():
         C.cpu_upsample2x_backward(T(dy), f, acc)
         C.layer_upsample2x_backward(T(dy), r, acc)
         np.testing.assert_array_equal(N(f), N(r))
+
+
+# ---------------------------------------------------------------------------------------------- a fit
+
+FIT_SCRIPT = r"""
+import json, sys, tempfile
+import ptl
+kinds, data_yaml = int(sys.argv[1]), sys.argv[2]
+ptl._C.cpu_test_redirect(kinds)
+data = ptl.DetectionData(data_yaml, imgsz=64, batch_size=4, workers=2, verbose=False)
+tr = ptl.Trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=2, accumulate_grad_batches=2,
+                 accelerator="cpu", enable_progress_bar=False, logger=False, enable_checkpointing=False, seed=0,
+                 default_root_dir=tempfile.mkdtemp())
+tr.fit(ptl.Detector("yolo26n", seed=0), data)
+print(json.dumps(tr.digest()))
+"""
+
+
+def fit_digest(kinds, threads, data_yaml):
+    import json
+    env = dict(os.environ, PTL_NUM_THREADS=str(threads), PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-c", FIT_SCRIPT, str(kinds), str(data_yaml)], env=env, cwd=REPO,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@needs_dnnl
+def test_fit_with_fast_kernels_repeats_bitwise_for_any_thread_count(coco256):
+    """Issue 20: a short CPU fit on the fast kernels (the baseline-digest fit: 2 epochs of 3 batches of 4 at
+    64, accumulation 2) gives the same digests run to run and with 1, 2 or 3 threads."""
+    digests = [fit_digest(31, t, coco256 / "data.yaml") for t in (1, 2, 2, 3)]
+    assert all(d == digests[0] for d in digests), digests
