@@ -6,14 +6,15 @@ put in the environment for that moment and the caller's environment is restored 
 
 - PTL_NUM_THREADS: threads per team. Default: OMP_NUM_THREADS when set, else the CPUs this process may
   run on (os.sched_getaffinity).
-- Idle threads spin SPIN_COUNT times (about 0.3 ms) before they sleep, unless GOMP_SPINCOUNT or
+- Idle threads spin SPIN_COUNT times (about 20 us here) before they sleep, unless GOMP_SPINCOUNT or
   OMP_WAIT_POLICY is set. libgomp's default (300,000, about 6 ms) keeps every thread of a finished
-  region busy; under a competing load that CPU time is taken from the threads doing the work.
+  region busy: under a competing load that CPU time is taken from the threads doing the work, and the
+  step slowed 5-6x more than with SPIN_COUNT (benchmarks/RESULTS.md, "CPU training step").
 """
 import os
 import warnings
 
-SPIN_COUNT = 10000
+SPIN_COUNT = 1000
 
 
 def num_threads() -> int:

@@ -5,7 +5,7 @@
  * any of ptl's code runs), so ptl/_openmp.py sets them before it imports ptl._C:
  *   PTL_NUM_THREADS  threads per team (default: OMP_NUM_THREADS if set, else the CPUs the process may
  *                    run on, os.sched_getaffinity);
- *   idle threads spin about 0.3 ms and then sleep (GOMP_SPINCOUNT=10000 unless GOMP_SPINCOUNT or
+ *   idle threads spin about 20 us and then sleep (GOMP_SPINCOUNT=1000 unless GOMP_SPINCOUNT or
  *   OMP_WAIT_POLICY is set), instead of libgomp's default of about 6 ms, which under a competing load
  *   takes the CPU from the threads doing the work. */
 #ifndef PTL_CPU_THREADS_H
