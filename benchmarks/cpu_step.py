@@ -246,6 +246,10 @@ def run_child(kind, extra, env=None):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+# A busy loop that also ends when its parent is gone (this script killed) or after 20 minutes.
+BUSY = "import os, time\nparent, end = os.getppid(), time.time() + 1200\nwhile os.getppid() == parent and time.time() < end: pass"
+
+
 class Load:
     """Busy processes on every CPU this process may use (started and stopped by pid)."""
 
@@ -253,7 +257,7 @@ class Load:
         self.procs = []
         if on:
             for _ in range(len(os.sched_getaffinity(0))):
-                self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+                self.procs.append(subprocess.Popen([sys.executable, "-c", BUSY]))
             time.sleep(0.5)
 
     def __enter__(self):
