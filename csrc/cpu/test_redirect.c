@@ -13,8 +13,6 @@
 #include "elementwise.h"
 #include "maxpool.h"
 
-const ptl_cpu_redirect *ptl_cpu_test_redirect_ops;
-
 typedef struct {
     ptl_conv2d_desc d;
     int bias;
