@@ -25,6 +25,8 @@ each shape occurs in the network.
 Load (``--load on|both``): as many busy processes as this process may use CPUs run beside the measured one
 (``both``: every round measured quiet and then loaded); the slowdown is loaded / quiet per arm.
 
+``--print-conv-shapes`` writes the shapes for benchmarks/cpu_conv_libs.c (oneDNN against im2col + BLAS).
+
 ``--spin N ...`` (ptl arms only): the libgomp spin counts to compare (GOMP_SPINCOUNT in the child's
 environment; ptl's default is ptl/_openmp.py's SPIN_COUNT).
 
@@ -375,6 +377,8 @@ def main():
     ap.add_argument("--load", choices=["off", "on", "both"], default="off")
     ap.add_argument("--spin", type=int, nargs="*", default=None, help="GOMP_SPINCOUNT values for the ptl arms")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--print-conv-shapes", action="store_true",
+                    help="print the convolution shapes (n h w cin cout k stride groups count) for cpu_conv_libs.c")
     # child arguments
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--optimizer", help=argparse.SUPPRESS)
@@ -393,6 +397,10 @@ def main():
             print(json.dumps({"shapes": shapes}))
             return
         print(json.dumps(CHILDREN[args.child](args)))
+        return
+    if args.print_conv_shapes:
+        for row in conv_shapes():
+            print(*row)
         return
     print("machine: %s, %d CPUs for this process, load avg %.2f" % (
         os.uname().nodename, len(os.sched_getaffinity(0)), os.getloadavg()[0]))
