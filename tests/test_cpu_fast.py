@@ -444,3 +444,18 @@ def test_fit_with_fast_kernels_repeats_bitwise_for_any_thread_count(coco256):
     64, accumulation 2) gives the same digests run to run and with 1, 2 or 3 threads."""
     digests = [fit_digest(31, t, coco256 / "data.yaml") for t in (1, 2, 2, 3)]
     assert all(d == digests[0] for d in digests), digests
+
+
+def test_silu_matches_reference():
+    rng = np.random.default_rng(12)
+    x = np.concatenate([rng.standard_normal(100000) * 4, [-100.0, -88.0, -20.0, 0.0, 20.0, 88.0, 100.0]]).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    y, dx = T(np.full(x.shape, np.nan)), T(np.full(x.shape, np.nan))
+    C.cpu_silu_forward(T(x), y)
+    C.cpu_silu_backward(T(x), T(dy), dx)
+    assert_close(N(y), N(C.layer_silu_forward(T(x))), "silu")
+    assert_close(N(dx), N(C.layer_silu_backward(T(x), T(dy))), "silu'")
+    # elementwise too: the vector exp is within a few ulp wherever the value is not tiny
+    ref = x.astype(np.float64) / (1 + np.exp(-x.astype(np.float64)))
+    big = np.abs(ref) > 1e-30
+    assert (np.abs(N(y)[big] - ref[big]) / np.abs(ref[big])).max() < 1e-6

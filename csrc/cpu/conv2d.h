@@ -13,7 +13,8 @@
  * OIHW (cout, cin/groups, k, k), the network's master layout (PyTorch's), which then needs no conversion.
  *
  * Reproducibility: results are bitwise identical run to run and for any thread count (tested in
- * tests/test_cpu_fast.py). oneDNN's forward and input gradient are; the weight gradient is computed one
+ * tests/test_cpu_fast.py with 1-3 threads: oneDNN's forward and input gradient kernels split output
+ * elements, not their sums, across threads; oneDNN does not promise it). The weight gradient is computed one
  * image at a time by a single-threaded primitive (the images spread over the team) and the images' parts
  * are added in image order. The bias gradient is summed in double in pixel order, as the reference sums
  * it (bitwise equal to it). The weight gradient uses at most n (batch) threads.

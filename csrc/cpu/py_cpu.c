@@ -2,6 +2,7 @@
  * Every output is passed in (overwritten or accumulated as the C function does), so a benchmark times
  * the kernel alone. Tensors are float32 CPU tensors. */
 #include "../py.h"
+#include "activation.h"
 #include "attention.h"
 #include "batchnorm.h"
 #include "conv2d.h"
@@ -323,6 +324,33 @@ static PyObject *py_cpu_batchnorm_backward(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ silu */
+
+/* cpu_silu_forward(x, y); cpu_silu_backward(x, dy, dx) */
+static PyObject *py_cpu_silu_forward(PyObject *m, PyObject *args)
+{
+    PyObject *xo, *yo;
+    if (!PyArg_ParseTuple(args, "OO:cpu_silu_forward", &xo, &yo))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", -1, NULL), *y;
+    if (!x || !(y = arg(m, yo, "y", x->ndim, x->shape)))
+        return NULL;
+    RUN(ptl_cpu_silu_forward(ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(y)));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_cpu_silu_backward(PyObject *m, PyObject *args)
+{
+    PyObject *xo, *dyo, *dxo;
+    if (!PyArg_ParseTuple(args, "OOO:cpu_silu_backward", &xo, &dyo, &dxo))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", -1, NULL), *dy, *dx;
+    if (!x || !(dy = arg(m, dyo, "dy", x->ndim, x->shape)) || !(dx = arg(m, dxo, "dx", x->ndim, x->shape)))
+        return NULL;
+    RUN(ptl_cpu_silu_backward(ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(dx)));
+    Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------ element-wise, attention */
 
 /* cpu_add(a, b, y): y = a + b; cpu_accumulate(x, y): y += x (same shapes) */
@@ -535,6 +563,8 @@ static PyMethodDef methods[] = {
      "(x, gamma, beta, running_mean, running_var, training, act, save_mean, save_invstd, y)"},
     {"cpu_batchnorm_backward", py_cpu_batchnorm_backward, METH_VARARGS,
      "(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma|None, dbeta|None)"},
+    {"cpu_silu_forward", py_cpu_silu_forward, METH_VARARGS, "(x, y); y = silu(x)"},
+    {"cpu_silu_backward", py_cpu_silu_backward, METH_VARARGS, "(x, dy, dx); dx = dy * silu'(x)"},
     {"cpu_add", py_cpu_add, METH_VARARGS, "(a, b, y); y = a + b"},
     {"cpu_accumulate", py_cpu_accumulate, METH_VARARGS, "(x, y); y += x"},
     {"cpu_channel_copy", py_cpu_channel_copy, METH_VARARGS, "(src, src_off, dst, dst_off, c, accumulate)"},
