@@ -26,7 +26,8 @@ def num_threads() -> int:
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"{name}: expected a positive integer, got {value!r}")
         return int(value)
-    return len(os.sched_getaffinity(0))
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every CPU counts
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
 def _libgomp_loaded() -> bool:
