@@ -23,13 +23,12 @@ def coco256_yaml():
 
 def network_case(batch, imgsz, dtype, seed=7):
     """yolo26n on the GPU with a fixed random image batch and fixed output gradients (1e-3):
-    (CudaNetwork, images tensor, gradient dict), forward run once."""
+    (the Detector on the GPU, images tensor, gradient dict), forward run once."""
     import numpy as np
 
     import ptl
-    from ptl._network_cuda import CudaNetwork
     from ptl.model import Detector
-    net = CudaNetwork(Detector("yolo26n", num_classes=80, seed=0), "cuda", dtype)
+    net = Detector("yolo26n", num_classes=80, seed=0).to("cuda", dtype=dtype)
     x = np.random.default_rng(seed).random((batch, imgsz, imgsz, 3)).astype(np.float32)
     img = ptl.tensor(x, device="cuda").to(dtype=dtype)
     out = net.forward(img)

@@ -69,7 +69,7 @@ def main():
     print("device: %s, dtype %s, batch %d, %dx%d, median/min of %d samples x %d calls, microseconds per call"
           % (ptl.cuda.get_device_name(), dt, n, a.size, a.size, a.samples, a.inner))
     tiny = ptl.zeros((1,), dt, "cuda")
-    t = timeit(lambda: C.layer_cuda_accumulate(tiny, tiny), a.warmup, a.samples, a.inner)
+    t = timeit(lambda: C.layer_accumulate(tiny, tiny), a.warmup, a.samples, a.inner)
     print("floor (binding + one empty kernel launch): %.1f us per call" % (t[0] * 1e6))
     print("%-26s %8s %8s %8s %8s %8s %8s  %-10s %s" % ("conv", "fwd", "min", "bwd_d", "min", "bwd_f", "min",
                                                       "algos", "workspace"))
@@ -108,11 +108,11 @@ def main():
         rm, rv = ptl.tensor(np.zeros(c, np.float32), device="cuda"), ptl.tensor(np.ones(c, np.float32), device="cuda")
         dg, db = ptl.zeros((c,), "float32", "cuda"), ptl.zeros((c,), "float32", "cuda")
         dx = ptl.empty((n, hw, hw, c), dt, "cuda")
-        _, sm, si = C.layer_cuda_batchnorm_forward(x, ones, zeros, rm, rv, True, "silu")
+        _, sm, si = C.layer_batchnorm_forward(x, ones, zeros, rm, rv, True, "silu")
         # the forward binding allocates its outputs (a test binding): this times kernels plus that allocation
-        f = timeit(lambda: C.layer_cuda_batchnorm_forward(x, ones, zeros, rm, rv, True, "silu"), a.warmup, a.samples,
+        f = timeit(lambda: C.layer_batchnorm_forward(x, ones, zeros, rm, rv, True, "silu"), a.warmup, a.samples,
                    a.inner)
-        b = timeit(lambda: C.layer_cuda_batchnorm_backward(x, dy, ones, zeros, sm, si, True, "silu", dx, dg, db),
+        b = timeit(lambda: C.layer_batchnorm_backward(x, dy, ones, zeros, sm, si, True, "silu", dx, dg, db),
                    a.warmup, a.samples, a.inner)
         print("%-26s %8.1f %8.1f %8.1f %8.1f" % (name, f[0] * 1e6, f[1] * 1e6, b[0] * 1e6, b[1] * 1e6))
 

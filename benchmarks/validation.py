@@ -20,7 +20,6 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     import ptl
-    from ptl._network_cuda import CudaNetwork
     from ptl.model import Detector
 
     import numpy as np
@@ -37,7 +36,7 @@ def main():
             times.append(1e3 * (time.perf_counter() - t0))
         print("one conv plan (%dx%dx%dx%d, %d->%d, k%d s%d g%d): median %.1f ms (%.1f-%.1f)" % (
             n, h, w, cin, cin, cout, k, s, g, statistics.median(times), min(times), max(times)), flush=True)
-    net = CudaNetwork(Detector("yolo26n", num_classes=80), "cuda", args.dtype)
+    net = Detector("yolo26n", num_classes=80).to("cuda", dtype=args.dtype)
     shapes = [(args.batch, args.imgsz, args.imgsz - 32 * k) for k in range(1, 4)]
     for rnd in range(args.repeat):
         times = []

@@ -1,5 +1,8 @@
 /* ptl._C: module definition and state. Each area's binding file registers its own functions. */
 #include "py.h"
+#ifdef PTL_WITH_CUDA
+#include "cuda/device.h"
+#endif
 
 typedef int (*ptl_register_fn)(PyObject *module);
 
@@ -7,26 +10,49 @@ int ptl_register_objective(PyObject *module);
 int ptl_register_optim(PyObject *module);
 int ptl_register_data(PyObject *module);
 int ptl_register_nn(PyObject *module);
+int ptl_register_executor(PyObject *module);
 int ptl_register_metrics(PyObject *module);
 int ptl_register_layers(PyObject *module);
 int ptl_register_io(PyObject *module);
 int ptl_register_train(PyObject *module);
+int ptl_register_network_ops(PyObject *module);
+int ptl_register_dist(PyObject *module);
 int ptl_register_cpu(PyObject *module);
 #ifdef PTL_WITH_CUDA
-int ptl_register_layers_cuda(PyObject *module);
-int ptl_register_network_cuda(PyObject *module);
+int ptl_register_conv2d_cuda(PyObject *module);
+int ptl_register_nccl(PyObject *module);
 #endif
 
 static const ptl_register_fn registrations[] = {
     ptl_register_tensor, ptl_register_cuda,   ptl_register_random, ptl_register_objective,
-    ptl_register_optim,  ptl_register_data,   ptl_register_nn,     ptl_register_metrics,
-    ptl_register_layers, ptl_register_io,     ptl_register_train,  ptl_register_cpu,
+    ptl_register_optim,  ptl_register_data,   ptl_register_nn,     ptl_register_executor, ptl_register_metrics,
+    ptl_register_layers, ptl_register_io,     ptl_register_train,  ptl_register_network_ops,
+    ptl_register_dist,   ptl_register_cpu,
 #ifdef PTL_WITH_CUDA
-    ptl_register_layers_cuda, ptl_register_network_cuda,
+    ptl_register_conv2d_cuda, ptl_register_nccl,
 #endif
 };
 
 ptl_module_state *ptl_state(PyObject *module) { return (ptl_module_state *)PyModule_GetState(module); }
+
+int ptl_py_exec_ctx(PyObject *module, ptl_device dev, struct ptl_cuda_ctx **out)
+{
+    *out = NULL;
+    if (dev.type == PTL_CPU)
+        return 0;
+#ifdef PTL_WITH_CUDA
+    ptl_runtime *rt = ptl_state(module)->rt; /* Python API: read before the GIL is released */
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ptl_cuda_ctx_get(rt, dev.index, out);
+    Py_END_ALLOW_THREADS
+    return rc ? ptl_raise_int(module) : 0;
+#else
+    (void)module;
+    PyErr_Format(PyExc_ValueError, "device: 'cuda:%d' requested but ptl was built without CUDA", dev.index);
+    return -1;
+#endif
+}
 
 static int module_exec(PyObject *m)
 {

@@ -61,13 +61,26 @@ PtlTensor *ptl_tensor_wrap(PyObject *module, void *data, ptl_device dev, int ndi
 PtlTensor *ptl_tensor_arg(PyObject *module, PyObject *obj, const char *arg, int dt, const ptl_device *dev,
                           int ndim, const int64_t *shape);
 
-/* Each binding file registers its functions here (module.c calls them in order). */
-/* Bindings that the fused training step (csrc/train/py_train_step.c) calls in turn, with the same
- * arguments as from Python (data_upload, objective, _optim_step, _optim_ema). */
-PyObject *ptl_py_data_upload(PyObject *module, PyObject *args);
-PyObject *ptl_py_objective(PyObject *module, PyObject *args, PyObject *kwargs);
-PyObject *ptl_py_optim_step(PyObject *module, PyObject *args, PyObject *kw);
-PyObject *ptl_py_optim_ema(PyObject *module, PyObject *args);
+/* Adds obj (a new reference, stolen; NULL fails) to the module as `name`. */
+static inline int ptl_py_add(PyObject *module, const char *name, PyObject *obj)
+{
+    if (!obj)
+        return -1;
+    const int rc = PyModule_AddObjectRef(module, name, obj);
+    Py_DECREF(obj);
+    return rc;
+}
+
+/* The execution context of `dev` for library calls: NULL on the CPU, the device's CUDA context
+ * (created on first use, with the GIL released) otherwise. -1 after raising. */
+struct ptl_cuda_ctx;
+int ptl_py_exec_ctx(PyObject *module, ptl_device dev, struct ptl_cuda_ctx **out);
+
+/* Argument converters shared by a binding and the training-step plan (csrc/train/py_train_step.c). */
+struct ptl_loader;
+/* A loader batch's images: the pixels of a C-contiguous uint8 array and, when the array lives in a
+ * loader slot, that slot (the upload's fence); *L = NULL otherwise (csrc/data/py_data.c). */
+int ptl_py_batch_images(PyObject *obj, const uint8_t **px, int64_t *n, struct ptl_loader **L, int *slot);
 
 int ptl_register_tensor(PyObject *module);
 int ptl_register_cuda(PyObject *module);

@@ -1,9 +1,11 @@
 /* Bindings behind ptl.cuda: device queries, synchronisation, allocator statistics and private pools. */
+#include "dynlib.h"
 #include "py.h"
 #include "runtime_impl.h"
 
 #ifdef PTL_WITH_CUDA
 #include "cuda/device.h"
+#include "cuda/dynload.h"
 #endif
 
 static PyObject *py_device_count(PyObject *module, PyObject *unused)
@@ -38,7 +40,8 @@ static ptl_cuda_ctx *ctx_of(PyObject *module, PyObject *arg)
 
 static PyObject *no_cuda(void)
 {
-    PyErr_SetString(PyExc_ValueError, "device: no CUDA device is available (ptl was built without CUDA)");
+    PyErr_SetString(PyExc_ValueError, "device: no CUDA device is available (ptl was built without CUDA: rebuild it "
+                                      "with the CUDA toolkit's nvcc on PATH, see README's Install)");
     return NULL;
 }
 
@@ -148,12 +151,133 @@ static PyObject *py_allocator_op(PyObject *module, PyObject *args)
 #endif
 }
 
+/* The folders searched for pip-installed CUDA libraries (ptl.cuda passes sys.path). */
+static PyObject *py_set_library_roots(PyObject *module, PyObject *arg)
+{
+    PyObject *seq = PySequence_Fast(arg, "roots: expected a sequence of folder names");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    const char **roots = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof *roots);
+    if (!roots) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        roots[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i));
+        if (!roots[i]) {
+            PyMem_Free(roots);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    int rc = ptl_dynlib_set_roots(roots, (int)n);
+    PyMem_Free(roots);
+    Py_DECREF(seq);
+    if (rc != 0)
+        return ptl_raise(module);
+    Py_RETURN_NONE;
+}
+
+/* Opens a library the way the CUDA ones are opened (tests use it with libraries they build).
+ * Arguments: name, soname, wheel_dir, package, extra, [symbols]; returns the file opened. */
+static PyObject *py_dynlib_probe(PyObject *module, PyObject *args)
+{
+    const char *name, *soname, *wheel_dir, *package, *extra;
+    PyObject *symbols;
+    if (!PyArg_ParseTuple(args, "sssssO!:_dynlib_probe", &name, &soname, &wheel_dir, &package, &extra, &PyList_Type,
+                          &symbols))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(symbols);
+    const char **names = PyMem_Calloc((size_t)n + 1, sizeof *names);
+    void **addresses = PyMem_Calloc((size_t)n + 1, sizeof *addresses);
+    void ***slots = PyMem_Calloc((size_t)n + 1, sizeof *slots);
+    PyObject *result = NULL;
+    if (!names || !addresses || !slots) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        slots[i] = &addresses[i];
+        if (!(names[i] = PyUnicode_AsUTF8(PyList_GET_ITEM(symbols, i))))
+            goto done;
+    }
+    ptl_dynlib lib = {name, soname, {wheel_dir}, package, extra, names, (void **const *)slots};
+    char path[1024];
+    if (ptl_dynlib_open(&lib, path, sizeof path) != 0)
+        ptl_raise(module);
+    else
+        result = PyUnicode_FromString(path);
+done:
+    PyMem_Free(names);
+    PyMem_Free(addresses);
+    PyMem_Free(slots);
+    return result;
+}
+
+/* [(name, soname, pip package, file or None)] of the CUDA libraries; with load=True opens them first. */
+static PyObject *py_cuda_libraries(PyObject *module, PyObject *arg)
+{
+#ifdef PTL_WITH_CUDA
+    int load = PyObject_IsTrue(arg);
+    if (load < 0)
+        return NULL;
+    if (load) {
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = ptl_cuda_libraries_load();
+        Py_END_ALLOW_THREADS
+        if (rc != 0)
+            return ptl_raise(module);
+    }
+    int n = ptl_cuda_library_count();
+    PyObject *out = PyList_New(n);
+    for (int i = 0; out && i < n; i++) {
+        const char *name, *soname, *package, *path;
+        ptl_cuda_library_info(i, &name, &soname, &package, &path);
+        PyObject *item = Py_BuildValue("(sssz)", name, soname, package, path);
+        if (!item)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, item);
+    }
+    return out;
+#else
+    (void)module;
+    (void)arg;
+    return no_cuda();
+#endif
+}
+
+/* cuBLAS's and cuDNN's names for their success status, through the forwarding functions (they load the
+ * libraries on first call; no GPU needed): tests check that the forwarders reach the libraries. */
+static PyObject *py_cuda_status_names(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+#ifdef PTL_WITH_CUDA
+    const char *blas, *dnn;
+    Py_BEGIN_ALLOW_THREADS
+    blas = cublasGetStatusName(CUBLAS_STATUS_SUCCESS);
+    dnn = cudnnGetErrorString(CUDNN_STATUS_SUCCESS);
+    Py_END_ALLOW_THREADS
+    (void)module;
+    return Py_BuildValue("(ss)", blas, dnn);
+#else
+    (void)module;
+    return no_cuda();
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"cuda_device_count", py_device_count, METH_NOARGS, "Number of usable CUDA devices (0 without driver/GPU)."},
     {"cuda_get_device_name", py_get_device_name, METH_O, "Name of CUDA device `index`."},
     {"cuda_synchronize", py_synchronize, METH_O, "Wait for all work queued on device `index`."},
     {"cuda_memory_stats", py_memory_stats, METH_O, "Caching-allocator statistics of device `index` (bytes)."},
     {"_allocator_op", py_allocator_op, METH_VARARGS, "Allocator control (internal; see ptl.cuda)."},
+    {"_set_library_roots", py_set_library_roots, METH_O, "Folders searched for pip-installed CUDA libraries."},
+    {"_dynlib_probe", py_dynlib_probe, METH_VARARGS, "Open a library as the CUDA ones are (tests)."},
+    {"_cuda_status_names", py_cuda_status_names, METH_NOARGS, "cuBLAS's and cuDNN's success names (tests)."},
+    {"cuda_libraries", py_cuda_libraries, METH_O, "[(name, soname, package, file)] of the run-time CUDA libraries."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,11 +14,21 @@ Order during ``Trainer.fit`` (as in Lightning 2.x with validation at the end of 
 ``on_save_checkpoint`` runs while a checkpoint is assembled, ``on_load_checkpoint`` when one is
 restored, ``on_exception`` when anything raises inside ``fit`` (the exception is re-raised after it).
 A callback's ``state_dict()`` is saved in checkpoints under its ``state_key``.
+
+The built-in callbacks check their arguments when they are made (ConfigError naming the argument).
+
+With several ranks (:mod:`ptl.distributed`) every rank runs every hook; ``trainer.global_rank``,
+``local_rank``, ``world_size`` and ``is_global_zero`` say which rank this is. The built-in callbacks write
+files and print on rank 0 only; a callback that stops the fit must decide alike on every rank.
 """
 import math
 import os
 import sys
 import time
+
+from . import io
+from .errors import ConfigError
+from .hparams_check import check_bool, check_float, check_int
 
 HOOKS = (
     "setup", "on_fit_start", "on_train_start", "on_train_epoch_start", "on_train_batch_start",
@@ -70,8 +80,38 @@ def _better(mode, value, best):
 
 def _check_mode(mode):
     if mode not in ("min", "max"):
-        raise ValueError("mode: expected 'min' or 'max', got %r" % (mode,))
+        raise ConfigError("mode: expected 'min' or 'max', got %r" % (mode,))
     return mode
+
+
+def _check_metric_name(name, value, none_ok=False):
+    if value is None and none_ok:
+        return value
+    if not isinstance(value, str) or not value:
+        raise ConfigError("%s: expected a metric name such as 'metrics/mAP50-95'%s, got %r"
+                          % (name, " or None" if none_ok else "", value))
+    return value
+
+
+def _template_fields(template):
+    """[(name, format spec)] of the ``{...}`` fields of a file name template."""
+    fields, i = [], 0
+    while True:
+        j = template.find("{", i)
+        if j < 0:
+            if "}" in template[i:]:
+                raise ConfigError("filename: unbalanced '}' in %r" % template)
+            return fields
+        if "}" in template[i:j]:
+            raise ConfigError("filename: unbalanced '}' in %r" % template)
+        k = template.find("}", j)
+        if k < 0:
+            raise ConfigError("filename: unbalanced '{' in %r" % template)
+        name, _, spec = template[j + 1:k].partition(":")
+        if not name or "{" in name:
+            raise ConfigError("filename: empty or nested field in %r" % template)
+        fields.append((name, spec))
+        i = k + 1
 
 
 class ModelCheckpoint(Callback):
@@ -80,25 +120,56 @@ class ModelCheckpoint(Callback):
     ``monitor`` names a metric of ``trainer.callback_metrics`` (None: keep the latest only),
     ``mode`` "min"/"max", ``save_top_k`` how many best to keep (-1 all, 0 none), ``save_last`` also
     writes ``last.ckpt``. ``filename`` is a template such as ``"{epoch}-{step}-{metrics/mAP50-95:.4f}"``
-    (metric names may contain "/" and "-"; the ``.ckpt`` suffix is added).
+    (metric names may contain "/" and "-"; the ``.ckpt`` suffix is added). ``save_weights``: beside the
+    full training checkpoints, ``<run>/weights/best.safetensors`` (whenever the best checkpoint changes)
+    and ``last.safetensors`` (with ``save_last``) hold the EMA weights alone, for ``Detector.load``.
+
+    Only files this fit wrote are ever removed or overwritten: a checkpoint of an earlier run (in a
+    shared folder, or the top-k list a resumed fit inherits) keeps its file, and a name that an earlier
+    run's file already has gets a ``-v1``, ``-v2``, ... suffix, as in Lightning. At the start of a fit
+    the temporary files of killed checkpoint writes in the folder are removed.
     """
 
     def __init__(self, dirpath=None, filename=None, monitor=None, mode="min", save_top_k=1, save_last=None,
-                 every_n_epochs=1, monitor_optional=False):
-        self.dirpath = None if dirpath is None else os.fspath(dirpath)
+                 every_n_epochs=1, monitor_optional=False, save_weights=True):
+        if dirpath is not None:
+            try:
+                dirpath = os.fspath(dirpath)
+            except TypeError:
+                raise ConfigError("dirpath: expected a folder path or None, got %r" % (dirpath,)) from None
+            if os.path.exists(dirpath) and not os.path.isdir(dirpath):
+                raise ConfigError("dirpath: %s exists and is not a folder" % dirpath)
+        if filename is not None and (not isinstance(filename, str) or not filename):
+            raise ConfigError("filename: expected a file name template or None, got %r" % (filename,))
+        self.dirpath = dirpath
         self.filename = filename or "epoch={epoch}-step={step}"
-        self.monitor = monitor
+        fields = _template_fields(self.filename)
+        literal = self.filename
+        for name, spec in fields:
+            literal = literal.replace("{%s%s%s}" % (name, ":" if spec else "", spec), "")
+        if "/" in literal or os.sep in literal:
+            raise ConfigError("filename: expected a file name without folders (use dirpath), got %r" % (filename,))
+        for name, spec in fields:
+            try:
+                format(0 if name in ("epoch", "step") else 0.0, spec)
+            except (ValueError, TypeError):
+                raise ConfigError("filename: bad format spec %r for {%s} in %r" % (spec, name, self.filename)) \
+                    from None
+        self.monitor = _check_metric_name("monitor", monitor, none_ok=True)
         self.mode = _check_mode(mode)
-        if not isinstance(save_top_k, int) or save_top_k < -1:
-            raise ValueError("save_top_k: expected an int >= -1, got %r" % (save_top_k,))
-        self.save_top_k = save_top_k
+        self.save_top_k = check_int("save_top_k", save_top_k, -1)
+        if save_last is not None:
+            check_bool("save_last", save_last)
         self.save_last = save_last
-        self.every_n_epochs = every_n_epochs
-        self.monitor_optional = monitor_optional  # the trainer's default: skip top-k when nothing validates
+        self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, 1)
+        # the trainer's default checkpointer skips top-k when nothing validates
+        self.monitor_optional = check_bool("monitor_optional", monitor_optional)
+        self.save_weights = check_bool("save_weights", save_weights)
         self.best_k_models = {}  # path -> score
         self.best_model_path = ""
         self.best_model_score = None
         self.last_model_path = ""
+        self._written = set()  # the files this fit wrote: the only ones it may remove or overwrite
 
     def state_dict(self):
         return {"monitor": self.monitor, "best_model_score": self.best_model_score,
@@ -106,15 +177,19 @@ class ModelCheckpoint(Callback):
                 "last_model_path": self.last_model_path}
 
     def load_state_dict(self, state):
+        best_k = state.get("best_k_models", {})
+        if not isinstance(best_k, dict) or not all(isinstance(k, str) for k in best_k):
+            raise ConfigError("ModelCheckpoint state: best_k_models must map file paths to scores, got %r"
+                              % (best_k,))
         self.best_model_score = state.get("best_model_score")
         self.best_model_path = state.get("best_model_path", "")
-        self.best_k_models = dict(state.get("best_k_models", {}))
+        self.best_k_models = dict(best_k)
         self.last_model_path = state.get("last_model_path", "")
 
     def format_name(self, metrics, epoch, step):
         values = {"epoch": epoch, "step": step}
         template = self.filename
-        # allow metric names with '/' or '-' inside {...}: substitute them with safe keys
+        # metric names with '/' or '-' inside {...} are looked up as they are
         out, i = [], 0
         while i < len(template):
             j = template.find("{", i)
@@ -122,8 +197,6 @@ class ModelCheckpoint(Callback):
                 out.append(template[i:])
                 break
             k = template.find("}", j)
-            if k < 0:
-                raise ValueError("filename: unbalanced '{' in %r" % template)
             out.append(template[i:j])
             name, _, spec = template[j + 1:k].partition(":")
             if name in values:
@@ -137,27 +210,58 @@ class ModelCheckpoint(Callback):
             i = k + 1
         return "".join(out).replace("/", "_") + ".ckpt"
 
+    def _folder(self, trainer):
+        return self.dirpath or os.path.join(trainer.log_dir, "checkpoints")
+
     def _dir(self, trainer):
-        d = self.dirpath or os.path.join(trainer.log_dir, "checkpoints")
+        d = self._folder(trainer)
         os.makedirs(d, exist_ok=True)
         return d
 
+    def setup(self, trainer, pl_module, stage):
+        if stage != "fit":
+            return
+        self._written = set()
+        if _global_zero(trainer) and (trainer.log_dir is not None or self.dirpath is not None):
+            io.remove_stale_temporaries(self._folder(trainer))
+
+    def _unused_path(self, path):
+        """``path``, or with a -vN suffix when an earlier run's file has that name."""
+        stem, ext = os.path.splitext(path)
+        candidate, version = path, 0
+        while candidate not in self._written and os.path.lexists(candidate):
+            version += 1
+            candidate = "%s-v%d%s" % (stem, version, ext)
+        return candidate
+
+    def _write(self, trainer, path):
+        path = self._unused_path(path)
+        trainer.save_checkpoint(path)
+        self._written.add(path)
+        return path
+
+    def _drop(self, path):
+        """Forgets a top-k entry; its file is removed only when this fit wrote it."""
+        del self.best_k_models[path]
+        if path in self._written:
+            _remove(path)
+            self._written.discard(path)
+
     def _save(self, trainer, pl_module):
-        if trainer.current_epoch_completed % self.every_n_epochs:
+        if trainer.current_epoch_completed % self.every_n_epochs or not _global_zero(trainer):
             return
         metrics = trainer.callback_metrics
         d = self._dir(trainer)
         epoch, step = trainer.current_epoch_completed - 1, trainer.global_step
         if self.save_top_k != 0:
             if self.monitor is None:
-                path = os.path.join(d, self.format_name(metrics, epoch, step))
-                trainer.save_checkpoint(path)
+                path = self._write(trainer, os.path.join(d, self.format_name(metrics, epoch, step)))
                 for old in list(self.best_k_models):
                     if old != path and self.save_top_k != -1:
-                        _remove(old)
-                        del self.best_k_models[old]
+                        self._drop(old)
                 self.best_k_models[path] = None
                 self.best_model_path = path
+                self._save_weights(trainer, "best")
             elif self.monitor not in metrics and self.monitor_optional:
                 pass
             else:
@@ -168,9 +272,13 @@ class ModelCheckpoint(Callback):
                 if not math.isnan(score):
                     self._update_top_k(trainer, d, metrics, epoch, step, score)
         if self.save_last:
-            path = os.path.join(d, "last.ckpt")
-            trainer.save_checkpoint(path)
-            self.last_model_path = path
+            last = self.last_model_path if self.last_model_path in self._written else os.path.join(d, "last.ckpt")
+            self.last_model_path = self._write(trainer, last)
+            self._save_weights(trainer, "last")
+
+    def _save_weights(self, trainer, which):
+        if self.save_weights:
+            trainer.save_weights(os.path.join(trainer.log_dir, "weights", which + ".safetensors"))
 
     def _update_top_k(self, trainer, d, metrics, epoch, step, score):
         full = self.save_top_k != -1 and len(self.best_k_models) >= self.save_top_k
@@ -180,15 +288,15 @@ class ModelCheckpoint(Callback):
                 min(self.best_k_models, key=lambda p: self.best_k_models[p])
             if not _better(self.mode, score, self.best_k_models[worst]):
                 return
-        path = os.path.join(d, self.format_name(metrics, epoch, step))
-        trainer.save_checkpoint(path)
-        self.best_k_models[path] = score
+        path = self._write(trainer, os.path.join(d, self.format_name(metrics, epoch, step)))
         if worst is not None and worst != path:
-            del self.best_k_models[worst]
-            _remove(worst)
+            self._drop(worst)
+        self.best_k_models[path] = score
         pick = min if self.mode == "min" else max
         self.best_model_path = pick(self.best_k_models, key=lambda p: self.best_k_models[p])
         self.best_model_score = self.best_k_models[self.best_model_path]
+        if self.best_model_path == path:
+            self._save_weights(trainer, "best")
 
     def on_validation_end(self, trainer, pl_module):
         if not trainer.sanity_checking and trainer.state.fn == "fit":
@@ -197,6 +305,10 @@ class ModelCheckpoint(Callback):
     def on_train_epoch_end(self, trainer, pl_module):
         if not trainer.validated_this_epoch:
             self._save(trainer, pl_module)
+
+
+def _global_zero(trainer):
+    return getattr(trainer, "is_global_zero", True)
 
 
 def _remove(path):
@@ -211,11 +323,11 @@ class EarlyStopping(Callback):
     validations."""
 
     def __init__(self, monitor, patience=3, mode="min", min_delta=0.0, check_finite=True):
-        self.monitor = monitor
-        self.patience = int(patience)
+        self.monitor = _check_metric_name("monitor", monitor)
+        self.patience = check_int("patience", patience, 0)
         self.mode = _check_mode(mode)
-        self.min_delta = abs(float(min_delta))
-        self.check_finite = check_finite
+        self.min_delta = abs(check_float("min_delta", min_delta))
+        self.check_finite = check_bool("check_finite", check_finite)
         self.best_score = None
         self.wait_count = 0
         self.stopped_epoch = 0
@@ -259,9 +371,9 @@ class LearningRateMonitor(Callback):
 
     def __init__(self, logging_interval="epoch", log_momentum=True):
         if logging_interval not in ("step", "epoch"):
-            raise ValueError("logging_interval: expected 'step' or 'epoch', got %r" % (logging_interval,))
+            raise ConfigError("logging_interval: expected 'step' or 'epoch', got %r" % (logging_interval,))
         self.logging_interval = logging_interval
-        self.log_momentum = log_momentum
+        self.log_momentum = check_bool("log_momentum", log_momentum)
         self.history = []
 
     def _log(self, trainer):
@@ -286,9 +398,11 @@ class ProgressBar(Callback):
     """A live bar on a TTY (it/s, ETA, losses) and plain periodic lines otherwise."""
 
     def __init__(self, refresh_rate=1, stream=None, lines_per_epoch=4):
-        self.refresh_rate = max(1, int(refresh_rate))
+        self.refresh_rate = check_int("refresh_rate", refresh_rate, 1)
+        if stream is not None and not callable(getattr(stream, "write", None)):
+            raise ConfigError("stream: expected a text stream (with write) or None, got %r" % (stream,))
         self.stream = stream
-        self.lines_per_epoch = lines_per_epoch
+        self.lines_per_epoch = check_int("lines_per_epoch", lines_per_epoch, 1)
         self._t0 = None
 
     @property
@@ -312,6 +426,8 @@ class ProgressBar(Callback):
             trainer.current_epoch + 1, trainer.max_epochs_effective, done, total or "?", rate, eta, losses)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not _global_zero(trainer):
+            return
         total = trainer.num_training_batches
         last = total and batch_idx + 1 == total
         if self._tty():
@@ -330,6 +446,8 @@ class ProgressBar(Callback):
                 self._out.flush()
 
     def on_validation_end(self, trainer, pl_module):
+        if not _global_zero(trainer):
+            return
         shown = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("metrics/") or k.startswith("val/")}
         if shown:
             self._out.write("validation: " + " ".join("%s=%.4g" % (k, v) for k, v in sorted(shown.items())) + "\n")
@@ -340,9 +458,7 @@ class CloseMosaic(Callback):
     """Turns mosaic off for the last ``epochs`` epochs (spec §7.10), exactly from that epoch on."""
 
     def __init__(self, epochs=10):
-        if not isinstance(epochs, int) or epochs < 0:
-            raise ValueError("epochs: expected an int >= 0, got %r" % (epochs,))
-        self.epochs = epochs
+        self.epochs = check_int("epochs", epochs, 0)
 
     def setup(self, trainer, pl_module, stage):
         if trainer.datamodule is not None:

@@ -3,10 +3,31 @@
 All functions take an optional ``device`` (an index, ``"cuda"`` or ``"cuda:N"``; default 0).
 Memory figures are bytes. ``memory_allocated`` counts blocks handed out (sizes rounded to 512 bytes),
 ``memory_reserved`` the segments the allocator holds from the driver (cached blocks included).
+
+cuBLAS and cuDNN are not linked into ptl: the first use of a GPU opens them from the pip wheels of
+the ``ptl[cuda]`` extra (``nvidia-cublas``, ``nvidia-cudnn-cu13`` under a ``sys.path`` folder's
+``nvidia/``), else from the system library path; without them that first use raises
+:class:`ptl.CudaError` naming the missing library and the package to install. See :func:`libraries`.
 """
 import contextlib
+import os
+import sys
 
 from . import _C
+
+
+def _library_roots():
+    """The sys.path folders, in order, in which the nvidia-* wheels' nvidia/<lib>/lib folders are looked for.
+    The current directory ('' on sys.path) is left out: libraries are not loaded from wherever one runs."""
+    roots = []
+    for p in sys.path:
+        p = os.path.abspath(p) if p else None
+        if p and p not in roots and os.path.isdir(os.path.join(p, "nvidia")):
+            roots.append(p)
+    return roots
+
+
+_C._set_library_roots(_library_roots())
 
 
 def _index(device):
@@ -25,8 +46,17 @@ def _index(device):
 
 
 def is_available():
-    """True when ptl was built with CUDA and a driver with at least one GPU is present."""
+    """True when ptl was built with CUDA and a driver with at least one GPU is present; False (never an
+    exception) without a driver, a GPU or a CUDA build. It does not open cuBLAS/cuDNN (see libraries)."""
     return _C.cuda_device_count() > 0
+
+
+def libraries():
+    """``{name: file}`` of the run-time CUDA libraries (cuBLASLt, cuBLAS, cuDNN), opening them if
+    needed (no GPU is required for that). Raises :class:`ptl.CudaError` naming a missing library and
+    the package that provides it, or ValueError when ptl was built without CUDA."""
+    _C._set_library_roots(_library_roots())
+    return {name: path for name, _, _, path in _C.cuda_libraries(True)}
 
 
 def device_count():

@@ -1,16 +1,18 @@
 """The training machinery of one fit (``Engine``): the model's flat buffers, optimizer, schedule, EMA,
 loaders, the fused C step per batch and validation of the EMA weights. ``ptl.Trainer`` drives it."""
+import contextlib
+
 import numpy as np
 
 from . import _C
 from . import metrics as _metrics
 from . import optim as _optim
-from .objective import num_anchors, o2m_weight
+from .objective import LOSS, num_anchors, o2m_weight
 from .objective import objective as _objective
 
 PRECISIONS = {"32-true": "float32", "32": "float32", 32: "float32", "16-mixed": "float16", "16": "float16",
               16: "float16", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}
-ITEM = slice(7, 10)  # the o2o loss items (box, cls, l1) of the objective's losses vector
+ITEM = slice(LOSS["item_box"], LOSS["item_l1"] + 1)  # the o2o loss items (box, cls, l1) of the losses vector
 
 class LossValue:
     """One loss of one training batch, read back from the device only when asked (``float(v)`` or
@@ -43,8 +45,7 @@ class _PendingLosses:
 
     def array(self):
         if self._a is None:
-            t = self._t
-            self._a = np.asarray(t.numpy() if isinstance(t, _C.Tensor) else t, np.float32)
+            self._a = self._t.numpy()
             self._t = None
         return self._a
 
@@ -93,9 +94,7 @@ class Engine:
         self.btable = model.buffer_table()
         if self.device != "cpu":
             model.to(self.device, dtype=self.compute)
-        self.params = _as_tensor(model.flat_parameters)
-        self.grads = _as_tensor(model.flat_gradients)
-        self.buffers = _as_tensor(model.flat_buffers)
+        self.params, self.grads, self.buffers = model.flat_parameters, model.flat_gradients, model.flat_buffers
         self._inputs = {}  # CUDA: per batch shape, the network input and the uint8 staging buffer
         self.capture = False
         self._plans = {}  # per batch shape: the fused step's fixed arguments
@@ -119,7 +118,7 @@ class Engine:
             bn_buffers=self.buffers, bn_table=self.btable)
         self.fixed_accumulate = trainer.accumulate_grad_batches
         data.epochs = trainer.max_epochs_effective  # close_mosaic counts back from the fit's last epoch
-        self.ema_model = None
+        model.names = data.names  # the classes it learns (predictions and weight files carry them)
         self.capture = bool(getattr(trainer, "capture_network", False)) and self.device != "cpu"
 
     # -- hyperparameters
@@ -130,6 +129,7 @@ class Engine:
             name, lr0, mom, wbl = _optim.choose_optimizer(self.cfg)
             h["resolved_optimizer"] = {"name": name, "lr0": lr0, "momentum": mom, "warmup_bias_lr": wbl}
         h["box"], h["cls"], h["dfl"] = self.model.loss_gains
+        h["names"] = self.model.names
         return h
 
     def data_hparams(self):
@@ -174,11 +174,10 @@ class Engine:
         b, h, w, _ = shape
         na, nc = num_anchors((h, w)), self.model.num_classes
         dev = self.device
+        net = self.model._exec
         if dev == "cpu":
-            net, staging = self.model._net, None
-            inp = _C.empty(shape, dtype="float32")
+            inp, staging = _C.empty(shape, dtype="float32"), None
         else:
-            net = self.model._cuda._h
             inp, staging = self._input_buffers(shape)
         grads = tuple(_C.empty((b, na, k), dtype="float32", device=dev) for k in (4, nc, 4, nc))
         ema = self.opt.ema
@@ -188,8 +187,8 @@ class Engine:
                 "ema": None if ema is None else [(ema.params, self.params)] + (
                     [(ema.bn, self.buffers)] if ema.bn is not None else []),
                 "record": self.capture and b == self.data.batch_size}
-        self._plans[shape] = plan
-        return plan
+        self._plans[shape] = _C.train_step_plan(plan)
+        return self._plans[shape]
 
     def _input_buffers(self, shape):
         """CUDA: the network input (compute dtype) and the uint8 upload buffer for a batch shape."""
@@ -211,21 +210,51 @@ class Engine:
         return dst
 
     # -- validation on the EMA weights
-    def _eval_model(self):
+    def _eval_weights(self):
+        """The model's executor pointed at the EMA's weights (ARCHITECTURE.md §3: no second network, and
+        the training recording survives), or at the model's own when there is no EMA."""
+        ema = self.opt.ema if self.opt is not None else None
+        if ema is None:
+            return contextlib.nullcontext(self.model)
+        return self.model.using_weights(ema.params, ema.bn if ema.bn is not None else self.buffers)
+
+    def ema_detector(self):
+        """A new CPU Detector holding the EMA's weights (what validation inside the fit runs on)."""
         from .model import Detector
-        if self.opt is None or self.opt.ema is None:
-            return self.model
-        if self.ema_model is None:
-            self.ema_model = Detector(self.model.model_name, num_classes=self.model.num_classes)
-            if self.device != "cpu":
-                self.ema_model.to(self.device, dtype=self.model.compute_dtype)
-        _assign(self.ema_model.flat_parameters, self.opt.ema.params)
-        if self.opt.ema.bn is not None:
-            _assign(self.ema_model.flat_buffers, self.opt.ema.bn)
-        return self.ema_model
+        det = Detector(self.model.model_name, num_classes=self.model.num_classes, hparams=self.model.hparams)
+        ema = self.opt.ema
+        det.flat_parameters = ema.params
+        det.flat_buffers = ema.bn if ema.bn is not None else self.buffers
+        return det
+
+    # -- what a fit leaves behind: the EMA weights (those validation measured)
+    def ema_state_dict(self):
+        """name -> array of the weights validation uses: the EMA's parameters and BN statistics (the model's
+        own weights when the fit keeps no EMA)."""
+        ema = self.opt.ema if self.opt is not None else None
+        if ema is None:
+            return self.model.state_dict()
+        out = {}
+        for flat, table in ((ema.params, self.ptable), (ema.bn, self.btable if ema.bn is not None else ())):
+            arr = flat.numpy() if isinstance(flat, _C.Tensor) else np.asarray(flat)
+            for name, off, shape in table:
+                out[name] = arr[off:off + int(np.prod(shape))].reshape(shape).copy()
+        return {k: out[k] if k in out else v for k, v in self.model.state_dict().items()}
+
+    def adopt_ema(self):
+        """Copies the EMA weights into the model (as Ultralytics' final model is its EMA)."""
+        ema = self.opt.ema if self.opt is not None else None
+        if ema is None:
+            return
+        self.model.flat_parameters = ema.params
+        if ema.bn is not None:
+            self.model.flat_buffers = ema.bn
 
     def validate(self, trainer):
-        model = self._eval_model()
+        with self._eval_weights() as model:
+            return self._validate(trainer, model)
+
+    def _validate(self, trainer, model):
         was = model.training
         model.eval()
         names = self.data.names
@@ -243,10 +272,12 @@ class Engine:
                 res = _objective((*out["one2many"], *out["one2one"]), batch.targets, img_size=(h, w),
                                  num_classes=self.model.num_classes, o2m_weight=0.8,
                                  gains=self.model.loss_gains)
-                lv = res["losses"].numpy() if isinstance(res["losses"], _C.Tensor) else np.asarray(res["losses"])
-                loss_sum += lv[ITEM]
+                loss_sum += np.asarray(res["losses"])[ITEM]
                 nb += 1
-                dets = _metrics.postprocess(out["one2one"][0], out["one2one"][1], (h, w), conf=0.001)
+                # 8.4.190's default (nms=None): the one-to-many head with NMS; end2end: the one-to-one top-k
+                end2end = bool(getattr(trainer, "end2end", False))
+                head = out["one2one" if end2end else "one2many"]
+                dets = _metrics.postprocess(head[0], head[1], (h, w), conf=0.001, end2end=end2end)
                 _update_metrics(met, dets, batch, h, w)
                 trainer._call("on_validation_batch_end", None, batch, j)
         finally:
@@ -256,6 +287,7 @@ class Engine:
         logged = {"val/box_loss": mean[0], "val/cls_loss": mean[1], "val/l1_loss": mean[2],
                   "metrics/precision": r["precision"], "metrics/recall": r["recall"], "metrics/mAP50": r["mAP50"],
                   "metrics/mAP50-95": r["mAP50-95"], "fitness": r["fitness"]}
+        self.last_results = r  # per-class results, curves, confusion matrix of the last validation
         return {"logged": {k: float(v) for k, v in logged.items()}, "ap_per_class": r.get("ap_per_class", {})}
 
     # -- state
@@ -277,7 +309,7 @@ class Engine:
             self.opt.ema.load_state_dict({k: v for k, v in t.items() if k.startswith("ema.")}, self.opt.specs,
                                          self.opt.bn_specs)
         self.schedule.load_state_dict(t)
-        _assign(self.model.flat_gradients, np.asarray(t["trainer.grads"], np.float32).reshape(-1))
+        self.model.flat_gradients = np.asarray(t["trainer.grads"], np.float32).reshape(-1)
 
     def digest_parts(self):
         model = self.model.state_dict()
@@ -290,9 +322,8 @@ class Engine:
         return out
 
     def close(self):
-        cuda_net = getattr(self.model, "_cuda", None)
-        if self.capture and cuda_net is not None:
-            cuda_net.retire()  # a fit's recording ends with it (its graphs' memory goes back)
+        if self.capture:
+            self.model.retire()  # a fit's recording ends with it (its graphs' memory goes back)
         self._plans.clear()
         for name in ("train_loader", "val_loader"):
             loader = getattr(self, name, None)
@@ -301,34 +332,11 @@ class Engine:
                 close()
 
 
-def _as_tensor(flat):
-    """A ptl.Tensor over a flat model buffer (zero-copy for the CPU network's NumPy views)."""
-    return flat if isinstance(flat, _C.Tensor) else _C.from_numpy(flat)
-
-
-def _assign(dst, src):
-    """Copies a flat buffer (ptl.Tensor or NumPy) into another, across devices."""
-    if isinstance(src, np.ndarray):
-        src = _C.from_numpy(np.ascontiguousarray(src))
-    if isinstance(dst, np.ndarray):
-        dst[:] = src.numpy().reshape(dst.shape)
-    else:
-        _C._optim_copy(dst, src)
-
-
 def _update_metrics(met, dets, batch, h, w):
-    """Adds one batch's detections and ground truth, both mapped back to the original images."""
-    targets = np.asarray(batch.targets, np.float64).reshape(-1, 6)
-    meta = np.asarray(batch.meta, np.float64)
+    """Adds one batch's detections and ground truth, both in the network input's pixels (8.4.190 matches
+    there, not in the original images)."""
+    targets = np.asarray(batch.targets, np.float32).reshape(-1, 6)
     for k, det in enumerate(dets):
-        h0, w0, gy, gx, pl, pt = meta[k]
         rows = targets[targets[:, 0] == k]
-        gt = np.empty((len(rows), 4))
-        gt[:, 0] = (rows[:, 2] - rows[:, 4] / 2) * w
-        gt[:, 1] = (rows[:, 3] - rows[:, 5] / 2) * h
-        gt[:, 2] = (rows[:, 2] + rows[:, 4] / 2) * w
-        gt[:, 3] = (rows[:, 3] + rows[:, 5] / 2) * h
-        gt = _metrics.scale_boxes(gt, (gx, gy), (pl, pt), (h0, w0))
-        pb = _metrics.scale_boxes(det[:, :4], (gx, gy), (pl, pt), (h0, w0))
-        met.update(pb, det[:, 4], det[:, 5].astype(np.int64), gt, rows[:, 1].astype(np.int64))
-
+        gt = _metrics.target_boxes(rows[:, 2:6], (h, w))
+        met.update(det[:, :4], det[:, 4], det[:, 5].astype(np.int64), gt, rows[:, 1].astype(np.int64))

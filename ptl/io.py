@@ -1,4 +1,5 @@
-"""Reading and writing ``.safetensors`` files (the C writer/reader is ``csrc/io/safetensors.c``).
+"""Reading and writing ``.safetensors`` files (the C writer and reader: ``csrc/io/safetensors_write.c``,
+``csrc/io/safetensors_read.c``; atomic writes: ``csrc/io/atomic_file.c``).
 
 Format: an 8-byte little-endian header length N, N bytes of JSON
 ``{"__metadata__": {str: str}, name: {"dtype", "shape", "data_offsets": [begin, end]}}`` padded with
@@ -7,7 +8,10 @@ spaces to a multiple of 8, then the raw little-endian tensor bytes. Files writte
 
 Writes are atomic: the file is written to a temporary file in the same folder, fsynced and renamed
 over the destination, so a crash mid-write leaves the previous file intact (at worst a stray
-``<path>.tmp.<pid>.<thread id>.<n>`` file next to it).
+``<path>.tmp.<pid>.<thread id>.<n>`` file next to it, which :func:`remove_stale_temporaries` deletes).
+
+The reader validates the whole header (UTF-8, JSON, dtypes, shapes against byte ranges, ranges tiling
+the data, file length) before it reads any data; a bad file raises ValueError naming it.
 
 Supported dtypes: F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8, BOOL.
 
@@ -17,12 +21,17 @@ Supported dtypes: F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8, BOO
 (bfloat16 ones are stored as BF16). ``bf16_to_float32``/``float32_to_bf16`` convert the bits.
 """
 import os
+import re
 
 import numpy as np
 
 from . import _C
 
-__all__ = ["save_safetensors", "load_safetensors", "bf16_to_float32", "float32_to_bf16"]
+__all__ = ["save_safetensors", "load_safetensors", "bf16_to_float32", "float32_to_bf16", "remove_stale_temporaries",
+           "safetensors_dtype_name"]
+
+# the temporary names of csrc/io/atomic_file.c: <path>.tmp.<pid>.<thread id>.<attempt>
+_TEMP_NAME = re.compile(r"^(?P<target>.+)\.tmp\.(?P<pid>[0-9]+)\.(?P<tid>[0-9]+)\.(?P<attempt>[0-9]+)$")
 
 _NP_TO_ST = {
     np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
@@ -75,12 +84,11 @@ def _entry(name, value):
     return name, st, np.asarray(arr, dtype=arr.dtype.newbyteorder("<"), order="C")
 
 
-def save_safetensors(path, tensors, metadata=None, *, _fault_after=-1, _fault_kill=False):
+def save_safetensors(path, tensors, metadata=None):
     """Write ``{name: array}`` to ``path`` atomically, with optional ``{str: str}`` metadata.
 
     Values: NumPy arrays (or array-likes) of a supported dtype, ``(uint16 bits, "BF16")`` pairs, or
-    ``ptl.Tensor``s. ``_fault_after``/``_fault_kill`` are test hooks that make the write fail (or
-    SIGKILL the process) after that many bytes.
+    ``ptl.Tensor``s.
     """
     path = os.fspath(path)
     if metadata is not None:
@@ -91,7 +99,7 @@ def save_safetensors(path, tensors, metadata=None, *, _fault_after=-1, _fault_ki
     for name, value in dict(tensors).items():
         name, st, arr = _entry(name, value)
         entries.append((name, st, arr.shape, arr.reshape(-1).view(np.uint8)))
-    _C.safetensors_save(path, entries, metadata, fault_after=_fault_after, fault_kill=_fault_kill)
+    _C.safetensors_save(path, entries, metadata)
 
 
 def load_safetensors(path):
@@ -104,3 +112,52 @@ def load_safetensors(path):
         arr = np.frombuffer(data, dtype=_ST_TO_NP[st].newbyteorder("<")).reshape(shape)
         out[name] = (arr, "BF16") if st == "BF16" else arr
     return out, metadata
+
+
+def safetensors_dtype_name(value):
+    """The safetensors dtype name of a value as :func:`load_safetensors` returns it ("F32", "BF16", ...)."""
+    if isinstance(value, tuple):
+        return value[1]
+    return _NP_TO_ST.get(np.asarray(value).dtype.newbyteorder("="), str(np.asarray(value).dtype))
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(folder, target=None):
+    """Deletes the temporary files that killed writes left in ``folder`` (only the writer's own
+    ``<name>.tmp.<pid>.<thread id>.<n>`` names, only when process ``pid`` is gone, and with ``target``
+    only those of that file name). Returns the removed paths."""
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return removed
+    for name in sorted(names):
+        m = _TEMP_NAME.match(name)
+        if not m or (target is not None and m.group("target") != target):
+            continue
+        if int(m.group("pid")) == os.getpid() or _pid_alive(int(m.group("pid"))):
+            continue  # a write in progress, here or in another process
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path) or os.path.islink(path):
+            continue
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            continue
+        removed.append(path)
+    return removed
+
+
+def _inject_write_fault(after_bytes, pause_ms=0):
+    """Tests only: the next atomic write fails after ``after_bytes`` bytes as a full disk would, first
+    pausing ``pause_ms`` milliseconds (so a test can kill the process mid-write); -1 disarms."""
+    _C._atomic_write_fault(int(after_bytes), int(pause_ms))

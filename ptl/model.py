@@ -1,8 +1,10 @@
-"""Detector: the YOLO26 detection network (spec §1-2) over the C network of csrc/nn/network.c.
+"""Detector: the YOLO26 detection network (spec §1-2): its description (csrc/nn/network.h) run by the
+network executor (csrc/nn/executor.h) on the model's device, the CPU or a CUDA GPU.
 
 Parameters live in one flat buffer, gradients in one of the same layout and BatchNorm running
-statistics in a third; every named tensor is a view (offset, shape) into its buffer, named exactly
-as Ultralytics' state_dict keys (``model.0.conv.weight``, ``model.0.bn.running_var``, ...).
+statistics in a third, on the model's device (ptl.Tensors: ``flat_parameters``, ``flat_gradients``,
+``flat_buffers``); every named tensor is a view (offset, shape) into its buffer, named exactly as
+Ultralytics' state_dict keys (``model.0.conv.weight``, ``model.0.bn.running_var``, ...).
 
 ``num_batches_tracked`` is not part of ``state_dict()``: BatchNorm here uses a fixed momentum (§1.1),
 so the counter has no effect. ``load_state_dict`` accepts and ignores such keys, so an Ultralytics or
@@ -10,8 +12,10 @@ torch state_dict loads unchanged.
 """
 from __future__ import annotations
 
+import os
 import re
 from collections import OrderedDict
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -20,6 +24,22 @@ from . import _C
 __all__ = ["Detector"]
 
 _BRANCHES = ("one2many", "one2one")
+_CUDA_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _parse_device(device) -> str:
+    """'cpu', 'cuda', 'cuda:N' or N -> 'cpu' / 'cuda:N'."""
+    if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
+        s = "cuda:%d" % int(device)
+    else:
+        s = str(device)
+    if s == "cpu":
+        return s
+    if s == "cuda":
+        return "cuda:0"
+    if s.startswith("cuda:") and s[5:].isdigit():
+        return s
+    raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
 
 
 def _parse_scale(model, scale):
@@ -41,12 +61,17 @@ class Detector:
     """YOLO26 detector. ``Detector("yolo26n", num_classes=80)`` or ``Detector(scale="s")``.
 
     ``dtype="float64"`` builds a float64 CPU network (for gradient checks); training uses float32.
-    The network starts in training mode (BatchNorm normalises with batch statistics).
+    The network starts in training mode (BatchNorm normalises with batch statistics) on the CPU;
+    ``to("cuda", dtype=...)`` moves it to a GPU with a compute precision.
     ``hparams`` overrides training hyperparameters (see :attr:`hparams`), the loss gains included.
+    ``weights`` (a path: Ultralytics ``.pt``, ptl ``.safetensors`` or training checkpoint) starts from
+    those weights, copying every tensor whose name and shape match (:meth:`load_weights`); ``names``
+    are the class names (a list of ``num_classes`` strings; default "0", "1", ...).
     """
 
     def __init__(self, model: str | None = "yolo26n", num_classes: int = 80, *, scale: str | None = None,
-                 seed: int = 0, dtype: str = "float32", hparams: dict | None = None):
+                 seed: int = 0, dtype: str = "float32", hparams: dict | None = None, weights=None,
+                 names=None):
         self.scale = _parse_scale(None if scale is not None else model, scale)
         if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 1:
             raise ValueError(f"num_classes: expected a positive int, got {num_classes!r}")
@@ -57,15 +82,16 @@ class Detector:
         self.strides = tuple(info["strides"])
         self._layer_params = list(info["layer_parameters"])
         self._entries = _C.network_entries(self._net)
-        self._params = _C.network_array(self._net, "params")
-        self._grads = _C.network_array(self._net, "grads")
-        self._buffers = _C.network_array(self._net, "buffers")
+        # the description's host storage (NumPy views): the CPU executor runs on it, state_dict reads it
+        self._host = tuple(_C.network_array(self._net, w) for w in ("params", "grads", "buffers"))
         self._index = {name: (is_buf, off, tuple(shape)) for name, is_buf, off, shape, _ in self._entries}
         self.hparams = hparams
         self.training = True
-        self.device = "cpu"
-        self._cuda = None  # the CUDA executor while the model lives on a GPU
         self._layout = "nchw"  # layout of the last forward's images, for input gradients
+        self._attach("cpu", self.dtype)
+        self.names = names
+        if weights is not None:  # weights: start from a file, transferring what matches (ptl.weights)
+            self.load_weights(weights)
 
     # ------------------------------------------------------------------------- hyperparameters
     HPARAMS = ("optimizer", "lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum",
@@ -96,6 +122,24 @@ class Detector:
         return "yolo26" + self.scale
 
     @property
+    def names(self) -> list:
+        """Class names, one per class (what predictions are labelled with; set from the data by ``fit``)."""
+        return list(self._names)
+
+    @names.setter
+    def names(self, value) -> None:
+        if value is None:
+            value = [str(i) for i in range(self.num_classes)]
+        elif isinstance(value, dict):
+            if sorted(value) != list(range(self.num_classes)):
+                raise ValueError("names: expected ids 0..%d, got %s" % (self.num_classes - 1, sorted(value)))
+            value = [value[i] for i in range(self.num_classes)]
+        value = [str(v) for v in value]
+        if len(value) != self.num_classes:
+            raise ValueError("names: expected %d class names, got %d" % (self.num_classes, len(value)))
+        self._names = value
+
+    @property
     def loss_gains(self) -> tuple:
         """(box, cls, l1) gains of the objective, from hparams box / cls / dfl (spec §10 defaults)."""
         from .objective import GAINS
@@ -104,7 +148,7 @@ class Detector:
 
     def num_parameters(self) -> int:
         """Trainable parameters, both heads included (spec §1.6)."""
-        return int(self._params.size)
+        return int(self._host[0].size)
 
     def layer_parameters(self) -> list:
         """Parameters per spec layer 0..23."""
@@ -118,40 +162,70 @@ class Detector:
         """[(name, offset, shape)] of the BatchNorm running statistics in the flat buffer."""
         return [(n, off, tuple(s)) for n, is_buf, off, s, _ in self._entries if is_buf]
 
+    def _attach(self, device, dtype):
+        """Makes the executor of `device` computing in `dtype` (its storage uploaded from the host's)."""
+        self._exec = _C.executor_create(self._net, device, dtype)
+        self._flat = _C.executor_tensors(self._exec)  # params, grads, buffers on the device
+        _C.executor_configure(self._exec, training=self.training)
+        self.device, self._compute = device, dtype
+
+    def _download(self, grads=False):
+        """Brings the device's parameters and BN statistics (and gradients) to the host storage."""
+        for which in ("params", "buffers") + (("grads",) if grads else ()):
+            _C.executor_sync(self._exec, which, False)
+
+    def _upload(self):
+        for which in ("params", "buffers"):
+            _C.executor_sync(self._exec, which, True)
+
     @property
     def flat_parameters(self):
-        """The flat float32 parameter buffer the network reads on every forward: a writable NumPy view on
-        the CPU, a float32 ptl.Tensor on the device after ``to("cuda")``."""
-        return self._params if self._cuda is None else self._cuda.params
+        """The flat parameter buffer the network reads on every forward: a 1-D ptl.Tensor on the model's
+        device (float32, or float64 for a float64 CPU network), updated in place by an optimizer.
+        Assigning an array or tensor of the same size copies it in."""
+        return self._flat[0]
+
+    @flat_parameters.setter
+    def flat_parameters(self, value):
+        self._assign(0, value)
 
     @property
     def flat_gradients(self):
         """The flat gradient buffer (same layout and device as the parameters); backward adds to it."""
-        return self._grads if self._cuda is None else self._cuda.grads
+        return self._flat[1]
+
+    @flat_gradients.setter
+    def flat_gradients(self, value):
+        self._assign(1, value)
 
     @property
     def flat_buffers(self):
         """The flat BatchNorm running-statistics buffer (same device as the parameters)."""
-        return self._buffers if self._cuda is None else self._cuda.buffers
+        return self._flat[2]
+
+    @flat_buffers.setter
+    def flat_buffers(self, value):
+        self._assign(2, value)
+
+    def _assign(self, k, value):
+        dst = self._flat[k]
+        src = value if isinstance(value, _C.Tensor) else _C.tensor(np.ascontiguousarray(value, dtype=dst.dtype))
+        if src.numel() != dst.numel():
+            raise ValueError(f"expected {dst.numel()} elements, got {src.numel()}")
+        _C._optim_copy(dst, src.to(dtype=dst.dtype))
 
     def zero_grad(self) -> None:
-        if self._cuda is not None:
-            self._cuda.zero_grad()
-        else:
-            self._grads[...] = 0
+        _C.executor_zero_grad(self._exec)
 
     def reset_parameters(self, seed: int = 0) -> None:
         """Re-initialise every parameter and BN statistic (spec §1.7)."""
         _C.network_init(self._net, int(seed))
-        if self._cuda is not None:
-            self._cuda.from_cpu()
+        self._upload()
 
     # ---------------------------------------------------------------------------------- modes
     def train(self, mode: bool = True) -> "Detector":
         self.training = bool(mode)
-        _C.network_set_training(self._net, self.training)
-        if self._cuda is not None:
-            self._cuda.train(self.training)
+        _C.executor_configure(self._exec, training=self.training)
         return self
 
     def eval(self) -> "Detector":
@@ -161,105 +235,118 @@ class Detector:
         """Moves the network to ``"cpu"`` or ``"cuda[:N]"``. On CUDA, ``dtype`` is the compute precision
         ("float32", "bfloat16" or "float16"; master weights, gradients and BN statistics stay float32).
         Parameters, BN statistics and gradients move along."""
-        dev = str(device)
+        dev = _parse_device(device)
         if dev == "cpu":
-            if self._cuda is not None:
-                self._cuda.to_cpu(grads=True)
-                self._cuda = None
-            self.device = "cpu"
+            if self.device != "cpu":
+                self._download(grads=True)
+                self._attach("cpu", self.dtype)
             return self
-        if not dev.startswith("cuda"):
-            raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
         if self.dtype != "float32":
             raise ValueError(f"to: a {self.dtype} network stays on the CPU (float64 is for gradient checks)")
+        dt = str(dtype or (self._compute if self.device != "cpu" else "float32"))
+        if dt not in _CUDA_DTYPES:
+            raise ValueError(f"dtype: expected one of {_CUDA_DTYPES}, got {dt!r}")
         from . import cuda
         if not cuda.is_available():
             raise ValueError(f"device: {dev!r} requested but no CUDA device is available")
-        from ._network_cuda import CudaNetwork
-        dt = dtype or (self._cuda.dtype if self._cuda is not None else "float32")
-        if self._cuda is not None:
-            self._cuda.to_cpu(grads=True)
-        self._cuda = CudaNetwork(self, dev, dt)
-        self._cuda.from_cpu(grads=True)
-        self.device = self._cuda.device
+        if self.device != "cpu":
+            self._download(grads=True)
+        self._attach(dev, dt)
+        _C.executor_sync(self._exec, "grads", True)
         return self
 
     @property
     def compute_dtype(self) -> str:
         """The dtype activations are computed in: the network dtype on the CPU, ``to``'s dtype on CUDA."""
-        return self.dtype if self._cuda is None else self._cuda.dtype
+        return self._compute
 
     # ----------------------------------------------------------------------------- state dict
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
         """name -> NumPy copy, parameters and BN running statistics, in Ultralytics key order."""
-        if self._cuda is not None:
-            self._cuda.to_cpu(grads=False)
+        self._download()
         out = OrderedDict()
         for name, is_buf, off, shape, _ in self._entries:
-            src = self._buffers if is_buf else self._params
+            src = self._host[2] if is_buf else self._host[0]
             n = int(np.prod(shape))
             out[name] = src[off:off + n].reshape(shape).copy()
         return out
 
-    def load_state_dict(self, state, strict: bool = True) -> None:
-        """Copies tensors by name. Every check runs before anything is written.
+    def load_state_dict(self, state, strict: bool = True, *, source: str = "state_dict", verbose: bool = True):
+        """Copies tensors by name (``*.num_batches_tracked`` is accepted and ignored). Every check runs before
+        anything is written, so the model is unchanged on error. Returns a :class:`ptl.weights.Transfer`.
 
-        strict: missing or unexpected keys raise KeyError listing them (``*.num_batches_tracked`` is
-        always accepted and ignored). A value of the wrong shape raises ValueError (strict or not).
+        strict: missing or unexpected keys raise KeyError listing them; a value of the wrong shape raises
+        ValueError. Not strict (a transfer, e.g. to another class count): every tensor whose name and shape
+        match is copied, the others keep the model's values, and ``Transferred a/b items from <source>``
+        with the list of what was left out goes to stderr (``verbose``); ValueError when nothing matches.
         """
-        items = {}
-        unexpected = []
-        for k, v in dict(state).items():
-            if k.endswith(".num_batches_tracked"):
-                continue
-            if k not in self._index:
-                unexpected.append(k)
-                continue
-            items[k] = v
-        missing = [k for k in self._index if k not in items]
-        if strict and (missing or unexpected):
-            raise KeyError(f"load_state_dict: missing keys {missing} ; unexpected keys {unexpected}")
-        bad = []
-        arrays = {}
-        for k, v in items.items():
-            if isinstance(v, tuple) and len(v) == 2 and v[1] == "BF16":  # ptl.io's bfloat16 form
-                from .io import bf16_to_float32
-                v = bf16_to_float32(v[0])
-            a = np.asarray(v.numpy() if hasattr(v, "numpy") and not isinstance(v, np.ndarray) else v)
-            shape = self._index[k][2]
-            if tuple(a.shape) != shape:
-                bad.append(f"{k}: got {tuple(a.shape)}, expected {shape}")
-                continue
-            if not np.issubdtype(a.dtype, np.floating) and not np.issubdtype(a.dtype, np.integer):
-                bad.append(f"{k}: dtype {a.dtype} is not numeric")
-                continue
-            arrays[k] = a
-        if bad:
-            raise ValueError("load_state_dict: mis-shaped values: " + "; ".join(bad))
-        if self._cuda is not None:  # keys a non-strict load leaves out keep the device's values
-            self._cuda.to_cpu(grads=False)
-        for k, a in arrays.items():
+        from .weights import plan_transfer
+        plan = plan_transfer(self._index, state, source)
+        if strict and (plan.missing or plan.unexpected):
+            raise KeyError(f"load_state_dict: missing keys {plan.missing} ; unexpected keys {plan.unexpected}")
+        if strict and plan.mismatched:
+            raise ValueError("load_state_dict: mis-shaped values: " + "; ".join(
+                f"{k}: got {a}, expected {b}" for k, a, b in plan.mismatched))
+        if not plan.arrays and self._index:
+            raise ValueError(f"load_state_dict: no tensor of {source} matches this {self.model_name} model "
+                             f"(name and shape): {_layout_gaps(plan)}")
+        self._download()  # keys a non-strict load leaves out keep the device's values
+        for k, a in plan.arrays.items():
             is_buf, off, shape = self._index[k]
-            dst = self._buffers if is_buf else self._params
+            dst = self._host[2] if is_buf else self._host[0]
             dst[off:off + a.size] = a.reshape(-1)
-        if self._cuda is not None:
-            self._cuda.from_cpu()
+        self._upload()
+        if not strict and verbose:
+            plan.report()
+        return plan
+
+    def load_weights(self, path, strict: bool = False, verbose: bool = True):
+        """Loads a weight file into this model (:func:`ptl.weights.read_weights`: Ultralytics ``.pt``, ptl
+        ``.safetensors``, training checkpoint), by name and shape unless ``strict``; takes the file's class
+        names when every tensor matched. Returns the :class:`ptl.weights.Transfer`."""
+        from .weights import read_weights
+        wf = read_weights(path)
+        try:
+            plan = self.load_state_dict(wf.tensors, strict=strict, source=os.path.basename(os.fspath(path)),
+                                        verbose=verbose)
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{os.fspath(path)}: does not fit {self.model_name} with {self.num_classes} classes: "
+                             f"{e.args[0] if e.args else e}") from None
+        if wf.names is not None and wf.num_classes == self.num_classes and not plan.mismatched:
+            self.names = wf.names
+        return plan
 
     # ---------------------------------------------------------------------------- save / load
     def save(self, path) -> None:
-        """Writes the state_dict as .safetensors (through ptl.io), with scale and classes as metadata."""
-        io = _io()
-        io.save_safetensors(path, self.state_dict(),
-                            metadata={"model": self.model_name, "num_classes": str(self.num_classes)})
+        """Writes the state_dict as .safetensors (through ptl.io), with scale, classes and names as metadata."""
+        from .weights import write_weights
+        write_weights(path, self.state_dict(), self.model_name, self.num_classes, self.names)
 
     @classmethod
     def load(cls, path, **kw) -> "Detector":
-        io = _io()
-        tensors, meta = _load_with_metadata(io, path)
-        model = kw.pop("model", None) or (meta or {}).get("model", "yolo26n")
-        nc = kw.pop("num_classes", None) or int((meta or {}).get("num_classes", 80))
-        det = cls(model, num_classes=nc, **kw)
-        det.load_state_dict(tensors, strict=True)
+        """A detector from a weight file: ``Detector.save``'s ``.safetensors``, ``<run>/weights/*.safetensors``,
+        a training checkpoint (its EMA weights) or an Ultralytics ``.pt`` (no torch needed). Scale, class count
+        and names come from the file; ``model=`` / ``num_classes=`` override them, and then the tensors that
+        still fit are transferred (:meth:`load_weights`). Other keywords go to the constructor."""
+        from .weights import plan_transfer, read_weights
+        wf = read_weights(path)
+        where = os.fspath(path)
+        model = kw.pop("model", None) or wf.model_name
+        if model is None:
+            raise ValueError(f"{where}: the file does not say which model it holds; pass model='yolo26n' etc.")
+        nc = kw.pop("num_classes", None) or wf.num_classes
+        if nc is None:
+            raise ValueError(f"{where}: the file does not say how many classes it has; pass num_classes=")
+        names = kw.pop("names", None)
+        det = cls(model, num_classes=nc, names=names, **kw)
+        same = det.model_name == wf.model_name and nc == wf.num_classes
+        plan = plan_transfer(det._index, wf.tensors)
+        if same and not plan.complete:  # the file says it is this model, but its tensors are not
+            kind = "an Ultralytics YOLO26 detection model" if wf.kind == "ultralytics" else f"a ptl {wf.kind}"
+            raise ValueError(f"{where}: not {kind} of the {det.model_name} layout: " + _layout_gaps(plan))
+        det.load_state_dict(wf.tensors, strict=same, source=os.path.basename(where))
+        if names is None and wf.names is not None and nc == wf.num_classes:
+            det.names = wf.names
         return det
 
     # -------------------------------------------------------------------------------- forward
@@ -281,59 +368,142 @@ class Detector:
             raise TypeError(f"images: expected a float or uint8 array, got {x.dtype}")
         return np.ascontiguousarray(nhwc)
 
+    def images(self, images):
+        """The network input: a tensor (B, H, W, 3) in the compute dtype on the model's device, from a
+        device tensor of that shape or any form ``forward`` accepts."""
+        if isinstance(images, _C.Tensor) and images.device != "cpu":
+            return images.to(device=self.device, dtype=self._compute)
+        x = self._images(images)
+        if self.device == "cpu":
+            return _C.from_numpy(x)
+        return _C.tensor(x, device=self.device).to(dtype=self._compute)
+
     def forward(self, images) -> dict:
         """Raw head outputs: {"one2many": (boxes, scores), "one2one": (boxes, scores)}, boxes (N, A, 4)
-        l, t, r, b in grid units, scores (N, A, nc) logits; A = sum over P3, P4, P5 of H_i * W_i."""
-        if self._cuda is not None:
-            return self._cuda.forward(images)
-        b0, s0, b1, s1 = _C.network_forward(self._net, self._images(images))
-        return {"one2many": (b0, s0), "one2one": (b1, s1)}
+        l, t, r, b in grid units, scores (N, A, nc) logits; A = sum over P3, P4, P5 of H_i * W_i.
+        images: (N, 3, H, W) floats in [0, 1], (N, H, W, 3) uint8, or (on CUDA) a device tensor (N, H, W, 3)
+        in the compute dtype. On the CPU the outputs are NumPy arrays; on CUDA float32 device tensors
+        over the network's output buffers, overwritten by the next forward of the shape."""
+        out = _C.executor_forward(self._exec, self.images(images))
+        if self.device == "cpu":
+            out = [t.numpy() for t in out]
+        return {"one2many": (out[0], out[1]), "one2one": (out[2], out[3])}
 
     __call__ = forward
 
     def backward(self, grads: dict, input_grad: bool = False):
         """Backward of the last forward. grads: {"one2many": (d_boxes, d_scores), "one2one": (...)} with
-        arrays shaped like the outputs (a missing branch or None entry is zero). Parameter gradients
-        accumulate into ``flat_gradients``. With input_grad, returns d loss / d images in the layout of
-        the forward's float input (N, 3, H, W). On CUDA the gradients are float32 device tensors (or
-        arrays, uploaded) and the input gradient comes back as an NHWC device tensor."""
-        if self._cuda is not None:
-            return self._cuda.backward(grads, input_grad=input_grad)
+        arrays or tensors shaped like the outputs (a missing branch or None entry is zero). Parameter
+        gradients accumulate into ``flat_gradients``. With input_grad, returns d loss / d images: on the
+        CPU a NumPy array in the layout of the forward's input ((N, 3, H, W) for a float input), on CUDA
+        an NHWC device tensor."""
         d = []
+        master = self.dtype if self.device == "cpu" else "float32"
         for br in _BRANCHES:
-            pair = grads.get(br) or (None, None)
-            for a in pair:
-                d.append(None if a is None else np.ascontiguousarray(a, dtype=self.dtype))
-        g = _C.network_backward(self._net, *d, input_grad=bool(input_grad))
-        if g is None:
-            return None
+            for a in grads.get(br) or (None, None):
+                if a is not None and not isinstance(a, _C.Tensor):
+                    a = _C.tensor(np.ascontiguousarray(a, dtype=master), device=self.device)
+                d.append(a)
+        g = _C.executor_backward(self._exec, *d, input_grad=bool(input_grad))
+        if g is None or self.device != "cpu":
+            return g
+        g = g.numpy()
         return np.ascontiguousarray(g.transpose(0, 3, 1, 2)) if self._layout == "nchw" else g
 
-    def predict(self, images, conf: float = 0.25, max_det: int = 300) -> list:
-        """Detections from the one-to-one head (spec §8.2: top-k, no NMS), eval mode. Returns per image
-        {"boxes": (k, 4) xyxy pixels, "scores": (k,), "classes": (k,) int64}, score descending."""
-        x = self._images(images)
+    def _detect(self, images, conf: float = 0.25, max_det: int = 300) -> list:
+        """Per image of a network-ready batch, the one-to-one head's detections (spec §8.2: top-k, no NMS),
+        eval mode: (k, 6) float32 rows x1, y1, x2, y2 (input pixels), score, class, score descending."""
+        x = self.images(images)
         was = self.training
         self.eval()
         try:
-            if self._cuda is not None:
-                b1, s1 = self._cuda.forward(images)["one2one"]
-            else:
-                _, _, b1, s1 = _C.network_forward(self._net, x)
+            _, _, b1, s1 = _C.executor_forward(self._exec, x)
         finally:
             self.train(was)
         H, W = x.shape[1], x.shape[2]
-        if not isinstance(b1, _C.Tensor):
-            b1 = _C.tensor(np.ascontiguousarray(b1, dtype=np.float32))
-            s1 = _C.tensor(np.ascontiguousarray(s1, dtype=np.float32))
         out, count = _C.postprocess(b1, s1, H, W, int(max_det), float(conf))
         out, count = out.numpy(), count.numpy()
-        res = []
-        for i in range(out.shape[0]):
-            rows = out[i, :int(count[i])]
-            res.append({"boxes": rows[:, :4].copy(), "scores": rows[:, 4].copy(),
-                        "classes": rows[:, 5].astype(np.int64)})
-        return res
+        return [out[i, :int(count[i])].copy() for i in range(out.shape[0])]
+
+    def predict(self, source, conf: float = 0.25, max_det: int = 300, **kw) -> list:
+        """Detections of the one-to-one head (spec §8.2: top-k, no NMS, eval mode), one
+        :class:`ptl.predict.Results` per image: ``boxes`` (k, 4) xyxy, ``scores`` (k,), ``classes`` (k,)
+        (``res["boxes"]`` also works), score descending, plus ``path`` and ``orig_shape``.
+
+        ``source``: a network-ready batch ((N, H, W, 3) uint8 or (N, 3, H, W) float in [0, 1], boxes in its
+        pixels), or image files, folders, globs, ``.txt`` lists and (H, W, 3) arrays, letterboxed to
+        ``imgsz`` (boxes in each image's pixels). Keywords of :func:`ptl.predict.predict`: ``imgsz``,
+        ``batch_size``, ``save`` (annotated images), ``save_txt`` (YOLO labels), ``save_conf``, ``project``,
+        ``name`` (files go to ``<project>/runs/<name>/version_N``)."""
+        from .predict import predict
+        return predict(self, source, conf=conf, max_det=max_det, **kw)
+
+    def export(self, path, imgsz=640, batch: int = 1, dynamic: bool = False, half: bool = False,
+               max_det: int = 300):
+        """Writes this model as an end-to-end ONNX graph, output (N, max_det, 6) = x1, y1, x2, y2, score,
+        class (:mod:`ptl.export`; needs the ``onnx`` package). Returns the path."""
+        from .export import export_onnx
+        return export_onnx(self, path, imgsz=imgsz, batch=batch, dynamic=dynamic, half=half, max_det=max_det)
+
+    # ------------------------------------------------------------------- executor controls
+    @contextmanager
+    def using_weights(self, params, buffers):
+        """Forwards inside the block read these flat parameters and BN statistics (tensors of the
+        model's layout on its device, e.g. an EMA's) instead of the model's own; the same executor, so
+        its buffers, plans and any recording stay (a recording is used only on the weights it was made
+        with)."""
+        _C.executor_use_weights(self._exec, params, buffers)
+        try:
+            yield self
+        finally:
+            _C.executor_use_weights(self._exec, None, None)
+
+    def prepare(self, batch: int, height: int, width: int) -> None:
+        """Allocates every buffer and makes every conv plan for this shape (forward does it too)."""
+        _C.executor_prepare(self._exec, int(batch), int(height), int(width))
+
+    def set_conv_options(self, deterministic: bool = True, allow_tf32: bool = False, find: bool = False) -> None:
+        """CUDA: cuDNN algorithm choice for the conv plans (applies at the next prepare)."""
+        _C.executor_configure(self._exec, deterministic=bool(deterministic), allow_tf32=bool(allow_tf32),
+                              find=bool(find))
+
+    def info(self) -> dict:
+        """The executor's device, dtypes, current shape, memory and recording state."""
+        return _C.executor_info(self._exec)
+
+    def record(self, images, grads: dict) -> None:
+        """CUDA: captures (without running) one forward of ``images`` and one backward of ``grads`` for
+        :meth:`replay`, after an eager forward + backward of the same shape (the warm-up). ``images`` and
+        the gradient tensors must be device tensors that stay where they are: replay reads them again;
+        the model keeps them alive. A change of conv options retires the recording; it is used only in
+        the train/eval mode and on the weights it was made with."""
+        if not isinstance(images, _C.Tensor):
+            raise TypeError("images: record needs a device tensor (B, H, W, 3) in the compute dtype")
+        d = []
+        for br in _BRANCHES:
+            for a in grads.get(br) or (None, None):
+                if a is not None and not isinstance(a, _C.Tensor):
+                    raise TypeError("grads: record needs float32 device tensors (or None)")
+                d.append(a)
+        _C.executor_record(self._exec, images, *d)
+        self._recorded = (images, d)
+
+    def replay(self, part: str = "both"):
+        """CUDA: runs the recording: the same work as ``forward`` ("forward"), ``backward`` ("backward") or
+        both on the recorded tensors. Between a forward and its backward the caller may rewrite the
+        recorded gradient tensors (the objective does). Returns the head outputs (None for "backward")."""
+        r = _C.executor_replay(self._exec, part)
+        return None if r is None else {"one2many": (r[0], r[1]), "one2one": (r[2], r[3])}
+
+    def retire(self) -> None:
+        """Drops the recordings (and their memory)."""
+        _C.executor_retire(self._exec)
+        self._recorded = None
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the current shape's recording is usable now."""
+        return bool(_C.executor_info(self._exec)["recorded"])
 
     def anchors(self, height: int, width: int):
         """Anchor centres (A, 2) in grid units and per-anchor strides (A,), P3 then P4 then P5 (§2)."""
@@ -346,19 +516,19 @@ class Detector:
 
     def __repr__(self):
         return (f"Detector({self.model_name!r}, num_classes={self.num_classes}, parameters={self.num_parameters():,}, "
-                f"dtype={self.dtype}, training={self.training})")
+                f"dtype={self.dtype}, device={self.device!r}, training={self.training})")
 
 
-def _io():
-    try:
-        from . import io
-    except ImportError as e:
-        raise NotImplementedError("Detector.save/load need ptl.io (the safetensors reader/writer)") from e
-    return io
+def _layout_gaps(plan, show=4):
+    """A short account of the tensors that do not fit: counts and the first few names."""
+    def few(items):
+        return ", ".join(items[:show]) + (", ..." if len(items) > show else "")
+    parts = []
+    if plan.missing:
+        parts.append(f"{len(plan.missing)} tensors missing ({few(plan.missing)})")
+    if plan.unexpected:
+        parts.append(f"{len(plan.unexpected)} unexpected ({few(plan.unexpected)})")
+    if plan.mismatched:
+        parts.append(f"{len(plan.mismatched)} of another shape ({few([f'{k} {a}' for k, a, _ in plan.mismatched])})")
+    return "; ".join(parts)
 
-
-def _load_with_metadata(io, path):
-    res = io.load_safetensors(path)
-    if isinstance(res, tuple):
-        return res[0], res[1]
-    return res, getattr(io, "read_metadata", lambda p: {})(path)

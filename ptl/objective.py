@@ -24,10 +24,11 @@ import numpy as np
 
 from . import _C
 
-LOSS_NAMES = ("total", "o2m_box", "o2m_cls", "o2m_l1", "o2o_box", "o2o_cls", "o2o_l1",
-              "item_box", "item_cls", "item_l1")
-STRIDES = (8, 16, 32)
-GAINS = (7.5, 0.5, 1.5)  # box, cls, l1 (spec §10: box / cls / dfl)
+# Layout and defaults from csrc/objective/objective.h (one source), exported by the extension.
+LOSS_NAMES = _C.OBJECTIVE_LOSSES
+LOSS = {name: i for i, name in enumerate(LOSS_NAMES)}  # index of each entry of the losses vector
+STRIDES = _C.OBJECTIVE_STRIDES
+GAINS = _C.OBJECTIVE_GAINS  # box, cls, l1 (spec §10: box / cls / dfl)
 
 
 def o2m_weight(epoch, epochs):

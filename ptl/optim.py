@@ -1,4 +1,5 @@
-"""The optimizer on flat buffers (spec §4-§6): parameter groups, MuSGD / SGD / AdamW, schedules, the
+"""The optimizer on flat buffers (Ultralytics 8.4.190's rules, docs/ultralytics_parity.md): parameter
+groups, MuSGD / SGD / AdamW, schedules, the
 gradient clip, the fp16 loss scaler, the EMA, state export/import and digests.
 
 All parameters live in one flat float32 buffer (the network's parameter table gives each name an offset
@@ -16,16 +17,18 @@ import numpy as np
 
 from . import _C
 
-CHUNK = 4096                      # elements per chunk of the C tables (csrc/optim/optim.h PTL_OPT_CHUNK)
-NS_ALIGN = 256                    # bf16 elements (512 bytes): every Newton-Schulz matrix starts aligned like
+# Layouts and defaults come from csrc/optim/optim.h (one source), exported by the extension.
+DEFAULTS = _C.OPTIM_DEFAULTS
+CHUNK = DEFAULTS["chunk"]         # elements per chunk of the C tables
+NS_ALIGN = DEFAULTS["ns_align"]   # bf16 elements (512 bytes): every Newton-Schulz matrix starts aligned like
                                   # a fresh torch allocation, so cuBLAS picks the same kernels as torch's loop
-MUON_W, SGD_W = 0.2, 1.0          # MuSGD shares (§4.3)
-NS_COEFFS = (3.4445, -4.7750, 2.0315)
-KINDS = {"sgd": 0, "muon": 1, "adamw": 2}
-_PT_NCOLS = 12
-_S_SCALE, _S_GROWTH, _S_FOUND_INF, _S_NORM, _S_COEF, _S_STEP, _S_SKIPPED = range(7)
-_S_N = 8  # entries of the scalar-state buffer (PTL_OPT_S_N)
-SCALE_INDEX = _S_SCALE  # where Optimizer.scalars keeps the loss scale (read on the device by the objective)
+MUON_W, SGD_W = DEFAULTS["muon_w"], DEFAULTS["sgd_w"]  # MuSGD shares (build_optimizer's muon, sgd)
+NS_COEFFS = DEFAULTS["ns_coeffs"]
+KINDS = DEFAULTS["kinds"]
+PT = {name: i for i, name in enumerate(_C.OPTIM_TABLE_COLUMNS)}  # columns of the parameter table
+S = {name: i for i, name in enumerate(_C.OPTIM_SCALARS)}         # slots of the scalar-state buffer
+_S_N = _C.OPTIM_NUM_SCALARS
+SCALE_INDEX = S["scale"]  # where Optimizer.scalars keeps the loss scale (read on the device by the objective)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -81,14 +84,20 @@ def _is_norm_weight(s):
     return len(parts) >= 2 and parts[-1] == "weight" and (parts[-2] == "bn" or "norm" in parts[-2].lower())
 
 
+HEAD_INDEX = "23"  # the Detect layer of every YOLO26 scale
+
+
 def _is_head_cls(name):
-    """§4.2: the class branches of both heads (names containing "23" and "cv3") train at 3x lr."""
-    return "23" in name and "cv3" in name
+    """The parameters of the head's class branches, cv3 and one2one_cv3, train at 3x lr under MuSGD
+    (8.4.190 picks them by module, not by name pattern)."""
+    parts = name.split(".")
+    return len(parts) > 3 and parts[0] == "model" and parts[1] == HEAD_INDEX and parts[2] in ("cv3", "one2one_cv3")
 
 
 def param_groups(table, optimizer="MuSGD", lr0=0.01, momentum=0.937, weight_decay=5e-4):
-    """Parameter groups per §4.2 (MuSGD: weight x3, weight, bn x3, bn, bias x3, bias, muon x3, muon) or the
-    three classic groups (weight, bn, bias) for SGD/AdamW. `weight_decay` is the scaled value (§4.5).
+    """Parameter groups as 8.4.190's build_optimizer (MuSGD: weight x3, weight, bn x3, bn, bias x3, bias,
+    muon x3, muon; a tensor is Muon's when it has 2 or 4 dimensions) or the three classic groups (weight,
+    bn, bias) for SGD/AdamW. `weight_decay` is the scaled value.
     Returns a list of dicts: param_group, kind, lr, initial_lr, momentum, weight_decay, params (indices
     into the table)."""
     specs = param_specs(table)
@@ -98,7 +107,7 @@ def param_groups(table, optimizer="MuSGD", lr0=0.01, momentum=0.937, weight_deca
     use_muon = opt == "musgd"
     cls = {"weight": [], "bn": [], "bias": [], "muon": []}
     for i, s in enumerate(specs):
-        if len(s.shape) >= 2 and use_muon:
+        if len(s.shape) in (2, 4) and use_muon:
             cls["muon"].append(i)
         elif "bias" in s.name:
             cls["bias"].append(i)
@@ -128,7 +137,7 @@ def param_groups(table, optimizer="MuSGD", lr0=0.01, momentum=0.937, weight_deca
 
 @dataclass
 class OptimConfig:
-    """The §10 defaults that drive the optimizer and its schedules."""
+    """default.yaml's values that drive the optimizer and its schedules."""
     optimizer: str = "auto"
     epochs: int = 100
     batch: int = 16
@@ -141,7 +150,7 @@ class OptimConfig:
     warmup_momentum: float = 0.8
     warmup_bias_lr: float = 0.1
     cos_lr: bool = False
-    max_norm: float = 10.0
+    max_norm: float = DEFAULTS["max_norm"]
     ema_decay: float = 0.9999
     ema_tau: float = 2000.0
     nc: int = 80
@@ -149,7 +158,9 @@ class OptimConfig:
 
 
 def choose_optimizer(cfg):
-    """§4.1. Returns (name, lr0, construction momentum, warmup_bias_lr)."""
+    """optimizer=auto as 8.4.190: MuSGD (lr 0.01) for more than 10000 iterations, else AdamW with
+    lr round(0.002 * 5 / (4 + nc), 6); momentum 0.9 and warm-up bias lr 0 either way.
+    Returns (name, lr0, construction momentum, warmup_bias_lr)."""
     name = cfg.optimizer
     if name.lower() == "auto":
         iterations = math.ceil(cfg.n_train_images / max(cfg.batch, cfg.nbs)) * cfg.epochs
@@ -163,13 +174,19 @@ def choose_optimizer(cfg):
 
 
 def accumulate_steps(batch, nbs=64):
-    """§4.5: batches summed per optimizer step after warm-up."""
+    """Batches summed per optimizer step, uncapped: max(round(nbs / batch), 1) (it scales the decay)."""
     return max(round(nbs / batch), 1)
 
 
 def scaled_weight_decay(weight_decay, batch, nbs=64):
-    """§4.5: weight decay actually used, fixed at setup."""
+    """Weight decay actually used, fixed at setup: weight_decay * batch * accumulate / nbs."""
     return weight_decay * batch * accumulate_steps(batch, nbs) / nbs
+
+
+def nominal_accumulate(cfg, batches_per_epoch):
+    """8.4.190's ``acc0``: accumulate_steps capped at the fit's batch count (nb * epochs), the value the
+    warm-up ramps to and keeps after it."""
+    return min(accumulate_steps(cfg.batch, cfg.nbs), batches_per_epoch * cfg.epochs)
 
 
 def linear_lf(epoch, epochs, lrf):
@@ -177,51 +194,57 @@ def linear_lf(epoch, epochs, lrf):
 
 
 def cosine_lf(epoch, epochs, lrf):
-    return ((1 - math.cos(epoch * math.pi / epochs)) / 2) * (lrf - 1) + 1
+    return max((1 - math.cos(epoch * math.pi / epochs)) / 2, 0) * (lrf - 1) + 1
 
 
 def lr_factor(epoch, cfg):
-    """§4.7: lf(epoch), linear by default, cosine with cfg.cos_lr."""
+    """lf(epoch), linear by default, cosine with cfg.cos_lr (LambdaLR, set at each epoch's start)."""
     return (cosine_lf if cfg.cos_lr else linear_lf)(epoch, cfg.epochs, cfg.lrf)
 
 
-def warmup_iters(batches_per_epoch, warmup_epochs=3.0):
-    """§4.6 (rule before 8.4.103): warm-up runs while ni <= nw; -1 means no warm-up."""
-    return max(round(warmup_epochs * batches_per_epoch), 100) if warmup_epochs > 0 else -1
+def warmup_iters(batches_per_epoch, warmup_epochs=3.0, epochs=100):
+    """8.4.190's warm-up length: round(min(warmup_epochs, epochs - 1) * nb) batches (the last epoch is
+    never warm-up), 0 for none. Warm-up runs while 0 < nw and ni <= nw."""
+    we = min(warmup_epochs, max(epochs - 1, 0))
+    return round(we * batches_per_epoch) if we > 0 else 0
+
+
+def accumulate_at(ni, nw, acc0):
+    """Batches summed per optimizer step at global batch ni: during warm-up
+    max(1, round(interp(ni, [0, nw], [1, acc0]))), after it acc0 (nominal_accumulate)."""
+    if 0 < nw and ni <= nw:
+        return max(1, int(np.round(np.interp(ni, [0, nw], [1, acc0]))))
+    return acc0
 
 
 def _interp(x, x1, y0, y1):
     return float(np.interp(x, [0, x1], [y0, y1]))
 
 
-def accumulate_at(ni, nw, cfg):
-    """Batches summed per optimizer step at global batch ni (§4.5, §4.6)."""
-    if ni <= nw:
-        return max(1, int(np.round(np.interp(ni, [0, nw], [1, cfg.nbs / cfg.batch]))))
-    return accumulate_steps(cfg.batch, cfg.nbs)
-
-
 def group_hparams(groups, epoch, ni, nw, cfg, warmup_bias_lr, construct_momentum):
-    """Learning rate and momentum of each group at (epoch, ni) (§4.6, §4.7). AdamW groups keep beta1.
-    After warm-up the momentum keeps the warm-up's end value cfg.momentum; with no warm-up it stays at
-    the value the optimizer was built with."""
+    """Learning rate and momentum of each group at (epoch, ni). During warm-up (0 < nw, ni <= nw) the bias
+    lr falls from warmup_bias_lr and the others rise from 0 to initial_lr * lf(epoch), the momentum rises
+    from warmup_momentum to momentum; after it the lr is initial_lr * lf(epoch) and the momentum keeps
+    cfg.momentum (its value at ni = nw), or the construction value when there is no warm-up. AdamW groups
+    have no momentum to warm (beta1 stays at the construction value)."""
     f = lr_factor(epoch, cfg)
+    warm = 0 < nw and ni <= nw
     lrs, moms = [], []
     for g in groups:
         target = g["initial_lr"] * f
-        if ni <= nw:
+        if warm:
             start = warmup_bias_lr if g["param_group"] == "bias" else 0.0
             lrs.append(_interp(ni, nw, start, target))
             mom = _interp(ni, nw, cfg.warmup_momentum, cfg.momentum)
         else:
             lrs.append(target)
-            mom = cfg.momentum if nw >= 0 else construct_momentum
+            mom = cfg.momentum if nw > 0 else construct_momentum
         moms.append(construct_momentum if g["kind"] == "adamw" else mom)
     return lrs, moms
 
 
-def ema_decay(updates, decay=0.9999, tau=2000.0):
-    """§5: d = 0.9999 (1 - exp(-updates / 2000))."""
+def ema_decay(updates, decay=OptimConfig.ema_decay, tau=OptimConfig.ema_tau):
+    """ModelEMA's ramp: d = 0.9999 (1 - exp(-updates / 2000))."""
     return decay * (1 - math.exp(-updates / tau))
 
 
@@ -238,7 +261,7 @@ def _build_plan(specs, groups, n, ns_batched=True):
             group_of[i] = k
     if (group_of < 0).any():
         raise ValueError("groups: parameter %r is in no group" % specs[int(np.argmin(group_of))].name)
-    ptab = np.zeros((len(specs), _PT_NCOLS), np.int64)
+    ptab = np.zeros((len(specs), len(PT)), np.int64)
     call, cmuon = [], []
     shapes = {}  # (r, c) wide orientation -> list of parameter indices
     for i, s in enumerate(specs):
@@ -248,7 +271,9 @@ def _build_plan(specs, groups, n, ns_batched=True):
         rows = s.shape[0] if len(s.shape) >= 2 else 1
         cols = s.numel // rows
         d2, d1 = (s.shape[-2], s.shape[-1]) if len(s.shape) >= 2 else (1, 1)
-        ptab[i] = (s.offset, s.numel, rows, cols, group_of[i], -1, int(rows > cols), -1, d2, d1, 0, 0)
+        for col, v in (("off", s.offset), ("numel", s.numel), ("rows", rows), ("cols", cols), ("group", group_of[i]),
+                       ("xoff", -1), ("tall", int(rows > cols)), ("midx", -1), ("d2", d2), ("d1", d1)):
+            ptab[i, PT[col]] = v
         for st in range(0, s.numel, CHUNK):
             call.append((s.offset + st, min(CHUNK, s.numel - st), i))
         if groups[group_of[i]]["kind"] == "muon":
@@ -261,10 +286,10 @@ def _build_plan(specs, groups, n, ns_batched=True):
         sgtab.append((r, c, len(members), tx, ta, xs, as_))
         for i in members:
             s = specs[i]
-            ptab[i, 5], ptab[i, 7], ptab[i, 10] = tx, midx, len(cmuon)
+            ptab[i, PT["xoff"]], ptab[i, PT["midx"]], ptab[i, PT["cfirst"]] = tx, midx, len(cmuon)
             for st in range(0, s.numel, CHUNK):
                 cmuon.append((s.offset + st, min(CHUNK, s.numel - st), i))
-            ptab[i, 11] = len(cmuon) - ptab[i, 10]
+            ptab[i, PT["ccount"]] = len(cmuon) - ptab[i, PT["cfirst"]]
             tx += xs
             ta += as_
             midx += 1
@@ -293,9 +318,10 @@ class FlatOptimizer:
     """
 
     def __init__(self, params, grads, table, optimizer="MuSGD", lr0=0.01, momentum=0.937, weight_decay=5e-4,
-                 nesterov=True, max_norm=10.0, scaler=False, init_scale=2.0 ** 16, growth_interval=2000,
-                 bn_buffers=None, bn_table=None, ema=True, ema_decay_max=0.9999, ema_tau=2000.0, beta2=0.999,
-                 eps=1e-8, muon_w=MUON_W, sgd_w=SGD_W, ns_bf16=False, zero_grad=True, ns_replay=True,
+                 nesterov=True, max_norm=DEFAULTS["max_norm"], scaler=False, init_scale=2.0 ** 16,
+                 growth_interval=DEFAULTS["growth_interval"], bn_buffers=None, bn_table=None, ema=True,
+                 ema_decay_max=OptimConfig.ema_decay, ema_tau=OptimConfig.ema_tau, beta2=DEFAULTS["beta2"],
+                 eps=DEFAULTS["eps"], muon_w=MUON_W, sgd_w=SGD_W, ns_bf16=False, zero_grad=True, ns_replay=True,
                  ns_batched=True):
         for nm, t in (("params", params), ("grads", grads)):
             if not isinstance(t, _C.Tensor) or t.ndim != 1:
@@ -329,12 +355,12 @@ class FlatOptimizer:
         self.state1 = _C.zeros((self.n,), dtype=self.dtype, device=dev) if kinds - {"sgd"} else None
         self.state2 = _C.zeros((self.n,), dtype=self.dtype, device=dev)
         sc = np.zeros(_S_N, np.float64 if self.dtype == "float64" else np.float32)
-        sc[_S_SCALE], sc[_S_COEF] = init_scale if self.scaler else 1.0, 1.0
+        sc[S["scale"]], sc[S["coef"]] = init_scale if self.scaler else 1.0, 1.0
         self.scalars = _C.tensor(sc, device=dev)
         if dev == "cpu":
             self._ws_bf16 = self._ws_f64 = None
         else:
-            self._ws_bf16 = _C.zeros((max(1, 2 * plan["tx"] + 3 * plan["ta"]),), dtype="bfloat16", device=dev)
+            self._ws_bf16 = _C.zeros((max(1, 2 * plan["tx"] + 2 * plan["ta"]),), dtype="bfloat16", device=dev)
             nf = len(plan["call"]) + len(plan["cmuon"]) + plan["nmuon"]
             self._ws_f64 = _C.empty((max(1, nf),), dtype="float64", device=dev)
         # CUDA: the Newton-Schulz work of a step (fixed shapes and buffers) is captured once into a CUDA
@@ -354,7 +380,7 @@ class FlatOptimizer:
 
     def step(self):
         """Unscale (scaler), clip, update (skipped on Inf/NaN with the scaler), update the scale, zero the
-        gradients, then update the EMA (always, §4.8). Queues device work only; no sync."""
+        gradients, then update the EMA (always, as 8.4.190's optimizer_step). Queues device work only."""
         lrs, momenta, wds = self.group_values()
         _C._optim_step(lrs=lrs, momenta=momenta, wds=wds, **self.step_kwargs())
         if self.ema is not None:
@@ -393,19 +419,19 @@ class FlatOptimizer:
     @property
     def scale(self):
         """Current loss scale (1.0 without the scaler); multiply the loss gradient by it."""
-        return float(self._scalars()[_S_SCALE])
+        return float(self._scalars()[S["scale"]])
 
     @property
     def last_grad_norm(self):
-        return float(self._scalars()[_S_NORM])
+        return float(self._scalars()[S["norm"]])
 
     @property
     def last_step_skipped(self):
-        return bool(self._scalars()[_S_FOUND_INF])
+        return bool(self._scalars()[S["found_inf"]])
 
     @property
     def steps(self):
-        return int(self._scalars()[_S_STEP])
+        return int(self._scalars()[S["step"]])
 
     # -- state export / import
 
@@ -471,9 +497,10 @@ def _patched(buf, specs, state, prefix):
 
 
 class EMA:
-    """§5: shadow copies of the flat parameters and BN buffers; update k uses d = decay (1 - exp(-k / tau))."""
+    """Shadow copies of the flat parameters and BN buffers; update k moves them towards the model by
+    lerp(ema, model, 1 - d), d = decay (1 - exp(-k / tau)) (8.4.190's ModelEMA)."""
 
-    def __init__(self, params, bn_buffers=None, decay=0.9999, tau=2000.0, updates=0):
+    def __init__(self, params, bn_buffers=None, decay=OptimConfig.ema_decay, tau=OptimConfig.ema_tau, updates=0):
         self.decay_max, self.tau, self.updates = float(decay), float(tau), int(updates)
         self.params = _C.empty(params.shape, dtype=params.dtype, device=params.device)
         _C._optim_copy(self.params, params)
@@ -516,17 +543,20 @@ class EMA:
 
 @dataclass
 class Schedule:
-    """Applies §4.5-§4.7 to a FlatOptimizer: call `hparams(epoch, i)` / `apply(opt, epoch, i)` before each
-    batch and `due(ni)` to ask whether this batch ends an optimizer step (then `stepped(ni)`)."""
+    """Applies 8.4.190's warm-up, accumulation and lr schedule to a FlatOptimizer: call
+    `apply(opt, epoch, i)` before each batch and `due(ni)` to ask whether this batch ends an optimizer
+    step (then `stepped(ni)`): a step happens when ni - last_opt_step >= accumulate(ni)."""
     cfg: OptimConfig
     batches_per_epoch: int
     warmup_bias_lr: float = 0.0
     construct_momentum: float = 0.937
     last_opt_step: int = -1
     nw: int = field(init=False)
+    acc0: int = field(init=False)
 
     def __post_init__(self):
-        self.nw = warmup_iters(self.batches_per_epoch, self.cfg.warmup_epochs)
+        self.nw = warmup_iters(self.batches_per_epoch, self.cfg.warmup_epochs, self.cfg.epochs)
+        self.acc0 = nominal_accumulate(self.cfg, self.batches_per_epoch)
 
     def ni(self, epoch, i):
         return i + self.batches_per_epoch * epoch
@@ -538,7 +568,7 @@ class Schedule:
             g["lr"], g["momentum"] = lr, m
 
     def accumulate(self, ni):
-        return accumulate_at(ni, self.nw, self.cfg)
+        return accumulate_at(ni, self.nw, self.acc0)
 
     def due(self, ni):
         return ni - self.last_opt_step >= self.accumulate(ni)
@@ -554,7 +584,7 @@ class Schedule:
 
 
 def build_optimizer(params, grads, table, cfg, batches_per_epoch, scaler=False, bn_buffers=None, bn_table=None):
-    """The §4.1 choice, groups with the scaled decay, and the matching Schedule."""
+    """The optimizer=auto choice, groups with the scaled decay, and the matching Schedule."""
     name, lr0, mom, wbl = choose_optimizer(cfg)
     wd = scaled_weight_decay(cfg.weight_decay, cfg.batch, cfg.nbs)
     opt = FlatOptimizer(params, grads, table, optimizer=name, lr0=lr0, momentum=mom, weight_decay=wd,

@@ -5,6 +5,15 @@ import os
 import sys
 
 from .checkpoint import jsonable
+from .errors import ConfigError
+
+
+def check_run_name(name):
+    """A run name is one folder name under ``runs/``: not empty, no path separator, not '.' or '..'."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "\0" in name or "/" in name \
+            or (os.altsep and os.altsep in name) or os.sep in name:
+        raise ConfigError("name: expected a folder name (no '/', not empty, '.' or '..'), got %r" % (name,))
+    return name
 
 
 def make_run_dir(root, name, versioned):
@@ -19,6 +28,14 @@ def make_run_dir(root, name, versioned):
         path = root
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def remove_if_empty(path):
+    """Removes the run folder ``path`` when nothing was written to it (a fit that failed before it began)."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def write_hparams(log_dir, hparams):

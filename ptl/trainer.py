@@ -15,9 +15,12 @@ import numpy as np
 from . import callbacks as cb
 from . import checkpoint as _checkpoint
 from . import cuda as _cuda
-from . import metrics as _metrics
+from . import distributed as _distributed
 from . import random as _random
 from . import runlog
+from .errors import ConfigError
+from .hparams_check import check_bool, check_float, check_int
+from .runlog import check_run_name
 from .engine import ITEM, PRECISIONS, Engine, LossValue, _limit, _PendingLosses
 
 
@@ -43,36 +46,64 @@ class Trainer:
     Detector hyperparameters (optimizer, lr0, lrf, momentum, weight_decay, warmup_*, EMA, cos_lr) come
     from ``model.hparams`` (spec §10 defaults). ``accumulate_grad_batches=None`` follows the spec's
     nominal batch of 64 (with its warm-up ramp); an int fixes the number of batches per step.
+
+    Several devices (:mod:`ptl.distributed`): ``devices`` (an int, a list of GPU ordinals, ``"0,1"`` or
+    ``"auto"``; on the CPU a number of processes), ``num_nodes`` and ``strategy="ddp"`` (``"auto"``: ddp
+    when there is more than one device) as in Lightning; ``timeout`` bounds every wait of a distributed job
+    (seconds; default ``PTL_DIST_TIMEOUT`` or ``ptl.distributed.DEFAULT_TIMEOUT_S``). Rank 0 alone prints,
+    logs and writes files; ``global_rank``, ``local_rank``, ``node_rank``, ``world_size`` and
+    ``is_global_zero`` say where this process stands.
     """
 
     def __init__(self, *, max_epochs=None, max_steps=-1, precision="32-true", accumulate_grad_batches=None,
                  gradient_clip_val=10.0, limit_train_batches=None, limit_val_batches=None,
                  check_val_every_n_epoch=1, callbacks=None, logger=True, enable_progress_bar=True,
                  enable_checkpointing=True, deterministic=True, default_root_dir=None, accelerator="auto",
-                 devices="auto", name="train", seed=None):
-        if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < 1):
-            raise ValueError("max_epochs: expected an int >= 1 or None, got %r" % (max_epochs,))
-        if not isinstance(max_steps, int) or max_steps < -1 or max_steps == 0:
-            raise ValueError("max_steps: expected -1 (no limit) or an int >= 1, got %r" % (max_steps,))
-        if precision not in PRECISIONS:
-            raise ValueError("precision: expected '32-true', '16-mixed' or 'bf16-mixed', got %r" % (precision,))
-        if accumulate_grad_batches is not None and (not isinstance(accumulate_grad_batches, int)
-                                                    or accumulate_grad_batches < 1):
-            raise ValueError("accumulate_grad_batches: expected None or an int >= 1, got %r"
-                             % (accumulate_grad_batches,))
-        if gradient_clip_val is not None and not gradient_clip_val >= 0:
-            raise ValueError("gradient_clip_val: expected None or >= 0, got %r" % (gradient_clip_val,))
-        if not isinstance(check_val_every_n_epoch, int) or check_val_every_n_epoch < 1:
-            raise ValueError("check_val_every_n_epoch: expected an int >= 1, got %r" % (check_val_every_n_epoch,))
+                 devices="auto", name="train", seed=None, num_nodes=1, strategy="auto", timeout=None):
+        check_int("max_epochs", max_epochs, 1, none_ok=True)
+        if check_int("max_steps", max_steps, -1) == 0:
+            raise ConfigError("max_steps: expected -1 (no limit) or an int >= 1, got 0")
+        if not isinstance(precision, (str, int)) or precision not in PRECISIONS:
+            raise ConfigError("precision: expected '32-true', '16-mixed' or 'bf16-mixed', got %r" % (precision,))
+        check_int("accumulate_grad_batches", accumulate_grad_batches, 1, none_ok=True)
+        check_float("gradient_clip_val", gradient_clip_val, 0.0, none_ok=True)
+        check_int("check_val_every_n_epoch", check_val_every_n_epoch, 1)
         if accelerator not in ("auto", "cpu", "cuda", "gpu"):
-            raise ValueError("accelerator: expected 'cpu', 'cuda' or 'auto', got %r" % (accelerator,))
-        if devices not in ("auto", 1, [0], "1"):
-            raise ValueError("devices: only one device is supported so far (multi-GPU is planned), got %r"
-                             % (devices,))
+            raise ConfigError("accelerator: expected 'cpu', 'cuda' or 'auto', got %r" % (accelerator,))
+        if strategy not in _distributed.STRATEGIES:
+            raise ConfigError("strategy: expected one of %s, got %r" % (", ".join(map(repr, _distributed.STRATEGIES)),
+                                                                      strategy))
+        check_int("num_nodes", num_nodes, 1)
+        try:
+            if accelerator == "cpu" or (accelerator == "auto" and not _cuda.is_available()):
+                _distributed.parse_devices(devices, "cpu")
+            elif devices != "auto":
+                _distributed.parse_devices(devices, "cuda", available=max(_cuda.device_count(), 1 << 16))
+            timeout = _distributed.timeout_seconds(timeout)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         _limit(limit_train_batches, 1, "limit_train_batches")
         _limit(limit_val_batches, 1, "limit_val_batches")
+        if limit_train_batches is not None and not isinstance(limit_train_batches, bool) and limit_train_batches == 0:
+            raise ConfigError("limit_train_batches: 0 leaves no training batch to run")
         if accelerator == "cpu" and PRECISIONS[precision] != "float32":
-            raise ValueError("precision: %r needs CUDA; the CPU trains in '32-true'" % (precision,))
+            raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (precision,))
+        for flag, value in (("logger", logger), ("enable_progress_bar", enable_progress_bar),
+                            ("enable_checkpointing", enable_checkpointing), ("deterministic", deterministic)):
+            check_bool(flag, value)
+        if default_root_dir is not None:
+            try:
+                default_root_dir = os.fspath(default_root_dir)
+            except TypeError:
+                raise ConfigError("default_root_dir: expected a folder path, got %r" % (default_root_dir,)) from None
+            if os.path.exists(default_root_dir) and not os.path.isdir(default_root_dir):
+                raise ConfigError("default_root_dir: %s exists and is not a folder" % default_root_dir)
+        check_run_name(name)
+        check_int("seed", seed, 0, 2 ** 64 - 1, none_ok=True)
+        if isinstance(callbacks, cb.Callback):
+            callbacks = [callbacks]
+        elif callbacks is not None and not isinstance(callbacks, (list, tuple)):
+            raise ConfigError("callbacks: expected a list of ptl.Callback instances, got %s" % type(callbacks).__name__)
         self.max_epochs = max_epochs
         self.max_steps = max_steps
         self.precision = precision
@@ -84,8 +115,10 @@ class Trainer:
         self.enable_checkpointing = enable_checkpointing
         self.enable_progress_bar = enable_progress_bar
         self.deterministic = deterministic
-        self.default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
+        self.default_root_dir = default_root_dir if default_root_dir is not None else os.getcwd()
         self.accelerator = "cuda" if accelerator == "gpu" else accelerator
+        self.devices, self.num_nodes, self.strategy, self.timeout = devices, num_nodes, strategy, timeout
+        self._dist = _distributed.Context()  # one process until fit() joins a job
         self.logger = logger
         self.name = name
         self.seed = seed
@@ -127,6 +160,26 @@ class Trainer:
         return self._state.global_step
 
     @property
+    def global_rank(self):
+        return self._dist.rank
+
+    @property
+    def local_rank(self):
+        return self._dist.local_rank
+
+    @property
+    def node_rank(self):
+        return self._dist.node_rank
+
+    @property
+    def world_size(self):
+        return self._dist.world_size
+
+    @property
+    def is_global_zero(self):
+        return self._dist.is_global_zero
+
+    @property
     def max_epochs_effective(self):
         return self.max_epochs if self.max_epochs is not None else 100
 
@@ -134,11 +187,12 @@ class Trainer:
     def device(self):
         if self.accelerator == "cpu":
             return "cpu"
+        gpu = "cuda" if not self._dist.device else "cuda:%d" % self._dist.device  # this rank's GPU
         if self.accelerator == "cuda":
             if not _cuda.is_available():
-                raise ValueError("accelerator: 'cuda' requested but no CUDA device is available")
-            return "cuda"
-        return "cuda" if _cuda.is_available() else "cpu"
+                raise ConfigError("accelerator: 'cuda' requested but no CUDA device is available")
+            return gpu
+        return gpu if _cuda.is_available() else "cpu"
 
     def log_dict(self, values):
         for k, v in values.items():
@@ -166,9 +220,36 @@ class Trainer:
         ``capture_network=True`` (CUDA): the first full-size step runs eagerly, then the network's forward
         and backward are recorded as CUDA graphs and replayed on every full-size step after it (the
         objective, optimizer and EMA stay eager); the replayed network computes the bits of the eager one,
-        so the fit's results are those of an eager fit (docs/training.md)."""
-        if capture_network and self.device == "cpu":
-            raise ValueError("capture_network=True: graph replay needs accelerator='cuda'")
+        so the fit's results are those of an eager fit (docs/training.md).
+
+        Resuming (docs/training.md): the whole checkpoint is read and checked against the model, the data
+        and the run before anything changes; a bad one raises :class:`ptl.CheckpointError`. A checkpoint
+        that has done ``max_epochs`` epochs already gives a :class:`ptl.ResumeWarning` and returns without
+        training; another batch size or image size is an error; another max_epochs or other training
+        settings give a ResumeWarning (the result differs from an uninterrupted run)."""
+        if not all(hasattr(model, a) for a in ("num_classes", "parameter_table", "state_dict")):
+            raise TypeError("model: expected a ptl.Detector, got %s" % type(model).__name__)
+        if not all(hasattr(datamodule, a) for a in ("num_classes", "train_loader", "batch_size", "imgsz")):
+            raise TypeError("datamodule: expected a ptl.DetectionData, got %s" % type(datamodule).__name__)
+        self._join_job()
+        device = self.device  # accelerator='cuda' without a device fails here, before any work
+        if capture_network and device == "cpu":
+            raise ConfigError("capture_network=True: graph replay needs accelerator='cuda'")
+        if device == "cpu" and PRECISIONS[self.precision] != "float32":
+            raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (self.precision,))
+        if datamodule.num_classes != model.num_classes:
+            raise ConfigError("datamodule: %d classes in %s but the model has %d" % (
+                datamodule.num_classes, getattr(datamodule, "cfg", {}).get("yaml", "data.yaml"), model.num_classes))
+        resume = None
+        if ckpt_path is not None:
+            resume = _checkpoint.read(ckpt_path)
+            _checkpoint.check_model(resume, model)
+            if not _checkpoint.plan_resume(resume, self, datamodule):
+                st = self._state
+                st.epoch, st.global_step = resume.epochs_done, resume.header["global_step"]
+                st.batches_seen = resume.header["batches_seen"]
+                self.current_epoch_completed = st.epoch
+                return self
         self.capture_network = bool(capture_network)
         self.model, self.datamodule = model, datamodule
         self.should_stop = False
@@ -180,16 +261,43 @@ class Trainer:
         def run():
             self._call("setup", "fit")
             self._engine = Engine(self, model, datamodule)
-            if ckpt_path is not None:
-                self._restore(ckpt_path)
+            if resume is not None:
+                _checkpoint.restore(self, resume)
             self._write_hparams()
             self._call("on_fit_start")
             self._call("on_train_start")
             self._fit_loop()
+            self._engine.adopt_ema()  # the model now holds what validation and the best checkpoint measured
             self._call("on_train_end")
             self._call("on_fit_end")
-        self._guarded("fit", model, run)
+        try:
+            self._guarded("fit", model, run)
+        except _checkpoint.CheckpointError:
+            if self.logger:  # the fresh version_N folder: the failed resume wrote nothing there
+                runlog.remove_if_empty(self.log_dir)
+            raise
         return self
+
+    def _join_job(self):
+        """This process's place: one device (the GPU that ``devices`` names). devices * num_nodes > 1, or a
+        launcher's world size > 1, needs the data-parallel step, which the fused C step does not have yet:
+        ptl.distributed launches, shards the data and reduces, but the step's all-reduce is still to be
+        wired (docs/training.md, "Several GPUs and nodes")."""
+        acc = "cpu" if self.accelerator == "cpu" or not _cuda.is_available() else "cuda"
+        try:
+            # "auto" is one device until the data-parallel step exists (then, as in Lightning, every visible GPU)
+            per_node = _distributed.parse_devices(1 if self.devices == "auto" else self.devices, acc)
+            world = _distributed.planned_world_size(acc, self.devices, self.num_nodes)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if world == 1:
+            self._dist = _distributed.Context(device=per_node[0])
+        else:
+            env = _distributed.detect_environment()
+            raise NotImplementedError("Trainer: %d ranks (devices=%r, num_nodes=%d%s) need the data-parallel training "
+                                      "step, which is not wired into the fused step yet; ptl trains on one device"
+                                      % (world, self.devices, self.num_nodes,
+                                         ", started by %s" % env.launcher if env is not None else ""))
 
     def _guarded(self, stage, model, body):
         """Runs body(); an exception fires every callback's on_exception and is re-raised (the original, even
@@ -279,6 +387,7 @@ class Trainer:
     def validate(self, model, datamodule):
         """Validates ``model``'s current weights; returns ``[metrics dict]`` like Lightning. Writes no file:
         checkpoint and early-stopping callbacks act only while fitting, as in Lightning."""
+        self._join_job()
         self.model, self.datamodule = model, datamodule
         self.state.fn = "validate"
         self._engine = None
@@ -289,29 +398,23 @@ class Trainer:
             return self._validation_loop()
         return [dict(self._guarded("validate", model, run)["logged"])]
 
-    def predict(self, model, images_or_paths, conf=0.25, max_det=300, imgsz=640, batch_size=16):
-        """Detections of the one-to-one head (spec §8.2, eval mode).
-
-        ``images_or_paths``: an image batch as :meth:`Detector.predict` takes it (boxes come back in its
-        pixels), or a list of image files (letterboxed to ``imgsz``; boxes come back in each file's
-        pixels, and a file that cannot be read gives ``None`` after a DataWarning). Each result is
-        ``{"boxes": (k, 4) xyxy, "scores": (k,), "classes": (k,)}``, score descending."""
-        if not (isinstance(images_or_paths, (list, tuple)) and images_or_paths
-                and all(isinstance(p, (str, os.PathLike)) for p in images_or_paths)):
-            return model.predict(images_or_paths, conf=conf, max_det=max_det)
-        from .data import image_batches
-        out = [None] * len(images_or_paths)
-        for batch in image_batches(images_or_paths, imgsz=imgsz, batch_size=batch_size):
-            dets = model.predict(batch.images, conf=conf, max_det=max_det)
-            for k, det in enumerate(dets):
-                h0, w0, gy, gx, pl, pt = np.asarray(batch.meta, np.float64)[k]
-                det["boxes"] = _metrics.scale_boxes(det["boxes"], (gx, gy), (pl, pt), (h0, w0)).astype(np.float32)
-                out[int(batch.indices[k])] = det
-        return out
+    def predict(self, model, source, conf=0.25, max_det=300, imgsz=640, batch_size=16, save=False, save_txt=False,
+                save_conf=False, name="predict"):
+        """Detections of the one-to-one head (spec §8.2, eval mode) for ``source``: image files, folders, globs,
+        ``.txt`` lists, (H, W, 3) arrays (letterboxed to ``imgsz``, boxes in each image's pixels; a file that
+        cannot be read gives ``None`` after a DataWarning) or a network-ready batch (boxes in its pixels). One
+        :class:`ptl.predict.Results` per image (``res["boxes"]`` (k, 4) xyxy, ``"scores"``, ``"classes"``,
+        score descending; ``path``, ``orig_shape``). ``save`` / ``save_txt`` write annotated images / YOLO
+        label files to ``<default_root_dir>/runs/<name>/version_N`` (:mod:`ptl.predict`)."""
+        from .predict import predict
+        return predict(model, source, conf=conf, max_det=max_det, imgsz=imgsz, batch_size=batch_size, save=save,
+                       save_txt=save_txt, save_conf=save_conf, project=self.default_root_dir, name=name)
 
     # -------------------------------------------------------------------------------- logs
     def _configure_run_dir(self):
-        self.log_dir = runlog.make_run_dir(self.default_root_dir, self.name, bool(self.logger))
+        """Rank 0 makes the run folder; the other ranks are told its path."""
+        path = runlog.make_run_dir(self.default_root_dir, self.name, bool(self.logger)) if self.is_global_zero else None
+        self.log_dir = self._dist.group.broadcast_object(path) if self._dist.group is not None else path
 
     def hparams(self):
         h = {"trainer": {k: getattr(self, k) for k in (
@@ -324,21 +427,29 @@ class Trainer:
         return h
 
     def _write_hparams(self):
-        if self.logger:
+        if self.logger and self.is_global_zero:
             runlog.write_hparams(self.log_dir, self.hparams())
 
     def _write_metrics(self):
-        if self.logger:
+        if self.logger and self.is_global_zero:
             runlog.write_metrics(self.log_dir, self._epoch_rows)
 
     # ----------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, path):
-        """Writes the full training state to ``path`` (atomically: a crash leaves any previous file)."""
-        _checkpoint.save(self, path)
+        """Writes the full training state to ``path`` (atomically: a crash leaves any previous file). Rank 0
+        alone writes (the state is the same on every rank)."""
+        if self.is_global_zero:
+            _checkpoint.save(self, path)
 
-    def _restore(self, path):
-        _checkpoint.restore(self, path)
-
+    def save_weights(self, path):
+        """Writes the fit's EMA weights (what validation measured) as a weights-only ``.safetensors`` that
+        ``Detector.load`` reads (atomically)."""
+        from .weights import write_weights
+        if not self.is_global_zero:
+            return
+        model = self.model
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        write_weights(path, self._engine.ema_state_dict(), model.model_name, model.num_classes, model.names)
 
     # ----------------------------------------------------------------------------------- digests
     def digest(self):

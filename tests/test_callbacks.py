@@ -5,6 +5,7 @@ import types
 
 import pytest
 
+import ptl
 from ptl import callbacks as cb
 
 
@@ -23,12 +24,19 @@ class FakeTrainer:
         self.max_epochs_effective = 10
         self.logged = {}
         self.saved = []
+        self.weights = []  # weights-only files, relative to log_dir
         self.datamodule = None
 
     def save_checkpoint(self, path):
         with open(path, "w") as f:
             f.write(str(self.callback_metrics))
         self.saved.append(os.path.basename(path))
+
+    def save_weights(self, path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(str(self.callback_metrics))
+        self.weights.append(os.path.relpath(path, self.log_dir))
 
     def log_dict(self, d):
         self.logged.update(d)
@@ -55,6 +63,10 @@ def test_model_checkpoint_keeps_top_k_and_last(tmp_path):
     files = sorted(os.listdir(tmp_path / "checkpoints"))
     assert files == ["1-0.300.ckpt", "4-0.400.ckpt", "last.ckpt"]
     assert ck.best_model_score == 0.4 and ck.best_model_path.endswith("4-0.400.ckpt")
+    # weights-only files: best.safetensors whenever the best changed (0.1, 0.3, 0.4), last every time
+    best, last = os.path.join("weights", "best.safetensors"), os.path.join("weights", "last.safetensors")
+    assert tr.weights == [best, last, best, last, last, last, best, last]
+    assert "0.4" in (tmp_path / best).read_text()
     state = ck.state_dict()
     ck2 = cb.ModelCheckpoint(monitor="metrics/mAP50-95", mode="max")
     ck2.load_state_dict(state)
@@ -123,3 +135,112 @@ def test_close_mosaic_configures_the_data(tmp_path):
     assert tr.datamodule.close_mosaic == 3
     with pytest.raises(ValueError, match="epochs"):
         cb.CloseMosaic(epochs=-1)
+
+
+def dead_pid():
+    """The id of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_new_run_in_the_same_folder_keeps_the_older_runs_files(tmp_path):
+    """Issue 18.6: an earlier run's best.ckpt / last.ckpt in the folder are neither removed nor
+    overwritten; this run's files get -v1 names and its top-k only ever removes its own files."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    old = {"best.ckpt": b"old best", "last.ckpt": b"old last", "3-0.900.ckpt": b"old top"}
+    for name, content in old.items():
+        (d / name).write_bytes(content)
+    tr = FakeTrainer(tmp_path)
+    ck = cb.ModelCheckpoint(dirpath=d, filename="best", monitor="score", mode="max", save_top_k=1, save_last=True)
+    # the top-k list an inherited state would bring (a resume): the older run's file is in it
+    ck.load_state_dict({"best_k_models": {str(d / "3-0.900.ckpt"): 0.2}, "best_model_score": 0.2,
+                        "best_model_path": str(d / "3-0.900.ckpt"), "last_model_path": str(d / "last.ckpt")})
+    ck.setup(tr, None, "fit")
+    for score in (0.1, 0.5, 0.7):
+        tr.end_epoch(score=score)
+        ck.on_validation_end(tr, None)
+    for name, content in old.items():
+        assert (d / name).read_bytes() == content, name
+    assert sorted(os.listdir(d)) == ["3-0.900.ckpt", "best-v1.ckpt", "best.ckpt", "last-v1.ckpt", "last.ckpt"]
+    assert tr.saved == ["last-v1.ckpt", "best-v1.ckpt", "last-v1.ckpt", "best-v1.ckpt", "last-v1.ckpt"]
+    assert ck.best_model_path == str(d / "best-v1.ckpt") and ck.best_model_score == 0.7
+    assert ck.last_model_path == str(d / "last-v1.ckpt")
+    # a second run with the same folder steps on to -v2 and still leaves both earlier runs' files
+    tr2 = FakeTrainer(tmp_path)
+    ck2 = cb.ModelCheckpoint(dirpath=d, filename="best", monitor="score", mode="max", save_last=True)
+    ck2.setup(tr2, None, "fit")
+    tr2.end_epoch(score=0.3)
+    ck2.on_validation_end(tr2, None)
+    assert sorted(os.listdir(d)) == ["3-0.900.ckpt", "best-v1.ckpt", "best-v2.ckpt", "best.ckpt", "last-v1.ckpt",
+                                     "last-v2.ckpt", "last.ckpt"]
+
+
+def test_keep_latest_only_removes_this_runs_files(tmp_path):
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    (d / "epoch=0-step=4.ckpt").write_bytes(b"older run")
+    tr = FakeTrainer(tmp_path)
+    ck = cb.ModelCheckpoint(dirpath=d)
+    ck.load_state_dict({"best_k_models": {str(d / "epoch=0-step=4.ckpt"): None}})
+    ck.setup(tr, None, "fit")
+    for _ in range(3):
+        tr.end_epoch(loss=1.0)
+        ck.on_validation_end(tr, None)
+    assert sorted(os.listdir(d)) == ["epoch=0-step=4.ckpt", "epoch=2-step=12.ckpt"]
+
+
+def test_stale_temporaries_are_removed_when_a_run_starts(tmp_path):
+    """Only the checkpoint writer's own temporary names of processes that are gone are removed."""
+    d = tmp_path / "checkpoints"
+    d.mkdir()
+    pid = dead_pid()
+    stale = ["last.ckpt.tmp.%d.%d.0" % (pid, pid), "best.ckpt.tmp.%d.%d.3" % (pid, pid + 1)]
+    kept = ["last.ckpt", "notes.tmp", "last.ckpt.tmp", "x.tmp.12.ab.0", "last.ckpt.tmp.%d.1.0" % os.getpid()]
+    for name in stale + kept:
+        (d / name).write_bytes(b"x")
+    tr = FakeTrainer(tmp_path)
+    ck = cb.ModelCheckpoint()
+    ck.setup(tr, None, "validate")
+    assert len(os.listdir(d)) == len(stale + kept)  # only a fit's start cleans
+    ck.setup(tr, None, "fit")
+    assert sorted(os.listdir(d)) == sorted(kept)
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda: cb.ModelCheckpoint(save_top_k=1.5), "save_top_k"),
+    (lambda: cb.ModelCheckpoint(save_top_k=True), "save_top_k"),
+    (lambda: cb.ModelCheckpoint(every_n_epochs=0), "every_n_epochs"),
+    (lambda: cb.ModelCheckpoint(save_last="yes"), "save_last"),
+    (lambda: cb.ModelCheckpoint(monitor=""), "monitor"),
+    (lambda: cb.ModelCheckpoint(monitor=3), "monitor"),
+    (lambda: cb.ModelCheckpoint(filename="{epoch"), "unbalanced"),
+    (lambda: cb.ModelCheckpoint(filename="epoch}"), "unbalanced"),
+    (lambda: cb.ModelCheckpoint(filename="{epoch:.2q}"), "format spec"),
+    (lambda: cb.ModelCheckpoint(filename="sub/{epoch}"), "without folders"),
+    (lambda: cb.ModelCheckpoint(filename="{}"), "empty"),
+    (lambda: cb.ModelCheckpoint(dirpath=__file__), "not a folder"),
+    (lambda: cb.ModelCheckpoint(monitor_optional=1), "monitor_optional"),
+    (lambda: cb.EarlyStopping(monitor=None), "monitor"),
+    (lambda: cb.EarlyStopping(monitor="fitness", patience=-1), "patience"),
+    (lambda: cb.EarlyStopping(monitor="fitness", patience=2.5), "patience"),
+    (lambda: cb.EarlyStopping(monitor="fitness", min_delta=float("nan")), "min_delta"),
+    (lambda: cb.EarlyStopping(monitor="fitness", mode="best"), "mode"),
+    (lambda: cb.EarlyStopping(monitor="fitness", check_finite="no"), "check_finite"),
+    (lambda: cb.LearningRateMonitor(log_momentum=None), "log_momentum"),
+    (lambda: cb.ProgressBar(refresh_rate=0), "refresh_rate"),
+    (lambda: cb.ProgressBar(lines_per_epoch=0), "lines_per_epoch"),
+    (lambda: cb.ProgressBar(stream="stderr"), "stream"),
+    (lambda: cb.CloseMosaic(epochs=1.0), "epochs"),
+])
+def test_callback_arguments_are_range_checked(make, words):
+    with pytest.raises(ptl.ConfigError, match=words):
+        make()
+
+
+def test_metric_names_with_slashes_are_allowed_in_filenames(tmp_path):
+    ck = cb.ModelCheckpoint(filename="{epoch:03d}-{metrics/mAP50-95:.3f}")
+    assert ck.format_name({"metrics/mAP50-95": 0.5}, 7, 1) == "007-0.500.ckpt"

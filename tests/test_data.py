@@ -132,7 +132,7 @@ def test_missing_and_empty_dataset_errors(tmp_path):
         with pytest.raises(ValueError, match="none of the 1 images is usable"):
             d.train_loader()
     msgs = [str(w.message) for w in rec]
-    assert len(msgs) == 2 and "bad.jpg: not a JPEG or PNG" in msgs[0] and "0 images, 1 skipped" in msgs[1]
+    assert len(msgs) == 2 and "bad.jpg: not a JPEG, PNG, BMP, WebP or TIFF file" in msgs[0] and "0 images, 1 skipped" in msgs[1]
     y2 = tmp_path / "e.yaml"
     y2.write_text("path: .\ntrain: images/train\nnames: [a]\n")
     with pytest.raises(ValueError, match="missing 'val'"):
@@ -142,9 +142,11 @@ def test_missing_and_empty_dataset_errors(tmp_path):
 def test_bad_arguments(tmp_path):
     y = make_dataset(tmp_path)
     with pytest.raises(ValueError, match="imgsz"):
-        data(y, imgsz=65)
+        data(y, imgsz=0)
+    with pytest.raises(ValueError, match="imgsz"):
+        data(y, imgsz="640")
     with pytest.raises(ValueError, match="cache"):
-        data(y, cache="disk")
+        data(y, cache="tape")
     with pytest.raises(ValueError, match="fliplr"):
         data(y, fliplr=1.5)
     with pytest.raises(ValueError, match="epoch"):
@@ -307,23 +309,6 @@ def test_bad_inputs_reported_once_and_skipped(tmp_path, coco256):
     np.testing.assert_allclose(t[2], [[0, 0.5, 0.5, 0.2, 0.2]], atol=1e-6)
     np.testing.assert_allclose(t[3], [[1, 0.3, 0.4, 0.4, 0.4]], atol=1e-6)  # polygon -> its box
     np.testing.assert_allclose(t[4], [[1, 0.5, 0.5, 1.0, 0.2]], atol=1e-6)  # within tolerance, clipped
-
-
-def test_worker_failure_raises_not_hangs(tmp_path, coco256):
-    (tmp_path / "images/train").mkdir(parents=True)
-    for i in range(6):
-        shutil.copy(coco256 / "images/train2017/000000000009.jpg", tmp_path / "images/train" / ("x%d.jpg" % i))
-    (tmp_path / "d.yaml").write_text("path: .\ntrain: images/train\nval: images/train\nnames: [a]\n")
-    d = data(str(tmp_path / "d.yaml"), workers=3, batch_size=2, **no_aug())
-    tl = d.train_loader()
-    p = tmp_path / "images/train/x3.jpg"
-    raw = p.read_bytes()
-    p.write_bytes(raw[: len(raw) // 2])  # truncated after the scan: a worker's decode fails
-    with pytest.raises(OSError, match="x3.jpg: truncated JPEG"):
-        for _ in tl:
-            pass
-    p.write_bytes(raw)
-    assert sum(len(b) for b in tl) == 6  # the next epoch starts clean
 
 
 def test_ring_exhaustion_is_an_error_not_a_hang(tmp_path):
@@ -523,7 +508,9 @@ def test_warp_separable_matches_reference_and_general_path():
 
 def test_mosaic_rects_hand_cases():
     s, w, h = 64, 40, 30
-    R = _C.data_t_mosaic_rects
+    def R(k, w, h, xc, yc, s):
+        return _C.data_t_mosaic_rects(k, w, h, xc, yc, s, s)
+
     assert R(0, w, h, 50, 70, s) == ((10, 40, 50, 70), (0, 0, 40, 30))
     assert R(1, w, h, 50, 70, s) == ((50, 40, 90, 70), (0, 0, 40, 30))
     assert R(2, w, h, 50, 70, s) == ((10, 70, 50, 100), (0, 0, 40, 30))
@@ -820,7 +807,7 @@ def test_ctrl_c_while_a_worker_is_stuck(tmp_path, coco256):
     for i in range(3):
         shutil.copy(src, tmp_path / "images/train" / ("x%d.jpg" % i))
     (tmp_path / "d.yaml").write_text("path: .\ntrain: images/train\nval: images/train\nnames: [a]\n")
-    d = data(str(tmp_path / "d.yaml"), workers=1, batch_size=3, **no_aug())
+    d = data(str(tmp_path / "d.yaml"), workers=1, batch_size=3, allow_empty_labels=True, **no_aug())
     tl = d.train_loader()
     fifo = tmp_path / "images/train/x1.jpg"
     fifo.unlink()

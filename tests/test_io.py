@@ -1,10 +1,12 @@
 """ptl.io: the C safetensors writer/reader against the `safetensors` package, corrupt files, atomicity."""
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -270,8 +272,9 @@ def test_failure_mid_write_keeps_previous_file(tmp_path):
     path, raw = good_file(tmp_path)
     big = {"w": np.full((1000, 100), 7.0, np.float32)}
     for after in (0, 7, 40, 200_000):
+        ptl.io._inject_write_fault(after)
         with pytest.raises(OSError, match="injected failure"):
-            save_safetensors(path, big, _fault_after=after)
+            save_safetensors(path, big)
         assert path.read_bytes() == raw
         assert sorted(os.listdir(tmp_path)) == ["good.safetensors"]  # the temporary file is removed
     back, meta = load_safetensors(path)
@@ -280,21 +283,114 @@ def test_failure_mid_write_keeps_previous_file(tmp_path):
     np.testing.assert_array_equal(load_safetensors(path)[0]["w"], big["w"])
 
 
-def test_process_killed_mid_write_keeps_previous_file(tmp_path):
-    path, raw = good_file(tmp_path)
-    code = textwrap.dedent("""
+def test_write_fault_is_armed_for_one_write_only(tmp_path):
+    ptl.io._inject_write_fault(10)
+    with pytest.raises(OSError, match="injected failure after 10 bytes"):
+        save_safetensors(tmp_path / "a.safetensors", {"x": np.ones(8)})
+    save_safetensors(tmp_path / "b.safetensors", {"x": np.ones(8)})
+    ptl.io._inject_write_fault(10)
+    ptl.io._inject_write_fault(-1)
+    save_safetensors(tmp_path / "c.safetensors", {"x": np.ones(8)})
+    assert sorted(os.listdir(tmp_path)) == ["b.safetensors", "c.safetensors"]
+
+
+def kill_mid_write(path, after_bytes, script=None):
+    """Runs a child that saves a 400 KB file to `path` with the write paused after `after_bytes` bytes,
+    SIGKILLs it from here while it waits there, and returns the temporary file it left."""
+    code = script or textwrap.dedent("""
         import sys, numpy as np
-        from ptl.io import save_safetensors
-        save_safetensors(sys.argv[1], {"w": np.full((1000, 100), 7.0, np.float32)}, _fault_after=100_000,
-                         _fault_kill=True)
+        import ptl.io
+        ptl.io._inject_write_fault(int(sys.argv[2]), pause_ms=120_000)
+        ptl.io.save_safetensors(sys.argv[1], {"w": np.full((1000, 100), 7.0, np.float32)})
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(ptl.__file__))]
                                                        + sys.path))
-    proc = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, timeout=120)
-    assert proc.returncode == -9, proc.stderr.decode()
+    folder, name = os.path.split(os.fspath(path))
+    proc = subprocess.Popen([sys.executable, "-c", code, os.fspath(path), str(after_bytes)], env=env,
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            temps = [f for f in os.listdir(folder) if f.startswith(name + ".tmp.")]
+            if temps and os.path.getsize(os.path.join(folder, temps[0])) >= after_bytes:
+                break
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "the child never reached the paused write"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    return os.path.join(folder, temps[0])
+
+
+def test_process_killed_mid_write_keeps_previous_file(tmp_path):
+    path, raw = good_file(tmp_path)
+    tmp = kill_mid_write(path, 100_000)
     assert path.read_bytes() == raw
     leftovers = [f for f in os.listdir(tmp_path) if f != "good.safetensors"]
-    assert len(leftovers) == 1 and ".tmp." in leftovers[0]
+    assert leftovers == [os.path.basename(tmp)] and ".tmp." in leftovers[0]
     assert (tmp_path / leftovers[0]).stat().st_size == 100_000  # the crash really was mid-write
     assert load_safetensors(path)[1] == {"k": "v"}
     assert set(reference_load(path)) == {"w", "b"}
+
+
+def test_stale_temporaries_of_killed_writes_are_removed(tmp_path):
+    path, raw = good_file(tmp_path)
+    tmp = kill_mid_write(path, 1000)
+    live = tmp_path / ("good.safetensors.tmp.%d.%d.0" % (os.getpid(), 1))  # this process: a write in progress
+    others = ["good.safetensors.tmp", "good.safetensors.tmp.1.2", "notes.tmp.x.1.2", "good.safetensors.tmp.a.1.2"]
+    live.write_bytes(b"x")
+    for name in others:
+        (tmp_path / name).write_bytes(b"mine")
+    assert ptl.io.remove_stale_temporaries(tmp_path, target="other.ckpt") == []
+    assert ptl.io.remove_stale_temporaries(tmp_path) == [tmp]
+    assert sorted(os.listdir(tmp_path)) == sorted(["good.safetensors", live.name] + others)
+    assert path.read_bytes() == raw
+
+
+def test_invalid_utf8_in_the_header_names_the_file(tmp_path):
+    """Every header byte must be UTF-8, also in keys the reader skips (the safetensors package agrees)."""
+    path, raw = good_file(tmp_path)
+    (n,) = struct.unpack("<Q", raw[:8])
+    for where in (b'"w"', b'"k"', b'"v"'):
+        bad = raw.replace(where, where[:1] + b"\xff" + where[2:], 1)
+        assert bad != raw and len(bad) == len(raw)
+        path.write_bytes(bad)
+        with pytest.raises(ValueError, match="not UTF-8") as err:
+            load_safetensors(path)
+        assert str(path) in str(err.value)
+    text = raw[8:8 + n].replace(b'"w":{', b'"w":{"junk":"\xc3\x28",', 1).rstrip(b" ")
+    assert b"junk" in text
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+    with pytest.raises(ValueError, match="not UTF-8"):
+        load_safetensors(path)
+    safetensors = pytest.importorskip("safetensors")
+    with pytest.raises(safetensors.SafetensorError, match="UTF-8"):
+        safetensors.deserialize(path.read_bytes())
+
+
+@pytest.mark.parametrize("seq,ok", [(b"a\xc3\xa9", True), (b"\xe2\x82\xac", True), (b"\xf0\x9f\x9a\x80", True),
+                                    (b"\xc0\xaf", False), (b"\xe0\x80\xaf", False), (b"\xed\xa0\x80", False),
+                                    (b"\xf4\x90\x80\x80", False), (b"\xc3", False), (b"\x80", False),
+                                    (b"\xf8\x88\x80\x80\x80", False)])
+def test_utf8_check_matches_python(tmp_path, seq, ok):
+    """Overlong forms, surrogates, code points past U+10FFFF and cut sequences are rejected, as Python's
+    strict decoder rejects them."""
+    try:
+        seq.decode("utf-8")
+        assert ok
+    except UnicodeDecodeError:
+        assert not ok
+    text = b'{"__metadata__":{"k":"' + seq + b'"}}'
+    text += b" " * (-len(text) % 8)
+    path = tmp_path / "u.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text)
+    if ok:
+        assert load_safetensors(path)[1] == {"k": seq.decode()}
+    else:
+        with pytest.raises(ValueError, match="not UTF-8"):
+            load_safetensors(path)

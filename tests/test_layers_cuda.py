@@ -1,5 +1,6 @@
-"""CUDA layer kernels (csrc/cuda/*.cu) against the CPU references (ptl._C.layer_*), forward and backward, in
-float32, bfloat16 and float16, through the test bindings ptl._C.layer_cuda_*.
+"""CUDA layer kernels (csrc/cuda/*.cu) against the CPU references, forward and backward, in float32, bfloat16
+and float16, through the test bindings ptl._C.layer_* (one per op, run on the device of its tensors) and
+the convolution plans' ptl._C.layer_cuda_conv2d_*.
 
 Reduced-precision inputs are rounded to their dtype first and the CPU reference (float64) runs on the
 rounded values, so the comparison measures the kernels, not the input rounding. Errors are relative
@@ -249,7 +250,7 @@ def test_batchnorm_forward_backward_match_cpu(shape, training, act, dt):
     # the CPU reference in float64 with float32-rounded parameters (the GPU keeps them in float32)
     gamma, beta, rm, rv = (rounded(a, "float32") for a in (gamma, beta, rm, rv))
     rmg, rvg = g32(rm), g32(rv)
-    y, sm, si = C.layer_cuda_batchnorm_forward(gpu(x, dt), g32(gamma), g32(beta), rmg, rvg, training, act)
+    y, sm, si = C.layer_batchnorm_forward(gpu(x, dt), g32(gamma), g32(beta), rmg, rvg, training, act)
     assert y.dtype == dt and sm.dtype == "float32" and si.dtype == "float32"
     rm_ref, rv_ref = T64(rm), T64(rv)
     y_ref, sm_ref, si_ref = C.layer_batchnorm_forward(T64(x), T64(gamma), T64(beta), rm_ref, rv_ref, training, act)
@@ -260,7 +261,7 @@ def test_batchnorm_forward_backward_match_cpu(shape, training, act, dt):
     dy = rounded(rng.standard_normal(shape), dt)
     dg0, db0 = rng.standard_normal(shape[-1]), rng.standard_normal(shape[-1])
     dx, dgg, dbg = empty(shape, dt), g32(dg0), g32(db0)
-    C.layer_cuda_batchnorm_backward(gpu(x, dt), gpu(dy, dt), g32(gamma), g32(beta), sm, si, training, act, dx, dgg,
+    C.layer_batchnorm_backward(gpu(x, dt), gpu(dy, dt), g32(gamma), g32(beta), sm, si, training, act, dx, dgg,
                                     dbg)
     dx_ref, dg_ref, db_ref = T64(np.zeros(shape)), T64(rounded(dg0, "float32")), T64(rounded(db0, "float32"))
     C.layer_batchnorm_backward(T64(x), T64(dy), T64(gamma), T64(beta), T64(host(sm)), T64(host(si)), training, act,
@@ -275,13 +276,13 @@ def test_batchnorm_dx_may_alias_dy_and_params_grads_optional(dt):
     rng = np.random.default_rng(7)
     shape = (2, 8, 8, 24)
     x, gamma, beta, rm, rv = bn_inputs(shape, dt, rng)
-    y, sm, si = C.layer_cuda_batchnorm_forward(gpu(x, dt), g32(gamma), g32(beta), g32(rm), g32(rv), True, "silu")
+    y, sm, si = C.layer_batchnorm_forward(gpu(x, dt), g32(gamma), g32(beta), g32(rm), g32(rv), True, "silu")
     dy = rng.standard_normal(shape)
     ref = empty(shape, dt)
-    C.layer_cuda_batchnorm_backward(gpu(x, dt), gpu(dy, dt), g32(gamma), g32(beta), sm, si, True, "silu", ref, None,
+    C.layer_batchnorm_backward(gpu(x, dt), gpu(dy, dt), g32(gamma), g32(beta), sm, si, True, "silu", ref, None,
                                     None)
     inplace = gpu(dy, dt)
-    C.layer_cuda_batchnorm_backward(gpu(x, dt), inplace, g32(gamma), g32(beta), sm, si, True, "silu", inplace, None,
+    C.layer_batchnorm_backward(gpu(x, dt), inplace, g32(gamma), g32(beta), sm, si, True, "silu", inplace, None,
                                     None)
     assert same_bits(inplace, ref)
 
@@ -295,9 +296,9 @@ def test_batchnorm_reruns_are_bitwise_equal(dt):
     runs = []
     for _ in range(2):
         rmg, rvg, dgg, dbg = g32(rm), g32(rv), ptl.zeros((32,), "float32", "cuda"), ptl.zeros((32,), "float32", "cuda")
-        y, sm, si = C.layer_cuda_batchnorm_forward(xg, g32(gamma), g32(beta), rmg, rvg, True, "silu")
+        y, sm, si = C.layer_batchnorm_forward(xg, g32(gamma), g32(beta), rmg, rvg, True, "silu")
         dx = empty(shape, dt)
-        C.layer_cuda_batchnorm_backward(xg, dyg, g32(gamma), g32(beta), sm, si, True, "silu", dx, dgg, dbg)
+        C.layer_batchnorm_backward(xg, dyg, g32(gamma), g32(beta), sm, si, True, "silu", dx, dgg, dbg)
         runs.append((y, sm, si, rmg, rvg, dx, dgg, dbg))
     for a, b in zip(*runs):
         assert same_bits(a, b)
@@ -307,13 +308,13 @@ def test_batchnorm_rejects_bad_arguments():
     x = gpu(np.ones((2, 3, 4)))
     c = g32(np.ones(4))
     with pytest.raises(TypeError, match="gamma"):
-        C.layer_cuda_batchnorm_forward(x, gpu(np.ones(4), "bfloat16"), c, c, c, True, None)
+        C.layer_batchnorm_forward(x, gpu(np.ones(4), "bfloat16"), c, c, c, True, None)
     with pytest.raises(ValueError, match="beta"):
-        C.layer_cuda_batchnorm_forward(x, c, g32(np.ones(3)), c, c, True, None)
+        C.layer_batchnorm_forward(x, c, g32(np.ones(3)), c, c, True, None)
     with pytest.raises(ValueError, match="act"):
-        C.layer_cuda_batchnorm_forward(x, c, c, c, c, True, "relu")
+        C.layer_batchnorm_forward(x, c, c, c, c, True, "relu")
     with pytest.raises(ValueError, match="x"):
-        C.layer_cuda_batchnorm_forward(ptl.tensor(np.ones((2, 3, 4), np.float32)), c, c, c, c, True, None)
+        C.layer_batchnorm_forward(ptl.tensor(np.ones((2, 3, 4), np.float32)), c, c, c, c, True, None)
 
 
 # ---------------------------------------------------------------------------------------------- silu / add
@@ -324,9 +325,9 @@ def test_silu_forward_backward(dt):
     rng = np.random.default_rng(9)
     x = rounded(4 * rng.standard_normal((3, 7, 5, 11)), dt)
     dy = rounded(rng.standard_normal(x.shape), dt)
-    y = C.layer_cuda_silu_forward(gpu(x, dt))
+    y = C.layer_silu_forward(gpu(x, dt))
     assert rel(host(y), N(C.layer_silu_forward(T64(x)))) <= tol(dt, 1e-5)
-    dx = C.layer_cuda_silu_backward(gpu(x, dt), gpu(dy, dt))
+    dx = C.layer_silu_backward(gpu(x, dt), gpu(dy, dt))
     assert rel(host(dx), N(C.layer_silu_backward(T64(x), T64(dy)))) <= tol(dt, 1e-5)
 
 
@@ -334,9 +335,9 @@ def test_silu_forward_backward(dt):
 def test_add_and_accumulate(dt):
     rng = np.random.default_rng(10)
     a, b = rounded(rng.standard_normal((5, 333)), dt), rounded(rng.standard_normal((5, 333)), dt)
-    y = C.layer_cuda_add(gpu(a, dt), gpu(b, dt))
+    y = C.layer_add(gpu(a, dt), gpu(b, dt))
     acc = gpu(b, dt)
-    C.layer_cuda_accumulate(gpu(a, dt), acc)
+    C.layer_accumulate(gpu(a, dt), acc)
     if dt == "float32":  # one float32 add per element: exactly NumPy's
         exact = (a.astype(np.float32) + b.astype(np.float32)).astype(np.float64)
         assert np.array_equal(host(y), exact) and np.array_equal(host(acc), exact)
@@ -356,11 +357,11 @@ def test_maxpool_matches_cpu(shape, ties, dt):
     x = rng.integers(0, 3, shape).astype(np.float64) if ties else rounded(rng.standard_normal(shape), dt)
     dy = rounded(rng.standard_normal(shape), dt)
     dx0 = rounded(rng.standard_normal(shape), dt)
-    y = C.layer_cuda_maxpool5_forward(gpu(x, dt))
+    y = C.layer_maxpool5_forward(gpu(x, dt))
     assert np.array_equal(host(y), N(C.layer_maxpool5_forward(T64(x))))  # a max is exact in any dtype
     for acc in (False, True):
         dx = gpu(dx0, dt)
-        C.layer_cuda_maxpool5_backward(gpu(x, dt), gpu(dy, dt), dx, acc)
+        C.layer_maxpool5_backward(gpu(x, dt), gpu(dy, dt), dx, acc)
         if dt == "float32":  # same sums in the same order as the CPU's float32 kernel
             ref = ptl.tensor(dx0.astype(np.float32))
             C.layer_maxpool5_backward(ptl.tensor(x.astype(np.float32)), ptl.tensor(dy.astype(np.float32)), ref, acc)
@@ -374,7 +375,7 @@ def test_maxpool_matches_cpu(shape, ties, dt):
 def test_maxpool_nan_propagates():
     x = np.zeros((1, 6, 6, 2))
     x[0, 2, 3, 1] = np.nan
-    y = host(C.layer_cuda_maxpool5_forward(gpu(x)))
+    y = host(C.layer_maxpool5_forward(gpu(x)))
     ref = N(C.layer_maxpool5_forward(T64(x)))
     assert np.array_equal(np.isnan(y), np.isnan(ref)) and np.isnan(y).any()
 
@@ -384,13 +385,13 @@ def test_upsample_matches_cpu(dt):
     rng = np.random.default_rng(12)
     shape = (2, 5, 7, 6)
     x = rounded(rng.standard_normal(shape), dt)
-    y = C.layer_cuda_upsample2x_forward(gpu(x, dt))
+    y = C.layer_upsample2x_forward(gpu(x, dt))
     assert np.array_equal(host(y), N(C.layer_upsample2x_forward(T64(x))))
     dy = rounded(rng.standard_normal((2, 10, 14, 6)), dt)
     dx0 = rounded(rng.standard_normal(shape), dt)
     for acc in (False, True):
         dx = gpu(dx0, dt)
-        C.layer_cuda_upsample2x_backward(gpu(dy, dt), dx, acc)
+        C.layer_upsample2x_backward(gpu(dy, dt), dx, acc)
         if dt == "float32":
             ref = ptl.tensor(dx0.astype(np.float32))
             C.layer_upsample2x_backward(ptl.tensor(dy.astype(np.float32)), ref, acc)
@@ -412,7 +413,7 @@ def test_channel_copy_matches_cpu(dt):
     for (soff, doff, c) in ((2, 1, 5), (0, 0, 7), (3, 0, 7)):
         for acc in (False, True):
             d = gpu(dst0, dt)
-            C.layer_cuda_channel_copy(gpu(src, dt), soff, d, doff, c, acc)
+            C.layer_channel_copy(gpu(src, dt), soff, d, doff, c, acc)
             ref = T64(dst0)
             C.layer_channel_copy(T64(src), soff, ref, doff, c, acc)
             if dt == "float32" or not acc:
@@ -421,10 +422,10 @@ def test_channel_copy_matches_cpu(dt):
                 assert rel(host(d), N(ref)) <= LOW
     same = rounded(rng.standard_normal((4, 6)), dt)  # whole-row copy takes the memcpy path
     d = gpu(np.zeros((4, 6)), dt)
-    C.layer_cuda_channel_copy(gpu(same, dt), 0, d, 0, 6, False)
+    C.layer_channel_copy(gpu(same, dt), 0, d, 0, 6, False)
     assert np.array_equal(host(d), same)
     with pytest.raises(ValueError, match="out of range"):
-        C.layer_cuda_channel_copy(gpu(src, dt), 6, gpu(dst0, dt), 0, 5, False)
+        C.layer_channel_copy(gpu(src, dt), 6, gpu(dst0, dt), 0, 5, False)
 
 
 # ---------------------------------------------------------------------------------------------- attention
@@ -445,7 +446,7 @@ def test_attention_matches_cpu(case, dt):
     b, h, w, heads, kd, hd = case
     cq = heads * (2 * kd + hd)
     qkv = rounded(rng.standard_normal((b, h, w, cq)), dt)
-    o, attn, v = C.layer_cuda_attention_forward(gpu(qkv, dt), heads, kd, hd)
+    o, attn, v = C.layer_attention_forward(gpu(qkv, dt), heads, kd, hd)
     o_ref, attn_ref, v_ref = C.layer_attention_forward(T64(qkv), heads, kd, hd)
     assert rel(host(o), N(o_ref)) <= tol(dt, 1e-4)
     assert rel(host(attn), N(attn_ref)) <= tol(dt, 1e-4)
@@ -456,7 +457,7 @@ def test_attention_matches_cpu(case, dt):
     attn_used = host(attn)
     for extra in (None, dv):
         dq = empty(qkv.shape, dt)
-        C.layer_cuda_attention_backward(gpu(qkv, dt), attn, gpu(d_o, dt), None if extra is None else gpu(extra, dt),
+        C.layer_attention_backward(gpu(qkv, dt), attn, gpu(d_o, dt), None if extra is None else gpu(extra, dt),
                                         heads, kd, hd, dq)
         dq_ref = T64(np.zeros(qkv.shape))
         C.layer_attention_backward(T64(qkv), T64(attn_used), T64(d_o), None if extra is None else T64(extra), heads, kd,
@@ -472,9 +473,9 @@ def test_attention_reruns_are_bitwise_equal(dt):
     d_o = gpu(rng.standard_normal((b, h, w, heads * hd)), dt)
     runs = []
     for _ in range(2):
-        o, attn, v = C.layer_cuda_attention_forward(qkv, heads, kd, hd)
+        o, attn, v = C.layer_attention_forward(qkv, heads, kd, hd)
         dq = empty((b, h, w, heads * (2 * kd + hd)), dt)
-        C.layer_cuda_attention_backward(qkv, attn, d_o, v, heads, kd, hd, dq)
+        C.layer_attention_backward(qkv, attn, d_o, v, heads, kd, hd, dq)
         runs.append((o, attn, v, dq))
     for a, c in zip(*runs):
         assert same_bits(a, c)
@@ -483,6 +484,6 @@ def test_attention_reruns_are_bitwise_equal(dt):
 def test_attention_rejects_bad_sizes():
     q = gpu(np.zeros((1, 2, 2, 10)))
     with pytest.raises(ValueError, match="qkv"):
-        C.layer_cuda_attention_forward(q, 2, 2, 2)
+        C.layer_attention_forward(q, 2, 2, 2)
     with pytest.raises(ValueError, match="heads"):
-        C.layer_cuda_attention_forward(q, 0, 2, 2)
+        C.layer_attention_forward(q, 0, 2, 2)

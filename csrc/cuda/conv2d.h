@@ -14,9 +14,7 @@
  * all share the plan's dtype), accumulation in float32 (CUDNN_DATA_FLOAT / CUBLAS_COMPUTE_32F). float32
  * is true float32 (cuDNN FMA-only kernels, cuBLAS pedantic compute) unless allow_tf32 is set.
  * Deterministic plans give bitwise-identical results run to run (cuBLAS GEMMs are deterministic).
- *
- * Also here: the per-device scratch the other CUDA layer kernels (BatchNorm statistics, attention
- * backward) use for their partial results, which a network reserves once at buffer-allocation time. */
+ */
 #ifndef PTL_CUDA_CONV2D_H
 #define PTL_CUDA_CONV2D_H
 
@@ -79,20 +77,6 @@ int ptl_conv2d_backward_weight_cuda(struct ptl_cuda_ctx *ctx, const ptl_conv2d_p
 /* dbias += sum of dy over (n, ho, wo), summed in a fixed order (bitwise reproducible). */
 int ptl_conv2d_backward_bias_cuda(struct ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *dy,
                                   void *dbias, void *workspace, size_t workspace_bytes);
-
-/* Per-device layer scratch. BatchNorm (statistics and gradient sums) and the attention backward keep
- * partial results in one buffer per device; it grows (an allocation, outside any step if reserved
- * beforehand) when a call needs more than it holds. A network calls ptl_layers_cuda_reserve with the
- * largest of the sizes below for its shapes once, when it allocates its buffers, so no step allocates
- * (and none does inside a CUDA-graph capture). */
-int ptl_layers_cuda_reserve(struct ptl_cuda_ctx *ctx, size_t bytes);
-/* The scratch, grown to at least `bytes` if needed. */
-int ptl_layers_cuda_scratch(struct ptl_cuda_ctx *ctx, size_t bytes, void **out);
-/* How many times the scratch has been (re)allocated: a recording made at another generation holds a
- * stale address (another network's larger shape grew it) and must be made again. */
-uint64_t ptl_layers_cuda_scratch_generation(struct ptl_cuda_ctx *ctx);
-size_t ptl_batchnorm_cuda_scratch_bytes(int64_t m, int c);
-size_t ptl_attention_cuda_scratch_bytes(ptl_dtype dt, int n, int heads);
 
 #ifdef __cplusplus
 }

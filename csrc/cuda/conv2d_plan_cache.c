@@ -1,9 +1,8 @@
 /* The per-device cache of convolution plans (see ptl_conv2d_plan_acquire in conv2d.h). Making a plan asks
  * cuDNN's legacy heuristics for three directions, 6-9 ms per convolution on cuDNN 9 (0.1 s per yolo26n
  * shape at batch 8, 640, 5 s before the depthwise ones left cuDNN: benchmarks/validation.py). Validation's
- * rectangular batches and a fit's partial last batch revisit the same few shapes every epoch, and the
- * EMA model's network needs the same plans as the trained one, so a plan is made once per key per
- * process. Keyed by the whole descriptor, dtype and options: the heuristics are a function of these, so
+ * rectangular batches and a fit's partial last batch revisit the same few shapes every epoch, and
+ * every network of a process needs the same plans, so a plan is made once per key per process. Keyed by the whole descriptor, dtype and options: the heuristics are a function of these, so
  * a cached plan is the plan a fresh query would make. */
 #include <pthread.h>
 #include <stdlib.h>

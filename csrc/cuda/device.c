@@ -5,6 +5,7 @@
 #include "../ops/cast.h"
 #include "../runtime_impl.h"
 #include "device.h"
+#include "dynload.h"
 
 /* The call's name: the text of the call expression up to its opening parenthesis. */
 static void call_name(const char *call, char *out, size_t cap)
@@ -85,14 +86,16 @@ void ptl_cuda_ctx_destroy(ptl_cuda_ctx *ctx)
     free(ctx);
 }
 
-static int ctx_create(int device, ptl_cuda_ctx **out)
+static int ctx_create(ptl_runtime *rt, int device, ptl_cuda_ctx **out)
 {
     ptl_cuda_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return ptl_set_error(PTL_ERR_MEMORY, "out of host memory");
+    ctx->rt = rt;
     ctx->device = device;
     pthread_mutex_init(&ctx->staging_lock, NULL);
     pthread_mutex_init(&ctx->ext_lock, NULL);
+    PTL_CHECK(ptl_cuda_libraries_load()); /* cuBLAS and cuDNN are opened here, on first CUDA use */
     PTL_CUDA_TRY(cudaSetDevice(device));
     PTL_CUDA_TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
     PTL_CUBLAS_TRY(cublasCreate(&ctx->cublas));
@@ -120,7 +123,7 @@ int ptl_cuda_ctx_get(ptl_runtime *rt, int device, ptl_cuda_ctx **out)
     pthread_mutex_lock(&rt->lock);
     int rc = 0;
     if (!rt->ctx[device])
-        rc = ctx_create(device, &rt->ctx[device]);
+        rc = ctx_create(rt, device, &rt->ctx[device]);
     pthread_mutex_unlock(&rt->lock);
     if (rc != 0)
         return -1;

@@ -23,7 +23,9 @@ typedef struct {
     void (*destroy)(void *ptr);
 } ptl_ctx_ext;
 
+/* The one execution context of a device, passed to every CUDA library function. */
 typedef struct ptl_cuda_ctx {
+    ptl_runtime *rt; /* the runtime that owns it */
     int device;
     cudaStream_t stream;
     cublasHandle_t cublas;

@@ -10,6 +10,7 @@
 
 #include "conv2d.h"
 #include "device.h"
+#include "layer_scratch.h"
 
 __device__ __forceinline__ float ptl_ld(const float *p) { return *p; }
 __device__ __forceinline__ float ptl_ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }

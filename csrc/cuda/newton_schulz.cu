@@ -1,10 +1,11 @@
-/* Newton-Schulz quintic orthogonalisation in bfloat16 through cuBLAS (spec §4.4); the CPU reference is
- * csrc/optim/newton_schulz.c (with bf16 = 1 it rounds at the same points).
+/* Newton-Schulz quintic orthogonalisation in bfloat16 through cuBLAS (8.4.190's
+ * zeropower_via_newtonschulz5); the CPU reference is csrc/optim/newton_schulz.c (with bf16 = 1 it rounds
+ * at the same points).
  *
  * Same-shape matrices are batched: each product is one cublasGemmStridedBatchedEx per shape (bf16 in and
- * out, float32 accumulation), and each elementwise stage is one launch over a whole arena. Every stage
- * rounds to bfloat16 like the per-matrix torch loop: A = X X^T; cA = c A; AA = cA A; Bm = b A + AA;
- * P = Bm X; X = a X + P. Row-major matrices are handed to column-major cuBLAS as their transposes. */
+ * out, float32 accumulation). The stages round to bfloat16 once each, like 8.4.190's bmm and baddbmm:
+ * A = X X^T; Bm = b A + c A A (GEMM with beta on a copy of A); X = a X + Bm X (GEMM with beta on a copy
+ * of X). Row-major matrices are handed to column-major cuBLAS as their transposes. */
 #include "../optim/optim.h"
 #include "device.h"
 
@@ -12,30 +13,6 @@
 
 __device__ __forceinline__ float ns_ld(const uint16_t *p, int64_t i) { return ptl_bits_to_f32(ptl_bf16_to_f32_bits(p[i])); }
 __device__ __forceinline__ uint16_t ns_bf(float v) { return ptl_f32_to_bf16_bits(ptl_f32_to_bits(v)); }
-
-/* cA = bf16(c A) */
-__global__ void ns_scale_kernel(uint16_t *dst, const uint16_t *src, int64_t n, float k)
-{
-    int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        dst[i] = ns_bf(__fmul_rn(k, ns_ld(src, i)));
-}
-
-/* y = bf16(bf16(k x) + y) */
-__global__ void ns_axpy_kernel(uint16_t *y, const uint16_t *x, int64_t n, float k)
-{
-    int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        y[i] = ns_bf(__fadd_rn(ptl_round_bf16(__fmul_rn(k, ns_ld(x, i))), ns_ld(y, i)));
-}
-
-/* x = bf16(bf16(k x) + p) */
-__global__ void ns_update_kernel(uint16_t *x, const uint16_t *p, int64_t n, float k)
-{
-    int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        x[i] = ns_bf(__fadd_rn(ptl_round_bf16(__fmul_rn(k, ns_ld(x, i))), ns_ld(p, i)));
-}
 
 static unsigned ns_blocks(int64_t n)
 {
@@ -46,7 +23,7 @@ static unsigned ns_blocks(int64_t n)
 extern "C" int ptl_newton_schulz_arena_cuda(struct CUstream_st *stream, struct cublasContext *cublas, uint16_t *ws,
                                             int64_t tx, int64_t ta, const int64_t *sgtab, int64_t nsg)
 {
-    uint16_t *X = ws, *P = ws + tx, *A = P + tx, *CA = A + ta, *AA = CA + ta;
+    uint16_t *X = ws, *P = ws + tx, *A = P + tx, *BM = A + ta;
     const float one = 1.0f, zero = 0.0f;
     const float ka = (float)PTL_NS_A, kb = (float)PTL_NS_B, kc = (float)PTL_NS_C;
     if (nsg == 0)
@@ -60,28 +37,27 @@ extern "C" int ptl_newton_schulz_arena_cuda(struct CUstream_st *stream, struct c
                                                       A + e[4], CUDA_R_16BF, r, e[6], cnt, CUBLAS_COMPUTE_32F,
                                                       CUBLAS_GEMM_DEFAULT));
         }
-        ns_scale_kernel<<<ns_blocks(ta), NS_THREADS, 0, stream>>>(CA, A, ta, kc);
-        PTL_LAUNCH_CHECK("ns_scale_kernel");
-        for (int64_t s = 0; s < nsg; s++) { /* AA = cA A (row-major) */
+        /* Bm = b A + c A A: the GEMM's beta term reads the copy of A it overwrites (baddbmm) */
+        PTL_CUDA_TRY(cudaMemcpyAsync(BM, A, (size_t)ta * sizeof *A, cudaMemcpyDeviceToDevice, stream));
+        for (int64_t s = 0; s < nsg; s++) {
             const int64_t *e = sgtab + 7 * s;
             int r = (int)e[0], cnt = (int)e[2];
-            PTL_CUBLAS_TRY(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, r, r, r, &one, A + e[4],
-                                                      CUDA_R_16BF, r, e[6], CA + e[4], CUDA_R_16BF, r, e[6], &zero,
-                                                      AA + e[4], CUDA_R_16BF, r, e[6], cnt, CUBLAS_COMPUTE_32F,
+            PTL_CUBLAS_TRY(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, r, r, r, &kc, A + e[4],
+                                                      CUDA_R_16BF, r, e[6], A + e[4], CUDA_R_16BF, r, e[6], &kb,
+                                                      BM + e[4], CUDA_R_16BF, r, e[6], cnt, CUBLAS_COMPUTE_32F,
                                                       CUBLAS_GEMM_DEFAULT));
         }
-        ns_axpy_kernel<<<ns_blocks(ta), NS_THREADS, 0, stream>>>(AA, A, ta, kb);
-        PTL_LAUNCH_CHECK("ns_axpy_kernel");
-        for (int64_t s = 0; s < nsg; s++) { /* P = Bm X (row-major) */
+        /* X = a X + Bm X (row-major), through P */
+        PTL_CUDA_TRY(cudaMemcpyAsync(P, X, (size_t)tx * sizeof *X, cudaMemcpyDeviceToDevice, stream));
+        for (int64_t s = 0; s < nsg; s++) {
             const int64_t *e = sgtab + 7 * s;
             int r = (int)e[0], c = (int)e[1], cnt = (int)e[2];
             PTL_CUBLAS_TRY(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, c, r, r, &one, X + e[3],
-                                                      CUDA_R_16BF, c, e[5], AA + e[4], CUDA_R_16BF, r, e[6], &zero,
+                                                      CUDA_R_16BF, c, e[5], BM + e[4], CUDA_R_16BF, r, e[6], &ka,
                                                       P + e[3], CUDA_R_16BF, c, e[5], cnt, CUBLAS_COMPUTE_32F,
                                                       CUBLAS_GEMM_DEFAULT));
         }
-        ns_update_kernel<<<ns_blocks(tx), NS_THREADS, 0, stream>>>(X, P, tx, ka);
-        PTL_LAUNCH_CHECK("ns_update_kernel");
+        PTL_CUDA_TRY(cudaMemcpyAsync(X, P, (size_t)tx * sizeof *X, cudaMemcpyDeviceToDevice, stream));
     }
     return 0;
 fail:

@@ -1,8 +1,9 @@
-/* CUDA end-to-end post-processing (spec §8.2); the CPU reference is csrc/metrics/postprocess.c.
+/* CUDA end-to-end post-processing (postprocess.h); the CPU reference is csrc/metrics/postprocess.c.
  * Keys are the unique 64-bit ranking keys of postprocess.h, so "top k" is exact: a block finds the
- * k-th largest key by an 8-pass radix select (one byte per pass), gathers the keys at or above it and
- * sorts those k with a bitonic sort in shared memory. One block per image. */
+ * k-th largest key by radix select (block_select.cuh), gathers the keys at or above it and sorts those
+ * k with a bitonic sort in shared memory. One block per image. */
 #include "../metrics/postprocess.h"
+#include "block_select.cuh"
 #include "device.h"
 
 #define PP_THREADS 1024
@@ -38,9 +39,7 @@ struct ClassKeys {
 };
 
 struct TopkShared {
-    unsigned hist[256];
-    uint64_t prefix;
-    unsigned remaining;
+    BlockSelectShared sel;
     int filled;
     int kept;
     uint64_t buf[PTL_PP_MAX_DET];
@@ -52,38 +51,9 @@ template <typename KeyOf>
 __device__ void block_topk(KeyOf key_of, int64_t n, int k, TopkShared *sh)
 {
     int tid = threadIdx.x;
-    if (tid == 0) {
-        sh->prefix = 0;
-        sh->remaining = (unsigned)k;
+    if (tid == 0)
         sh->filled = 0;
-    }
-    uint64_t mask = 0;
-    for (int shift = 56; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += blockDim.x)
-            sh->hist[i] = 0;
-        __syncthreads();
-        uint64_t prefix = sh->prefix;
-        for (int64_t i = tid; i < n; i += blockDim.x) {
-            uint64_t key = key_of(i);
-            if ((key & mask) == prefix)
-                atomicAdd(&sh->hist[(key >> shift) & 0xFF], 1u);
-        }
-        __syncthreads();
-        if (tid == 0) {
-            unsigned rem = sh->remaining;
-            for (int d = 255; d >= 0; d--) {
-                if (sh->hist[d] >= rem) {
-                    sh->prefix = prefix | ((uint64_t)d << shift);
-                    break;
-                }
-                rem -= sh->hist[d];
-            }
-            sh->remaining = rem;
-        }
-        __syncthreads();
-        mask |= (uint64_t)0xFF << shift;
-    }
-    uint64_t kth = sh->prefix;
+    uint64_t kth = block_kth_key(key_of, n, (unsigned)k, &sh->sel);
     for (int64_t i = tid; i < n; i += blockDim.x) {
         uint64_t key = key_of(i);
         if (key >= kth)
@@ -96,21 +66,7 @@ __device__ void block_topk(KeyOf key_of, int64_t n, int k, TopkShared *sh)
     for (int i = k + tid; i < p; i += blockDim.x)
         sh->buf[i] = 0; /* real keys are > 0 */
     __syncthreads();
-    for (int size = 2; size <= p; size *= 2) {
-        for (int stride = size / 2; stride > 0; stride /= 2) {
-            for (int i = tid; i < p; i += blockDim.x) {
-                int j = i ^ stride;
-                if (j > i) {
-                    uint64_t x = sh->buf[i], y = sh->buf[j];
-                    if ((x < y) == ((i & size) == 0)) {
-                        sh->buf[i] = y;
-                        sh->buf[j] = x;
-                    }
-                }
-            }
-            __syncthreads();
-        }
-    }
+    block_bitonic_desc(sh->buf, p);
 }
 
 __global__ void __launch_bounds__(PP_THREADS)

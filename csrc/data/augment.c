@@ -16,24 +16,24 @@
 static inline int imax(int a, int b) { return a > b ? a : b; }
 static inline int imin(int a, int b) { return a < b ? a : b; }
 
-void ptl_mosaic_rects(int k, int w, int h, int xc, int yc, int s, int a[4], int b[4])
+void ptl_mosaic_rects(int k, int w, int h, int xc, int yc, int sw, int sh, int a[4], int b[4])
 {
-    int s2 = 2 * s;
+    int W2 = 2 * sw, H2 = 2 * sh;
     switch (k) {
     case 0:
         a[0] = imax(xc - w, 0), a[1] = imax(yc - h, 0), a[2] = xc, a[3] = yc;
         b[0] = w - (a[2] - a[0]), b[1] = h - (a[3] - a[1]), b[2] = w, b[3] = h;
         break;
     case 1:
-        a[0] = xc, a[1] = imax(yc - h, 0), a[2] = imin(xc + w, s2), a[3] = yc;
+        a[0] = xc, a[1] = imax(yc - h, 0), a[2] = imin(xc + w, W2), a[3] = yc;
         b[0] = 0, b[1] = h - (a[3] - a[1]), b[2] = imin(w, a[2] - a[0]), b[3] = h;
         break;
     case 2:
-        a[0] = imax(xc - w, 0), a[1] = yc, a[2] = xc, a[3] = imin(s2, yc + h);
+        a[0] = imax(xc - w, 0), a[1] = yc, a[2] = xc, a[3] = imin(H2, yc + h);
         b[0] = w - (a[2] - a[0]), b[1] = 0, b[2] = w, b[3] = imin(a[3] - a[1], h);
         break;
     default:
-        a[0] = xc, a[1] = yc, a[2] = imin(xc + w, s2), a[3] = imin(s2, yc + h);
+        a[0] = xc, a[1] = yc, a[2] = imin(xc + w, W2), a[3] = imin(H2, yc + h);
         b[0] = 0, b[1] = 0, b[2] = imin(w, a[2] - a[0]), b[3] = imin(a[3] - a[1], h);
         break;
     }

@@ -1,14 +1,10 @@
-/* JPEG (libjpeg-turbo) and PNG (libpng) decoding to 8-bit RGB, EXIF orientation, cheap validity probes. */
-#include <png.h>
-#include <setjmp.h>
+/* Image files to 8-bit RGB: the format from the first bytes, the decoder of that format (codec.h), the
+ * pixel limit, EXIF orientation, and the cheap validity probe of the dataset scan. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <jerror.h>
-#include <jpeglib.h>
-
-#include "dataset.h"
+#include "codec.h"
 
 void ptl_image_free(ptl_image *im)
 {
@@ -17,7 +13,29 @@ void ptl_image_free(ptl_image *im)
     im->w = im->h = 0;
 }
 
-enum { FMT_UNKNOWN = 0, FMT_JPEG, FMT_PNG };
+static const char *const format_names[PTL_FMT_COUNT] = {"unknown", "JPEG", "PNG", "BMP", "WebP", "TIFF"};
+
+const char *ptl_image_format_name(int f) { return f > 0 && f < PTL_FMT_COUNT ? format_names[f] : "unknown"; }
+
+int ptl_image_format_built(int f)
+{
+    switch (f) {
+    case PTL_FMT_JPEG:
+    case PTL_FMT_PNG:
+    case PTL_FMT_BMP:
+        return 1;
+#ifdef PTL_WITH_WEBP
+    case PTL_FMT_WEBP:
+        return 1;
+#endif
+#ifdef PTL_WITH_TIFF
+    case PTL_FMT_TIFF:
+        return 1;
+#endif
+    default:
+        return 0;
+    }
+}
 
 static int read_file(const char *path, unsigned char **buf, size_t *len, char *why, size_t whylen)
 {
@@ -56,332 +74,123 @@ fail:
 static int detect(const unsigned char *b, size_t n)
 {
     if (n >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF)
-        return FMT_JPEG;
+        return PTL_FMT_JPEG;
     if (n >= 8 && memcmp(b, "\x89PNG\r\n\x1a\n", 8) == 0)
-        return FMT_PNG;
-    return FMT_UNKNOWN;
+        return PTL_FMT_PNG;
+    if (n >= 2 && b[0] == 'B' && b[1] == 'M')
+        return PTL_FMT_BMP;
+    if (n >= 12 && memcmp(b, "RIFF", 4) == 0 && memcmp(b + 8, "WEBP", 4) == 0)
+        return PTL_FMT_WEBP;
+    if (n >= 4 && (memcmp(b, "II*\0", 4) == 0 || memcmp(b, "MM\0*", 4) == 0 || memcmp(b, "II+\0", 4) == 0 ||
+                   memcmp(b, "MM\0+", 4) == 0))
+        return PTL_FMT_TIFF;
+    return PTL_FMT_UNKNOWN;
 }
 
-/* The Orientation tag (1-8) of a TIFF-structured EXIF block; 1 when absent or unreadable. */
-static int tiff_orientation(const unsigned char *p, size_t n)
+int ptl_codec_check_size(const ptl_codec_req *rq, ptl_codec_out *o, const char *fmt)
 {
-    if (n < 8)
-        return 1;
-    int le;
-    if (p[0] == 'I' && p[1] == 'I')
-        le = 1;
-    else if (p[0] == 'M' && p[1] == 'M')
-        le = 0;
-    else
-        return 1;
-#define RD16(q) (le ? (unsigned)((q)[0] | (q)[1] << 8) : (unsigned)((q)[0] << 8 | (q)[1]))
-#define RD32(q)                                                                                         \
-    (le ? ((uint32_t)(q)[0] | (uint32_t)(q)[1] << 8 | (uint32_t)(q)[2] << 16 | (uint32_t)(q)[3] << 24)  \
-        : ((uint32_t)(q)[0] << 24 | (uint32_t)(q)[1] << 16 | (uint32_t)(q)[2] << 8 | (uint32_t)(q)[3]))
-    uint32_t ifd = RD32(p + 4);
-    if ((size_t)ifd + 2 > n)
-        return 1;
-    unsigned count = RD16(p + ifd);
-    for (unsigned i = 0; i < count; i++) {
-        size_t e = (size_t)ifd + 2 + 12 * (size_t)i;
-        if (e + 12 > n)
-            return 1;
-        if (RD16(p + e) == 0x0112) {
-            unsigned v = RD16(p + e + 8);
-            return v >= 1 && v <= 8 ? (int)v : 1;
-        }
-    }
-    return 1;
-#undef RD16
-#undef RD32
-}
-
-/* EXIF orientation from a JPEG APP1 payload ("Exif\0\0" + TIFF). */
-static int exif_orientation(const unsigned char *p, size_t n)
-{
-    if (n < 14 || memcmp(p, "Exif\0\0", 6) != 0)
-        return 1;
-    return tiff_orientation(p + 6, n - 6);
-}
-
-/* ---- JPEG ---- */
-
-typedef struct {
-    struct jpeg_error_mgr pub;
-    jmp_buf jb;
-    int eof; /* the data ended early (truncated file) */
-    char msg[JMSG_LENGTH_MAX];
-} jerr_t;
-
-static void jerr_exit(j_common_ptr c)
-{
-    jerr_t *e = (jerr_t *)c->err;
-    (*c->err->format_message)(c, e->msg);
-    longjmp(e->jb, 1);
-}
-
-static void jerr_emit(j_common_ptr c, int level)
-{
-    jerr_t *e = (jerr_t *)c->err;
-    if (level < 0 && c->err->msg_code == JWRN_JPEG_EOF)
-        e->eof = 1;
-}
-
-static void jerr_output(j_common_ptr c) { (void)c; }
-
-static int jpeg_orientation(struct jpeg_decompress_struct *ci)
-{
-    for (jpeg_saved_marker_ptr m = ci->marker_list; m; m = m->next)
-        if (m->marker == JPEG_APP0 + 1) {
-            int o = exif_orientation(m->data, m->data_length);
-            if (o != 1)
-                return o;
-        }
-    return 1;
-}
-
-/* Decodes (pixels != 0) or only reads the header. Returns 0, or -1 with a reason in why. */
-static int jpeg_do(const unsigned char *buf, size_t len, int pixels, ptl_image *out, int *orient, char *why,
-                   size_t whylen)
-{
-    struct jpeg_decompress_struct ci;
-    jerr_t je;
-    unsigned char *row = NULL;
-    uint8_t *volatile img = NULL;
-    memset(&je, 0, sizeof je);
-    ci.err = jpeg_std_error(&je.pub);
-    je.pub.error_exit = jerr_exit;
-    je.pub.emit_message = jerr_emit;
-    je.pub.output_message = jerr_output;
-    if (setjmp(je.jb)) {
-        snprintf(why, whylen, "corrupt JPEG: %s", je.msg);
-        free(row);
-        free(img);
-        jpeg_destroy_decompress(&ci);
+    if (o->w0 <= 0 || o->h0 <= 0) {
+        snprintf(o->why, sizeof o->why, "corrupt %s: size %dx%d", fmt, o->w0, o->h0);
         return -1;
     }
-    jpeg_create_decompress(&ci);
-    jpeg_mem_src(&ci, buf, (unsigned long)len);
-    jpeg_save_markers(&ci, JPEG_APP0 + 1, 0xFFFF);
-    jpeg_read_header(&ci, TRUE);
-    *orient = jpeg_orientation(&ci);
-    out->w = (int)ci.image_width;
-    out->h = (int)ci.image_height;
-    if (!pixels) {
-        jpeg_destroy_decompress(&ci);
-        return 0;
-    }
-    int cmyk = ci.jpeg_color_space == JCS_CMYK || ci.jpeg_color_space == JCS_YCCK;
-    int gray = ci.jpeg_color_space == JCS_GRAYSCALE;
-    ci.out_color_space = cmyk ? JCS_CMYK : gray ? JCS_GRAYSCALE : JCS_RGB;
-    jpeg_start_decompress(&ci);
-    int w = (int)ci.output_width, h = (int)ci.output_height, nc = ci.output_components;
-    img = malloc((size_t)w * h * 3);
-    row = malloc((size_t)w * nc);
-    if (!img || !row) {
-        snprintf(why, whylen, "out of memory decoding a %dx%d JPEG", w, h);
-        free(row);
-        free(img);
-        jpeg_destroy_decompress(&ci);
+    int64_t n = (int64_t)o->w0 * o->h0;
+    if (rq->max_pixels > 0 && n > rq->max_pixels) {
+        snprintf(o->why, sizeof o->why, "%s declares %dx%d = %lld pixels, over the limit of %lld (max_pixels)", fmt,
+                 o->w0, o->h0, (long long)n, (long long)rq->max_pixels);
         return -1;
     }
-    /* Adobe CMYK JPEGs store inverted ink values. */
-    int inverted = ci.saw_Adobe_marker;
-    while (ci.output_scanline < ci.output_height) {
-        uint8_t *d = img + (size_t)ci.output_scanline * w * 3;
-        JSAMPROW rp = row;
-        jpeg_read_scanlines(&ci, &rp, 1);
-        if (nc == 3)
-            memcpy(d, row, (size_t)w * 3);
-        else if (nc == 1)
-            for (int x = 0; x < w; x++)
-                d[3 * x] = d[3 * x + 1] = d[3 * x + 2] = row[x];
-        else
-            for (int x = 0; x < w; x++) {
-                unsigned k = row[4 * x + 3];
-                for (int c = 0; c < 3; c++) {
-                    unsigned v = row[4 * x + c];
-                    d[3 * x + c] = inverted ? (uint8_t)((v * k + 127) / 255)
-                                            : (uint8_t)(((255 - v) * (255 - k) + 127) / 255);
-                }
-            }
-        if (je.eof)
-            break;
-    }
-    if (je.eof) {
-        snprintf(why, whylen, "truncated JPEG (premature end of data)");
-        free(row);
-        free(img);
-        jpeg_destroy_decompress(&ci);
+    int sw = o->orient >= 5, W = sw ? o->h0 : o->w0, H = sw ? o->w0 : o->h0;
+    if (rq->expect_w0 > 0 && (W != rq->expect_w0 || H != rq->expect_h0)) {
+        snprintf(o->why, sizeof o->why, "its size changed since the dataset scan (%dx%d, now %dx%d)", rq->expect_w0,
+                 rq->expect_h0, W, H);
         return -1;
     }
-    jpeg_finish_decompress(&ci);
-    jpeg_destroy_decompress(&ci);
-    free(row);
-    out->data = img;
     return 0;
 }
 
-/* ---- PNG ---- */
-
-typedef struct {
-    const unsigned char *p;
-    size_t n, pos;
-} png_mem;
-
-static void png_read_mem(png_structp png, png_bytep dst, png_size_t len)
+uint8_t *ptl_codec_alloc(ptl_codec_out *o, int w, int h, const char *fmt)
 {
-    png_mem *m = (png_mem *)png_get_io_ptr(png);
-    if (len > m->n - m->pos)
-        png_error(png, "truncated PNG (premature end of data)");
-    memcpy(dst, m->p + m->pos, len);
-    m->pos += len;
+    uint8_t *p = malloc((size_t)w * h * 3);
+    if (!p) {
+        o->oom = 1;
+        snprintf(o->why, sizeof o->why, "out of memory decoding a %dx%d %s", w, h, fmt);
+    }
+    return p;
 }
 
-static void png_err(png_structp png, png_const_charp msg)
+static int run_codec(int fmt, const unsigned char *buf, size_t len, const ptl_codec_req *rq, ptl_codec_out *o)
 {
-    char *why = (char *)png_get_error_ptr(png);
-    snprintf(why, 200, "corrupt PNG: %s", msg);
-    png_longjmp(png, 1);
-}
-
-static void png_warn(png_structp png, png_const_charp msg)
-{
-    (void)png;
-    (void)msg;
-}
-
-/* PNG's eXIf chunk holds the TIFF block itself (libpng drops one that does not start with the byte-order
- * mark). Only a chunk before the image data counts, as the PNG specification requires, so the header
- * read alone (the probe) and a full decode agree. */
-static int png_orientation(png_structp png, png_infop info)
-{
-#ifdef PNG_eXIf_SUPPORTED
-    png_uint_32 n = 0;
-    png_bytep p = NULL;
-    if (png_get_eXIf_1(png, info, &n, &p) && p)
-        return tiff_orientation(p, n);
-#else
-    (void)png;
-    (void)info;
+    switch (fmt) {
+    case PTL_FMT_JPEG:
+        return ptl_decode_jpeg(buf, len, rq, o);
+    case PTL_FMT_PNG:
+        return ptl_decode_png(buf, len, rq, o);
+    case PTL_FMT_BMP:
+        return ptl_decode_bmp(buf, len, rq, o);
+#ifdef PTL_WITH_WEBP
+    case PTL_FMT_WEBP:
+        return ptl_decode_webp(buf, len, rq, o);
 #endif
-    return 1;
+#ifdef PTL_WITH_TIFF
+    case PTL_FMT_TIFF:
+        return ptl_decode_tiff(buf, len, rq, o);
+#endif
+    case PTL_FMT_UNKNOWN:
+        snprintf(o->why, sizeof o->why, "not a JPEG, PNG, BMP, WebP or TIFF file");
+        return -1;
+    default:
+        snprintf(o->why, sizeof o->why, "%s decoding was not built into ptl", ptl_image_format_name(fmt));
+        return -1;
+    }
 }
 
-static int png_do(const unsigned char *buf, size_t len, int pixels, ptl_image *out, int *orient, char *why,
-                  size_t whylen)
+/* A complete JPEG ends with the EOI marker (some writers pad with zeros after it); without it the file is
+ * truncated or carries trailing data, and only a decode of its data can tell. */
+static int jpeg_has_eoi(const unsigned char *buf, size_t len)
 {
-    char msg[200] = "";
-    png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, msg, png_err, png_warn);
-    png_infop info = NULL;
-    uint8_t *volatile img = NULL;
-    png_bytep *volatile rows = NULL;
-    png_mem m = {buf, len, 0};
-    if (!png) {
-        snprintf(why, whylen, "out of memory");
-        return -1;
-    }
-    info = png_create_info_struct(png);
-    if (!info) {
-        png_destroy_read_struct(&png, NULL, NULL);
-        snprintf(why, whylen, "out of memory");
-        return -1;
-    }
-    if (setjmp(png_jmpbuf(png))) {
-        snprintf(why, whylen, "%s", msg[0] ? msg : "corrupt PNG");
-        free(rows);
-        free(img);
-        png_destroy_read_struct(&png, &info, NULL);
-        return -1;
-    }
-    png_set_read_fn(png, &m, png_read_mem);
-    png_read_info(png, info);
-    *orient = png_orientation(png, info);
-    int w = (int)png_get_image_width(png, info), h = (int)png_get_image_height(png, info);
-    out->w = w;
-    out->h = h;
-    if (!pixels) {
-        png_destroy_read_struct(&png, &info, NULL);
-        return 0;
-    }
-    int ct = png_get_color_type(png, info), depth = png_get_bit_depth(png, info);
-    if (ct == PNG_COLOR_TYPE_PALETTE)
-        png_set_palette_to_rgb(png);
-    if (ct == PNG_COLOR_TYPE_GRAY && depth < 8)
-        png_set_expand_gray_1_2_4_to_8(png);
-    if (depth == 16)
-        png_set_strip_16(png);
-    if (ct == PNG_COLOR_TYPE_GRAY || ct == PNG_COLOR_TYPE_GRAY_ALPHA)
-        png_set_gray_to_rgb(png);
-    png_set_strip_alpha(png);
-    if (png_get_valid(png, info, PNG_INFO_tRNS))
-        png_set_tRNS_to_alpha(png), png_set_strip_alpha(png);
-    png_set_interlace_handling(png);
-    png_read_update_info(png, info);
-    if (png_get_rowbytes(png, info) != (size_t)w * 3)
-        png_error(png, "unsupported PNG pixel layout");
-    img = malloc((size_t)w * h * 3);
-    rows = malloc(sizeof(png_bytep) * (size_t)h);
-    if (!img || !rows)
-        png_error(png, "out of memory");
-    for (int y = 0; y < h; y++)
-        rows[y] = img + (size_t)y * w * 3;
-    png_read_image(png, rows);
-    png_read_end(png, NULL);
-    png_destroy_read_struct(&png, &info, NULL);
-    free(rows);
-    out->data = img;
-    return 0;
+    size_t e = len;
+    while (e > 2 && buf[e - 1] == 0)
+        e--;
+    return e >= 4 && buf[e - 2] == 0xFF && buf[e - 1] == 0xD9;
 }
 
-/* ---- public ---- */
-
-int ptl_image_probe(const char *path, int *w, int *h, char *why, size_t whylen)
+int ptl_image_probe(const char *path, int64_t max_pixels, int *w, int *h, int *format, char *why, size_t whylen)
 {
     unsigned char *buf = NULL;
     size_t len;
-    ptl_image im = {0, 0, NULL};
-    int orient = 1, rc = -1;
+    ptl_codec_out o;
+    memset(&o, 0, sizeof o);
+    *format = PTL_FMT_UNKNOWN;
+    int rc = -1;
     if (read_file(path, &buf, &len, why, whylen) != 0)
         return -1;
-    switch (detect(buf, len)) {
-    case FMT_JPEG:
-        /* A complete JPEG ends with the EOI marker (some writers pad with zeros after it). Without it the
-         * file is either truncated or carries trailing data: only a full decode can tell. */
-        {
-            size_t e = len;
-            while (e > 2 && buf[e - 1] == 0)
-                e--;
-            int full = e < 4 || buf[e - 2] != 0xFF || buf[e - 1] != 0xD9;
-            if (jpeg_do(buf, len, full, &im, &orient, why, whylen) != 0)
-                goto done;
-            free(im.data);
-            im.data = NULL;
-        }
-        break;
-    case FMT_PNG:
-        if (len < 12 || memcmp(buf + len - 8, "IEND", 4) != 0) {
-            snprintf(why, whylen, "truncated PNG (no IEND chunk at the end)");
-            goto done;
-        }
-        if (png_do(buf, len, 0, &im, &orient, why, whylen) != 0)
-            goto done;
-        break;
-    default:
-        snprintf(why, whylen, "not a JPEG or PNG file");
+    int fmt = detect(buf, len);
+    *format = fmt;
+    if (fmt != PTL_FMT_UNKNOWN && !ptl_image_format_built(fmt)) {
+        snprintf(why, whylen, "%s decoding was not built into ptl", ptl_image_format_name(fmt));
+        free(buf);
+        return -2;
+    }
+    ptl_codec_req rq = {0, max_pixels, 0, 0, 0, 0, 0};
+    if (fmt == PTL_FMT_JPEG && !jpeg_has_eoi(buf, len)) {
+        /* A decode of the whole data at the smallest DCT scale (1/8) finds a truncation cheaply. */
+        rq.pixels = 1, rq.target_w = rq.target_h = 1, rq.scale_pixels = 1;
+    } else if (fmt == PTL_FMT_PNG && (len < 12 || memcmp(buf + len - 8, "IEND", 4) != 0)) {
+        snprintf(why, whylen, "truncated PNG (no IEND chunk at the end)");
         goto done;
     }
-    if (orient >= 5) {
-        int t = im.w;
-        im.w = im.h;
-        im.h = t;
-    }
-    if (im.w < PTL_MIN_IMAGE_SIDE || im.h < PTL_MIN_IMAGE_SIDE) {
-        snprintf(why, whylen, "image size %dx%d is under %d pixels", im.w, im.h, PTL_MIN_IMAGE_SIDE);
+    if (run_codec(fmt, buf, len, &rq, &o) != 0) {
+        snprintf(why, whylen, "%s", o.why);
         goto done;
     }
-    *w = im.w;
-    *h = im.h;
+    ptl_image_free(&o.img);
+    int sw = o.orient >= 5, W = sw ? o.h0 : o.w0, H = sw ? o.w0 : o.h0;
+    if (W < PTL_MIN_IMAGE_SIDE || H < PTL_MIN_IMAGE_SIDE) {
+        snprintf(why, whylen, "image size %dx%d is under %d pixels", W, H, PTL_MIN_IMAGE_SIDE);
+        goto done;
+    }
+    *w = W;
+    *h = H;
     rc = 0;
 done:
     free(buf);
@@ -419,36 +228,32 @@ int ptl_image_orient(ptl_image *im, int o)
     return 0;
 }
 
-int ptl_image_decode(const char *path, ptl_image *out)
+int ptl_image_decode(const char *path, const ptl_decode_req *req, ptl_image *out, int *w0, int *h0)
 {
     unsigned char *buf = NULL;
     size_t len;
-    char why[256];
-    int orient = 1;
+    ptl_codec_out o;
+    memset(&o, 0, sizeof o);
     out->data = NULL;
-    if (read_file(path, &buf, &len, why, sizeof why) != 0)
+    out->w = out->h = 0;
+    if (read_file(path, &buf, &len, o.why, sizeof o.why) != 0)
         goto fail;
-    switch (detect(buf, len)) {
-    case FMT_JPEG:
-        if (jpeg_do(buf, len, 1, out, &orient, why, sizeof why) != 0)
-            goto fail;
-        break;
-    case FMT_PNG:
-        if (png_do(buf, len, 1, out, &orient, why, sizeof why) != 0)
-            goto fail;
-        break;
-    default:
-        snprintf(why, sizeof why, "not a JPEG or PNG file");
+    ptl_codec_req rq = {1, req->max_pixels, req->target_w, req->target_h, req->scale_pixels, req->expect_w0,
+                        req->expect_h0};
+    if (run_codec(detect(buf, len), buf, len, &rq, &o) != 0)
         goto fail;
-    }
     free(buf);
     buf = NULL;
-    if (ptl_image_orient(out, orient) != 0) {
+    int sw = o.orient >= 5;
+    *w0 = sw ? o.h0 : o.w0;
+    *h0 = sw ? o.w0 : o.h0;
+    *out = o.img;
+    if (ptl_image_orient(out, o.orient) != 0) {
         ptl_image_free(out);
         return -1;
     }
     return 0;
 fail:
     free(buf);
-    return ptl_set_error(PTL_ERR_OS, "cannot decode image %s: %s", path, why);
+    return ptl_set_error(o.oom ? PTL_ERR_MEMORY : PTL_ERR_OS, "cannot decode image %s: %s", path, o.why);
 }

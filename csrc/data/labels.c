@@ -1,5 +1,4 @@
 /* YOLO label files (§7.1) and the problem log the Python side turns into warnings. */
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -41,15 +40,110 @@ void ptl_log_free(ptl_log *lg)
 
 #define MAX_FIELDS 4096
 
-int ptl_labels_read(const char *path, int nc, float **labels, int *n, ptl_log *lg, int *n_dup)
+/* Rows kept so far for one image. */
+typedef struct {
+    float *b; /* 5 floats a row: cls cx cy w h */
+    int n, cap;
+} rows_t;
+
+/* Checks one row of nf values (class, then 4 box or 2k polygon coordinates) found at `loc` and appends its
+ * box unless it duplicates a kept row. Returns 0 (kept or a duplicate, reported), 1 when the image must be
+ * skipped (reported), -1 on allocation failure. */
+static int add_row(const char *loc, const float *vals, int nf, const ptl_label_rules *r, rows_t *out, ptl_log *lg,
+                   int *n_dup)
 {
-    FILE *f = fopen(path, "r");
-    float *out = NULL, *vals = NULL;
-    char *line = NULL;
-    size_t linecap = 0;
-    int cnt = 0, cap = 0, lineno = 0, rc = -1;
+#define SKIP(...)                                                                                               \
+    do {                                                                                                        \
+        return ptl_log_add(lg, __VA_ARGS__) ? -1 : 1;                                                           \
+    } while (0)
+    if (nf < 5 || (nf > 5 && (nf - 1) % 2 != 0) || (nf > 5 && nf < 7))
+        SKIP("%s: %d fields, expected 5 (class cx cy w h) or a polygon; image skipped", loc, nf);
+    for (int i = 0; i < nf; i++)
+        if (!isfinite(vals[i]))
+            SKIP("%s: field %d is not finite; image skipped", loc, i + 1);
+    float c = vals[0];
+    if (c < 0 || c != floorf(c))
+        SKIP("%s: class %g is not a non-negative integer; image skipped", loc, (double)c);
+    if (!r->single_cls && c >= (float)r->nc)
+        SKIP("%s: class %d exceeds the dataset's %d classes; image skipped", loc, (int)c, r->nc);
+    for (int i = 1; i < nf; i++)
+        if (vals[i] < -0.01f || vals[i] > 1.01f)
+            SKIP("%s: coordinate %g out of [0, 1]; image skipped", loc, (double)vals[i]);
+#undef SKIP
+    float box[4];
+    if (nf == 5) {
+        memcpy(box, vals + 1, sizeof box);
+    } else {
+        float x1 = INFINITY, y1 = INFINITY, x2 = -INFINITY, y2 = -INFINITY;
+        for (int i = 1; i + 1 < nf; i += 2) {
+            x1 = fminf(x1, vals[i]), x2 = fmaxf(x2, vals[i]);
+            y1 = fminf(y1, vals[i + 1]), y2 = fmaxf(y2, vals[i + 1]);
+        }
+        box[0] = (x1 + x2) / 2, box[1] = (y1 + y2) / 2, box[2] = x2 - x1, box[3] = y2 - y1;
+    }
+    for (int j = 0; j < out->n; j++)
+        if (out->b[5 * j] == c && memcmp(out->b + 5 * j + 1, box, sizeof box) == 0) {
+            if (ptl_log_add(lg, "%s: duplicate row removed", loc))
+                return -1;
+            (*n_dup)++;
+            return 0;
+        }
+    if (out->n == out->cap) {
+        int cap = out->cap ? 2 * out->cap : 16;
+        float *o = realloc(out->b, sizeof(float) * 5 * (size_t)cap);
+        if (!o)
+            return ptl_set_error(PTL_ERR_MEMORY, "out of memory reading the labels at %s", loc);
+        out->b = o;
+        out->cap = cap;
+    }
+    out->b[5 * out->n] = c;
+    memcpy(out->b + 5 * out->n + 1, box, sizeof box);
+    out->n++;
+    return 0;
+}
+
+/* Hands the kept rows over (class 0 for single_cls, after the duplicates were found with the given classes). */
+static void rows_finish(rows_t *rows, const ptl_label_rules *r, float **labels, int *n)
+{
+    if (r->single_cls)
+        for (int j = 0; j < rows->n; j++)
+            rows->b[5 * j] = 0.f;
+    *labels = rows->b;
+    *n = rows->n;
+    rows->b = NULL;
+}
+
+int ptl_labels_rows(const char *name, const float *vals, int nrows, const ptl_label_rules *r, float **labels, int *n,
+                    ptl_log *lg, int *n_dup)
+{
+    rows_t rows = {NULL, 0, 0};
+    char loc[1100];
     *labels = NULL;
     *n = 0;
+    for (int i = 0; i < nrows; i++) {
+        snprintf(loc, sizeof loc, "%s: box %d", name, i + 1);
+        int rc = add_row(loc, vals + 5 * (size_t)i, 5, r, &rows, lg, n_dup);
+        if (rc != 0) {
+            free(rows.b);
+            return rc;
+        }
+    }
+    rows_finish(&rows, r, labels, n);
+    return 0;
+}
+
+int ptl_labels_read(const char *path, const ptl_label_rules *r, float **labels, int *n, int *found, ptl_log *lg,
+                    int *n_dup)
+{
+    FILE *f = fopen(path, "r");
+    rows_t rows = {NULL, 0, 0};
+    float *vals = NULL;
+    char *line = NULL, loc[1100];
+    size_t linecap = 0;
+    int lineno = 0, rc = -1;
+    *labels = NULL;
+    *n = 0;
+    *found = f != NULL;
     if (!f)
         return 0; /* missing label file = no objects */
     vals = malloc(sizeof(float) * MAX_FIELDS);
@@ -59,6 +153,7 @@ int ptl_labels_read(const char *path, int nc, float **labels, int *n, ptl_log *l
     }
     while (getline(&line, &linecap, f) >= 0) {
         lineno++;
+        snprintf(loc, sizeof loc, "%s:%d", path, lineno);
         int nf = 0;
         char *p = line, *end;
         while (1) {
@@ -67,17 +162,12 @@ int ptl_labels_read(const char *path, int nc, float **labels, int *n, ptl_log *l
             if (!*p)
                 break;
             if (nf == MAX_FIELDS) {
-                if (ptl_log_add(lg, "%s:%d: more than %d fields; image skipped", path, lineno, MAX_FIELDS))
-                    goto done;
-                rc = 1;
+                rc = ptl_log_add(lg, "%s: more than %d fields; image skipped", loc, MAX_FIELDS) ? -1 : 1;
                 goto done;
             }
-            errno = 0;
             double v = strtod(p, &end);
             if (end == p) {
-                if (ptl_log_add(lg, "%s:%d: field %d is not a number; image skipped", path, lineno, nf + 1))
-                    goto done;
-                rc = 1;
+                rc = ptl_log_add(lg, "%s: field %d is not a number; image skipped", loc, nf + 1) ? -1 : 1;
                 goto done;
             }
             vals[nf++] = (float)v;
@@ -85,97 +175,20 @@ int ptl_labels_read(const char *path, int nc, float **labels, int *n, ptl_log *l
         }
         if (nf == 0)
             continue;
-        if (nf < 5 || (nf > 5 && (nf - 1) % 2 != 0) || (nf > 5 && nf < 7)) {
-            if (ptl_log_add(lg, "%s:%d: %d fields, expected 5 (class cx cy w h) or a polygon; image skipped",
-                            path, lineno, nf))
-                goto done;
-            rc = 1;
+        int k = add_row(loc, vals, nf, r, &rows, lg, n_dup);
+        if (k != 0) {
+            rc = k;
             goto done;
         }
-        for (int i = 0; i < nf; i++)
-            if (!isfinite(vals[i])) {
-                if (ptl_log_add(lg, "%s:%d: field %d is not finite; image skipped", path, lineno, i + 1))
-                    goto done;
-                rc = 1;
-                goto done;
-            }
-        float c = vals[0];
-        if (c < 0 || c != floorf(c)) {
-            if (ptl_log_add(lg, "%s:%d: class %g is not a non-negative integer; image skipped", path, lineno,
-                            (double)c))
-                goto done;
-            rc = 1;
-            goto done;
-        }
-        if (c >= (float)nc) {
-            if (ptl_log_add(lg, "%s:%d: class %d exceeds the dataset's %d classes; image skipped", path, lineno,
-                            (int)c, nc))
-                goto done;
-            rc = 1;
-            goto done;
-        }
-        float box[4];
-        if (nf == 5) {
-            for (int i = 1; i < 5; i++)
-                if (vals[i] < -0.01f || vals[i] > 1.01f) {
-                    if (ptl_log_add(lg, "%s:%d: coordinate %g out of [0, 1]; image skipped", path, lineno,
-                                    (double)vals[i]))
-                        goto done;
-                    rc = 1;
-                    goto done;
-                }
-            memcpy(box, vals + 1, sizeof box);
-        } else {
-            float x1 = INFINITY, y1 = INFINITY, x2 = -INFINITY, y2 = -INFINITY;
-            for (int i = 1; i < nf; i++)
-                if (vals[i] < -0.01f || vals[i] > 1.01f) {
-                    if (ptl_log_add(lg, "%s:%d: coordinate %g out of [0, 1]; image skipped", path, lineno,
-                                    (double)vals[i]))
-                        goto done;
-                    rc = 1;
-                    goto done;
-                }
-            for (int i = 1; i + 1 < nf; i += 2) {
-                x1 = fminf(x1, vals[i]), x2 = fmaxf(x2, vals[i]);
-                y1 = fminf(y1, vals[i + 1]), y2 = fmaxf(y2, vals[i + 1]);
-            }
-            box[0] = (x1 + x2) / 2, box[1] = (y1 + y2) / 2, box[2] = x2 - x1, box[3] = y2 - y1;
-        }
-        int dup = 0;
-        for (int j = 0; j < cnt && !dup; j++)
-            dup = out[5 * j] == c && memcmp(out + 5 * j + 1, box, sizeof box) == 0;
-        if (dup) {
-            if (ptl_log_add(lg, "%s:%d: duplicate row removed", path, lineno))
-                goto done;
-            (*n_dup)++;
-            continue;
-        }
-        if (cnt == cap) {
-            int nc2 = cap ? 2 * cap : 16;
-            float *o = realloc(out, sizeof(float) * 5 * (size_t)nc2);
-            if (!o) {
-                ptl_set_error(PTL_ERR_MEMORY, "out of memory reading %s", path);
-                goto done;
-            }
-            out = o;
-            cap = nc2;
-        }
-        out[5 * cnt] = c;
-        memcpy(out + 5 * cnt + 1, box, sizeof box);
-        cnt++;
     }
     if (ferror(f)) {
-        if (ptl_log_add(lg, "%s: read error; image skipped", path))
-            goto done;
-        rc = 1;
+        rc = ptl_log_add(lg, "%s: read error; image skipped", path) ? -1 : 1;
         goto done;
     }
-    *labels = out;
-    *n = cnt;
-    out = NULL;
+    rows_finish(&rows, r, labels, n);
     rc = 0;
 done:
-    free(out);
+    free(rows.b);
     free(vals);
     free(line);
     fclose(f);

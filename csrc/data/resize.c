@@ -89,17 +89,18 @@ void ptl_resize_bilinear(const uint8_t *src, int sw, int sh, size_t sstride, uin
         free(xw);
 }
 
-void ptl_load_size(int w0, int h0, int imgsz, int *w, int *h)
+void ptl_load_size(int w0, int h0, int W, int H, int *w, int *h)
 {
-    double r = (double)imgsz / (w0 > h0 ? w0 : h0);
+    /* For W == H both ratios are divisions of the same imgsz, and the min is imgsz / max(w0, h0) exactly. */
+    double r = fmin((double)W / w0, (double)H / h0);
     if (r == 1.0) {
         *w = w0;
         *h = h0;
         return;
     }
     int nw = (int)ceil(w0 * r), nh = (int)ceil(h0 * r);
-    *w = nw < imgsz ? nw : imgsz;
-    *h = nh < imgsz ? nh : imgsz;
+    *w = nw < W ? nw : W;
+    *h = nh < H ? nh : H;
 }
 
 void ptl_letterbox_params_get(int w, int h, int W, int H, int scaleup, ptl_letterbox_params *p)

@@ -1,8 +1,9 @@
 /* Python bindings of the io area: the safetensors writer and reader. They move raw bytes; ptl/io.py
- * maps NumPy dtypes to safetensors names and back. */
+ * maps NumPy dtypes to safetensors names and back. _atomic_write_fault arms the writer's test hook. */
 #include <string.h>
 
 #include "../py.h"
+#include "atomic_file.h"
 #include "safetensors.h"
 
 static PyObject *decode_utf8(const char *s, size_t n, const char *path, const char *what)
@@ -17,16 +18,14 @@ static PyObject *decode_utf8(const char *s, size_t n, const char *path, const ch
 
 static PyObject *py_safetensors_save(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"path", "entries", "metadata", "fault_after", "fault_kill", NULL};
+    static char *kwlist[] = {"path", "entries", "metadata", NULL};
     PyObject *path_bytes = NULL, *entries, *metadata = Py_None, *seq = NULL, *meta_items = NULL, *ret = NULL;
-    long long fault_after = -1;
-    int fault_kill = 0;
     ptl_st_entry *ents = NULL;
     Py_buffer *views = NULL;
     const char **mkeys = NULL, **mvals = NULL;
     Py_ssize_t n = 0, got = 0, nmeta = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O|OLp:safetensors_save", kwlist, PyUnicode_FSConverter,
-                                     &path_bytes, &entries, &metadata, &fault_after, &fault_kill))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O|O:safetensors_save", kwlist, PyUnicode_FSConverter,
+                                     &path_bytes, &entries, &metadata))
         return NULL;
     const char *path = PyBytes_AS_STRING(path_bytes);
     /* a tuple snapshot: the names and buffers are used with the GIL released, when another thread could
@@ -91,10 +90,9 @@ static PyObject *py_safetensors_save(PyObject *self, PyObject *args, PyObject *k
         }
     }
     {
-        ptl_st_fault fault = {fault_after, fault_kill};
         int rc;
         Py_BEGIN_ALLOW_THREADS;
-        rc = ptl_safetensors_write(path, ents, n, mkeys, mvals, nmeta, &fault);
+        rc = ptl_safetensors_write(path, ents, n, mkeys, mvals, nmeta);
         Py_END_ALLOW_THREADS;
         if (rc != 0) {
             ptl_raise(self);
@@ -181,10 +179,24 @@ fail:
     return ret;
 }
 
+static PyObject *py_atomic_write_fault(PyObject *self, PyObject *args)
+{
+    long long after_bytes;
+    int pause_ms = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "L|i:_atomic_write_fault", &after_bytes, &pause_ms))
+        return NULL;
+    ptl_atomic_set_fault((int64_t)after_bytes, pause_ms);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"safetensors_save", (PyCFunction)(void (*)(void))py_safetensors_save, METH_VARARGS | METH_KEYWORDS,
-     "safetensors_save(path, entries, metadata=None, fault_after=-1, fault_kill=False)\n"
-     "entries: [(name, dtype name, shape, C-contiguous buffer)]; written atomically. fault_*: test hooks."},
+     "safetensors_save(path, entries, metadata=None)\n"
+     "entries: [(name, dtype name, shape, C-contiguous buffer)]; written atomically."},
+    {"_atomic_write_fault", py_atomic_write_fault, METH_VARARGS,
+     "_atomic_write_fault(after_bytes, pause_ms=0): tests only. The next atomic write fails (ENOSPC) after\n"
+     "after_bytes bytes, first pausing pause_ms milliseconds; after_bytes < 0 disarms."},
     {"safetensors_load", py_safetensors_load, METH_VARARGS,
      "safetensors_load(path) -> ([(name, dtype name, shape, bytearray)], metadata dict)"},
     {NULL, NULL, 0, NULL},

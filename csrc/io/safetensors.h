@@ -1,10 +1,10 @@
 /* .safetensors files: 8-byte little-endian header length N, N bytes of JSON
  *   {"__metadata__": {str: str}, name: {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...}
  * padded with spaces to a multiple of 8, then the tensors' raw little-endian bytes, back to back.
- * The writer is atomic: it writes a temporary file in the destination's folder, fsyncs it, renames it
- * over the destination and fsyncs the folder, so a crash leaves either the old file or the new one.
- * The reader checks the whole header (dtypes, shapes against byte ranges, ranges tiling the data
- * exactly, file length) before any data is read. Errors name the path. */
+ * safetensors_dtypes.c: the dtype table; safetensors_write.c: the writer (atomic, atomic_file.h);
+ * safetensors_read.c: the reader, which checks the whole header (UTF-8, JSON, dtypes, shapes against
+ * byte ranges, ranges tiling the data exactly, file length) before any data is read. json.c: the
+ * header's JSON. Errors name the path. Little-endian hosts only (x86-64, aarch64). */
 #ifndef PTL_IO_SAFETENSORS_H
 #define PTL_IO_SAFETENSORS_H
 
@@ -31,18 +31,10 @@ typedef struct {
     size_t nbytes; /* must equal prod(shape) * itemsize */
 } ptl_st_entry;
 
-/* Fault injection for tests: after `after_bytes` bytes of the file have been written the writer
- * either fails as if the disk had (kill = 0) or kills the process with SIGKILL (kill = 1).
- * after_bytes < 0: off. */
-typedef struct {
-    int64_t after_bytes;
-    int kill;
-} ptl_st_fault;
-
 /* Tensors are stored by item size (largest first), then name, so every tensor is aligned to its item
- * size, as the reference writer does. */
+ * size, as the reference writer does. Written atomically (atomic_file.h). */
 int ptl_safetensors_write(const char *path, const ptl_st_entry *entries, int64_t n, const char *const *meta_keys,
-                          const char *const *meta_values, int64_t nmeta, const ptl_st_fault *fault);
+                          const char *const *meta_values, int64_t nmeta);
 
 typedef struct {
     char *name;

@@ -1,15 +1,13 @@
-/* AP per class, precision/recall at the best mean F1, mAP and fitness (spec §8.4-8.6). The grids,
- * interpolation and integration follow numpy's linspace, interp and trapezoid exactly, so a NumPy
- * transcription of the spec agrees to rounding. */
+/* AP per class and its curves, precision/recall at the best smoothed mean F1, mAP and fitness, with the
+ * rules of Ultralytics 8.4.190's ap_per_class / compute_ap / Metric (docs/ultralytics_parity.md).
+ * The grids, interpolation and integration follow NumPy's linspace, interp and trapezoid (including
+ * trapezoid's pairwise summation), so the results agree with that NumPy code to the last bits except
+ * where it sums in another order (means over classes, the box filter). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "metrics.h"
-
-#define NCURVE 1000 /* confidence grid of the P/R/F1 curves */
-#define NAP 101     /* recall grid of AP */
-#define SMOOTH 101  /* box filter width on the mean F1 curve */
 
 static double grid(int i, int num) { return i == num - 1 ? 1.0 : (double)i * (1.0 / (double)(num - 1)); }
 
@@ -40,28 +38,57 @@ double ptl_interp(double x, const double *xp, const double *fp, int64_t n, doubl
     return y;
 }
 
-/* AP of one recall/precision column (n points): envelope, 101-point linear interpolation, trapezoid.
- * mrec and mpre have room for n + 2 values. */
+/* numpy.add.reduce of a contiguous float64 array (its pairwise summation, blocks of 128, 8 lanes). */
+static double pairwise_sum(const double *a, int64_t n)
+{
+    if (n < 8) {
+        double s = -0.0;
+        for (int64_t i = 0; i < n; i++)
+            s += a[i];
+        return s;
+    }
+    if (n <= 128) {
+        double r[8];
+        int64_t i;
+        for (int k = 0; k < 8; k++)
+            r[k] = a[k];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int k = 0; k < 8; k++)
+                r[k] += a[i + k];
+        double s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++)
+            s += a[i];
+        return s;
+    }
+    int64_t h = n / 2;
+    h -= h % 8;
+    return pairwise_sum(a, h) + pairwise_sum(a + h, n - h);
+}
+
+/* compute_ap: the recall/precision column of n >= 1 points gets the sentinels (0, 1) in front and
+ * (recall[-1], 0), (1, 0) behind -- precision falls to 0 right at the last recall reached --, the
+ * envelope is made monotone from the right, sampled by linear interpolation at 101 recall points and
+ * integrated with the trapezoidal rule. mrec and mpre have room for n + 3 values and keep the envelope. */
 static double compute_ap(const double *recall, const double *precision, int64_t n, double *mrec, double *mpre)
 {
+    double y[PTL_AP_RECALL], terms[PTL_AP_RECALL - 1];
     mrec[0] = 0.0;
     mpre[0] = 1.0;
     for (int64_t i = 0; i < n; i++) {
         mrec[i + 1] = recall[i];
         mpre[i + 1] = precision[i];
     }
-    mrec[n + 1] = 1.0;
+    mrec[n + 1] = recall[n - 1];
     mpre[n + 1] = 0.0;
-    for (int64_t i = n; i >= 0; i--)
+    mrec[n + 2] = 1.0;
+    mpre[n + 2] = 0.0;
+    for (int64_t i = n + 1; i >= 0; i--)
         mpre[i] = fmax(mpre[i], mpre[i + 1]);
-    double ap = 0.0, prev_x = 0.0, prev_y = ptl_interp(0.0, mrec, mpre, n + 2, mpre[0], mpre[n + 1]);
-    for (int i = 1; i < NAP; i++) {
-        double x = grid(i, NAP), y = ptl_interp(x, mrec, mpre, n + 2, mpre[0], mpre[n + 1]);
-        ap += (x - prev_x) * (y + prev_y) / 2.0;
-        prev_x = x;
-        prev_y = y;
-    }
-    return ap;
+    for (int i = 0; i < PTL_AP_RECALL; i++)
+        y[i] = ptl_interp(grid(i, PTL_AP_RECALL), mrec, mpre, n + 3, mpre[0], mpre[n + 2]);
+    for (int i = 0; i < PTL_AP_RECALL - 1; i++)
+        terms[i] = (grid(i + 1, PTL_AP_RECALL) - grid(i, PTL_AP_RECALL)) * (y[i + 1] + y[i]) / 2.0;
+    return pairwise_sum(terms, PTL_AP_RECALL - 1);
 }
 
 typedef struct {
@@ -69,6 +96,7 @@ typedef struct {
     int64_t index;
 } conf_index;
 
+/* descending confidence; equal confidences keep the input order (NumPy's default sort leaves that open) */
 static int by_conf_desc(const void *a, const void *b)
 {
     const conf_index *x = (const conf_index *)a, *y = (const conf_index *)b;
@@ -97,13 +125,16 @@ static int64_t class_slot(const int64_t *classes, int64_t nc, int64_t c)
     return lo < nc && classes[lo] == c ? lo : -1;
 }
 
+static void *zalloc(size_t n, size_t size) { return calloc(n ? n : 1, size); }
+
 int ptl_ap_per_class(int64_t n, const uint8_t *tp, const double *conf, const int64_t *pred_cls, int64_t m,
                      const int64_t *gt_cls, ptl_ap_result *res)
 {
     conf_index *order = NULL;
     int64_t *sorted_gt = NULL, *start = NULL, *members = NULL, *fill = NULL;
-    double *p_curve = NULL, *r_curve = NULL, *negconf = NULL, *recall = NULL, *precision = NULL, *mrec = NULL,
-           *mpre = NULL, *col_r = NULL, *col_p = NULL, *smooth_in = NULL;
+    double *own_p = NULL, *own_r = NULL, *own_f1 = NULL, *negconf = NULL, *recall = NULL, *precision = NULL,
+           *mrec = NULL, *mpre = NULL, *col_r = NULL, *col_p = NULL, *smooth_in = NULL;
+    double *p_curve, *r_curve, *f1_curve;
     int64_t nc = 0, maxp = 1;
     int rc = -1;
 
@@ -114,22 +145,14 @@ int ptl_ap_per_class(int64_t n, const uint8_t *tp, const double *conf, const int
         if (isnan(conf[i]))
             return ptl_set_error(PTL_ERR_VALUE, "conf: prediction %lld has a NaN confidence", (long long)i);
     res->nclasses = 0;
-    res->mp = res->mr = res->map50 = res->map = res->fitness = 0.0;
+    res->mp = res->mr = res->map50 = res->map75 = res->map = res->fitness = 0.0;
     res->best_index = 0;
     res->best_conf = 0.0;
-    res->any_tp = 0;
-    for (int64_t i = 0; i < n * PTL_NUM_IOU; i++)
-        if (tp[i]) {
-            res->any_tp = 1;
-            break;
-        }
 
     /* distinct ground-truth classes and their counts */
-    sorted_gt = (int64_t *)malloc((size_t)(m ? m : 1) * sizeof *sorted_gt);
-    if (!sorted_gt) {
-        ptl_set_error(PTL_ERR_MEMORY, "ap_per_class: out of host memory");
-        goto fail;
-    }
+    sorted_gt = (int64_t *)zalloc((size_t)m, sizeof *sorted_gt);
+    if (!sorted_gt)
+        goto oom;
     memcpy(sorted_gt, gt_cls, (size_t)m * sizeof *sorted_gt);
     qsort(sorted_gt, (size_t)m, sizeof *sorted_gt, by_value);
     for (int64_t i = 0; i < m; i++) {
@@ -146,26 +169,35 @@ int ptl_ap_per_class(int64_t n, const uint8_t *tp, const double *conf, const int
         res->n_gt[nc - 1]++;
     }
     res->nclasses = nc;
+    p_curve = res->p_curve ? res->p_curve : (own_p = (double *)zalloc((size_t)(nc * PTL_AP_CURVE), sizeof *own_p));
+    r_curve = res->r_curve ? res->r_curve : (own_r = (double *)zalloc((size_t)(nc * PTL_AP_CURVE), sizeof *own_r));
+    f1_curve = res->f1_curve ? res->f1_curve
+                             : (own_f1 = (double *)zalloc((size_t)(nc * PTL_AP_CURVE), sizeof *own_f1));
+    if (!p_curve || !r_curve || !f1_curve)
+        goto oom;
     for (int64_t c = 0; c < nc; c++) {
         res->n_pred[c] = 0;
-        res->precision[c] = res->recall[c] = res->f1[c] = 0.0;
+        res->precision[c] = res->recall[c] = res->f1[c] = res->tp[c] = res->fp[c] = 0.0;
         for (int t = 0; t < PTL_NUM_IOU; t++)
             res->ap[c * PTL_NUM_IOU + t] = 0.0;
+        for (int i = 0; i < PTL_AP_CURVE; i++) {
+            p_curve[c * PTL_AP_CURVE + i] = r_curve[c * PTL_AP_CURVE + i] = f1_curve[c * PTL_AP_CURVE + i] = 0.0;
+            if (res->pr_curve)
+                res->pr_curve[c * PTL_AP_CURVE + i] = 0.0;
+        }
     }
-    if (nc == 0 || !res->any_tp) {
-        rc = 0; /* nothing to rank: every metric stays 0 */
+    if (nc == 0) {
+        rc = 0; /* no ground truth: every metric stays 0 */
         goto fail;
     }
 
-    /* predictions by descending confidence (stable), bucketed per class */
-    order = (conf_index *)malloc((size_t)(n ? n : 1) * sizeof *order);
-    start = (int64_t *)calloc((size_t)nc + 1, sizeof *start);
-    fill = (int64_t *)calloc((size_t)nc, sizeof *fill);
-    members = (int64_t *)malloc((size_t)(n ? n : 1) * sizeof *members);
-    if (!order || !start || !fill || !members) {
-        ptl_set_error(PTL_ERR_MEMORY, "ap_per_class: out of host memory");
-        goto fail;
-    }
+    /* predictions by descending confidence, bucketed per class */
+    order = (conf_index *)zalloc((size_t)n, sizeof *order);
+    start = (int64_t *)zalloc((size_t)nc + 1, sizeof *start);
+    fill = (int64_t *)zalloc((size_t)nc, sizeof *fill);
+    members = (int64_t *)zalloc((size_t)n, sizeof *members);
+    if (!order || !start || !fill || !members)
+        goto oom;
     for (int64_t i = 0; i < n; i++) {
         order[i].conf = conf[i];
         order[i].index = i;
@@ -187,21 +219,16 @@ int ptl_ap_per_class(int64_t n, const uint8_t *tp, const double *conf, const int
     for (int64_t c = 0; c < nc; c++)
         if (res->n_pred[c] > maxp)
             maxp = res->n_pred[c];
-    p_curve = (double *)calloc((size_t)(nc * NCURVE), sizeof *p_curve);
-    r_curve = (double *)calloc((size_t)(nc * NCURVE), sizeof *r_curve);
     negconf = (double *)malloc((size_t)maxp * sizeof *negconf);
     recall = (double *)malloc((size_t)(maxp * PTL_NUM_IOU) * sizeof *recall);
     precision = (double *)malloc((size_t)(maxp * PTL_NUM_IOU) * sizeof *precision);
     col_r = (double *)malloc((size_t)maxp * sizeof *col_r);
     col_p = (double *)malloc((size_t)maxp * sizeof *col_p);
-    mrec = (double *)malloc((size_t)(maxp + 2) * sizeof *mrec);
-    mpre = (double *)malloc((size_t)(maxp + 2) * sizeof *mpre);
-    smooth_in = (double *)malloc((NCURVE + SMOOTH - 1) * sizeof *smooth_in);
-    if (!p_curve || !r_curve || !negconf || !recall || !precision || !col_r || !col_p || !mrec || !mpre ||
-        !smooth_in) {
-        ptl_set_error(PTL_ERR_MEMORY, "ap_per_class: out of host memory");
-        goto fail;
-    }
+    mrec = (double *)malloc((size_t)(maxp + 3) * sizeof *mrec);
+    mpre = (double *)malloc((size_t)(maxp + 3) * sizeof *mpre);
+    smooth_in = (double *)malloc((PTL_AP_CURVE + PTL_AP_SMOOTH - 1) * sizeof *smooth_in);
+    if (!negconf || !recall || !precision || !col_r || !col_p || !mrec || !mpre || !smooth_in)
+        goto oom;
 
     for (int64_t c = 0; c < nc; c++) {
         int64_t np_ = res->n_pred[c];
@@ -224,10 +251,10 @@ int ptl_ap_per_class(int64_t n, const uint8_t *tp, const double *conf, const int
             col_r[i] = recall[i * PTL_NUM_IOU];
             col_p[i] = precision[i * PTL_NUM_IOU];
         }
-        for (int i = 0; i < NCURVE; i++) {
-            double x = -grid(i, NCURVE);
-            r_curve[c * NCURVE + i] = ptl_interp(x, negconf, col_r, np_, 0.0, col_r[np_ - 1]);
-            p_curve[c * NCURVE + i] = ptl_interp(x, negconf, col_p, np_, 1.0, col_p[np_ - 1]);
+        for (int i = 0; i < PTL_AP_CURVE; i++) {
+            double x = -grid(i, PTL_AP_CURVE);
+            r_curve[c * PTL_AP_CURVE + i] = ptl_interp(x, negconf, col_r, np_, 0.0, col_r[np_ - 1]);
+            p_curve[c * PTL_AP_CURVE + i] = ptl_interp(x, negconf, col_p, np_, 1.0, col_p[np_ - 1]);
         }
         for (int t = 0; t < PTL_NUM_IOU; t++) {
             for (int64_t i = 0; i < np_; i++) {
@@ -235,63 +262,77 @@ int ptl_ap_per_class(int64_t n, const uint8_t *tp, const double *conf, const int
                 col_p[i] = precision[i * PTL_NUM_IOU + t];
             }
             res->ap[c * PTL_NUM_IOU + t] = compute_ap(col_r, col_p, np_, mrec, mpre);
+            if (t == 0 && res->pr_curve)
+                for (int i = 0; i < PTL_AP_CURVE; i++)
+                    res->pr_curve[c * PTL_AP_CURVE + i] =
+                        ptl_interp(grid(i, PTL_AP_CURVE), mrec, mpre, np_ + 3, mpre[0], mpre[np_ + 2]);
         }
     }
 
-    /* mean F1 over classes, box-filtered with edge padding, first argmax */
+    /* F1 per class and point; its mean over classes, box-filtered with edge padding; first argmax */
     {
-        const int half = SMOOTH / 2;
-        double mean_f1[NCURVE];
-        for (int i = 0; i < NCURVE; i++) {
+        const int half = PTL_AP_SMOOTH / 2;
+        double mean_f1[PTL_AP_CURVE];
+        for (int i = 0; i < PTL_AP_CURVE; i++) {
             double s = 0.0;
             for (int64_t c = 0; c < nc; c++) {
-                double p = p_curve[c * NCURVE + i], r = r_curve[c * NCURVE + i];
-                s += 2.0 * p * r / (p + r + 1e-16);
+                int64_t k = c * PTL_AP_CURVE + i;
+                f1_curve[k] = 2.0 * p_curve[k] * r_curve[k] / (p_curve[k] + r_curve[k] + 1e-16);
+                s += f1_curve[k];
             }
             mean_f1[i] = s / (double)nc;
         }
-        for (int i = 0; i < NCURVE + SMOOTH - 1; i++)
-            smooth_in[i] = i < half ? mean_f1[0] : i >= half + NCURVE ? mean_f1[NCURVE - 1] : mean_f1[i - half];
+        for (int i = 0; i < PTL_AP_CURVE + PTL_AP_SMOOTH - 1; i++)
+            smooth_in[i] = i < half ? mean_f1[0] : i >= half + PTL_AP_CURVE ? mean_f1[PTL_AP_CURVE - 1] : mean_f1[i - half];
         double best = -INFINITY;
-        for (int i = 0; i < NCURVE; i++) {
+        for (int i = 0; i < PTL_AP_CURVE; i++) {
             double s = 0.0;
-            for (int j = 0; j < SMOOTH; j++)
-                s += smooth_in[i + j] * (1.0 / SMOOTH);
+            for (int j = 0; j < PTL_AP_SMOOTH; j++)
+                s += smooth_in[i + j] * (1.0 / PTL_AP_SMOOTH);
             if (s > best) {
                 best = s;
                 res->best_index = i;
             }
         }
-        res->best_conf = grid((int)res->best_index, NCURVE);
+        res->best_conf = grid((int)res->best_index, PTL_AP_CURVE);
     }
     {
-        double sp = 0.0, sr = 0.0, s50 = 0.0, sall = 0.0;
+        double sp = 0.0, sr = 0.0, s50 = 0.0, s75 = 0.0, sall = 0.0;
         for (int64_t c = 0; c < nc; c++) {
-            double p = p_curve[c * NCURVE + res->best_index], r = r_curve[c * NCURVE + res->best_index];
+            int64_t k = c * PTL_AP_CURVE + res->best_index;
+            double p = p_curve[k], r = r_curve[k];
             res->precision[c] = p;
             res->recall[c] = r;
-            res->f1[c] = 2.0 * p * r / (p + r + 1e-16);
+            res->f1[c] = f1_curve[k];
+            res->tp[c] = nearbyint(r * (double)res->n_gt[c]);
+            res->fp[c] = nearbyint(res->tp[c] / (p + 1e-16) - res->tp[c]);
             sp += p;
             sr += r;
             s50 += res->ap[c * PTL_NUM_IOU];
+            s75 += res->ap[c * PTL_NUM_IOU + 5];
             for (int t = 0; t < PTL_NUM_IOU; t++)
                 sall += res->ap[c * PTL_NUM_IOU + t];
         }
         res->mp = sp / (double)nc;
         res->mr = sr / (double)nc;
         res->map50 = s50 / (double)nc;
+        res->map75 = s75 / (double)nc;
         res->map = sall / (double)(nc * PTL_NUM_IOU);
-        res->fitness = res->map;
+        res->fitness = isnan(res->map) ? 0.0 : res->map; /* weights (0, 0, 0, 1) on nan_to_num'd means */
     }
     rc = 0;
+    goto fail;
+oom:
+    ptl_set_error(PTL_ERR_MEMORY, "ap_per_class: out of host memory");
 fail:
     free(order);
     free(sorted_gt);
     free(start);
     free(members);
     free(fill);
-    free(p_curve);
-    free(r_curve);
+    free(own_p);
+    free(own_r);
+    free(own_f1);
     free(negconf);
     free(recall);
     free(precision);

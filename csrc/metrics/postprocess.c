@@ -1,4 +1,4 @@
-/* CPU reference of the end-to-end post-processing (spec §8.2); see postprocess.h. */
+/* CPU reference of the end-to-end post-processing (postprocess.h). */
 #include "postprocess.h"
 
 #include <stdlib.h>

@@ -111,6 +111,75 @@ fail:
     return NULL;
 }
 
+static PyObject *py_nms(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"boxes", "scores", "img_h", "img_w", "max_det", "conf", "iou",
+                             "max_nms", "agnostic", "multi_label", NULL};
+    PyObject *bo, *so;
+    int img_h, img_w, max_det = 300, max_nms = PTL_NMS_MAX_NMS, agnostic = 0, multi_label = 1;
+    float conf = 0.001f;
+    double iou = 0.7;
+    PtlTensor *boxes, *scores, *out = NULL, *count = NULL, *keys = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOii|ifdipp:nms", kwlist, &bo, &so, &img_h, &img_w, &max_det, &conf,
+                                     &iou, &max_nms, &agnostic, &multi_label))
+        return NULL;
+    int64_t bshape[3] = {-1, -1, 4};
+    boxes = ptl_tensor_arg(self, bo, "boxes", PTL_FLOAT32, NULL, 3, bshape);
+    if (!boxes)
+        return NULL;
+    int64_t B = boxes->shape[0], A = boxes->shape[1];
+    ptl_device dev = boxes->storage->device;
+    int64_t sshape[3] = {B, A, -1};
+    scores = ptl_tensor_arg(self, so, "scores", PTL_FLOAT32, &dev, 3, sshape);
+    if (!scores)
+        return NULL;
+    int64_t nc = scores->shape[2];
+    if (ptl_nms_check(B, A, nc, img_h, img_w, max_det, max_nms, iou) < 0)
+        return ptl_raise(self);
+    int64_t oshape[3] = {B, max_det, 6}, cshape[1] = {B};
+    out = ptl_tensor_empty(self, 3, oshape, PTL_FLOAT32, dev);
+    count = out ? ptl_tensor_empty(self, 1, cshape, PTL_INT32, dev) : NULL;
+    if (!count)
+        goto fail;
+    int rc;
+    if (dev.type == PTL_CPU) {
+        Py_BEGIN_ALLOW_THREADS;
+        rc = ptl_nms_cpu(ptl_tensor_data(boxes), ptl_tensor_data(scores), B, A, nc, img_h, img_w, max_det, conf, iou,
+                         max_nms, agnostic, multi_label, ptl_tensor_data(out), ptl_tensor_data(count));
+        Py_END_ALLOW_THREADS;
+    } else {
+#ifdef PTL_WITH_CUDA
+        int64_t cap = 1;
+        while (cap < max_nms)
+            cap *= 2;
+        int64_t kshape[1] = {B * cap};
+        keys = ptl_tensor_empty(self, 1, kshape, PTL_INT64, dev);
+        if (!keys)
+            goto fail;
+        ptl_runtime *rt = ptl_state(self)->rt;
+        Py_BEGIN_ALLOW_THREADS;
+        rc = ptl_nms_cuda(rt, dev.index, ptl_tensor_data(boxes), ptl_tensor_data(scores), B, A, nc, img_h, img_w,
+                          max_det, conf, iou, max_nms, agnostic, multi_label, ptl_tensor_data(keys), ptl_tensor_data(out),
+                          ptl_tensor_data(count));
+        Py_END_ALLOW_THREADS;
+#else
+        rc = ptl_set_error(PTL_ERR_VALUE, "nms: ptl was built without CUDA");
+#endif
+    }
+    Py_XDECREF(keys);
+    keys = NULL;
+    if (rc != 0) {
+        ptl_raise(self);
+        goto fail;
+    }
+    return Py_BuildValue("(NN)", (PyObject *)out, (PyObject *)count);
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(count);
+    Py_XDECREF(keys);
+    return NULL;
+}
+
 static PyObject *py_scale_boxes(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -142,11 +211,11 @@ static PyObject *py_match_predictions(PyObject *self, PyObject *args)
         return NULL;
     if (buffer_arg(pco, "pred_cls", 'i', 8, 0, -1, &pc) < 0)
         goto fail;
-    if (buffer_arg(pbo, "pred_boxes", 'f', 8, 0, 4 * (pc.len / 8), &pb) < 0)
+    if (buffer_arg(pbo, "pred_boxes", 'f', 4, 0, 4 * (pc.len / 8), &pb) < 0)
         goto fail;
     if (buffer_arg(gco, "gt_cls", 'i', 8, 0, -1, &gc) < 0)
         goto fail;
-    if (buffer_arg(gbo, "gt_boxes", 'f', 8, 0, 4 * (gc.len / 8), &gb) < 0)
+    if (buffer_arg(gbo, "gt_boxes", 'f', 4, 0, 4 * (gc.len / 8), &gb) < 0)
         goto fail;
     if (buffer_arg(tpo, "tp", 'u', 1, 1, PTL_NUM_IOU * (pc.len / 8), &tp) < 0)
         goto fail;
@@ -167,19 +236,63 @@ fail:
     return ret;
 }
 
+static PyObject *py_confusion_update(PyObject *self, PyObject *args)
+{
+    enum { MAT, PB, PCONF, PCLS, GB, GCLS, NBUF };
+    static const char *names[NBUF] = {"matrix", "pred_boxes", "pred_conf", "pred_cls", "gt_boxes", "gt_cls"};
+    static const char kinds[NBUF] = {'i', 'f', 'f', 'i', 'f', 'i'};
+    static const int sizes[NBUF] = {8, 4, 4, 8, 4, 8};
+    PyObject *o[NBUF];
+    Py_buffer b[NBUF];
+    double conf, iou;
+    int got = 0, rc;
+    PyObject *ret = NULL;
+    if (!PyArg_ParseTuple(args, "OOOOOOdd:confusion_update", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &conf, &iou))
+        return NULL;
+    for (; got < NBUF; got++)
+        if (buffer_arg(o[got], names[got], kinds[got], sizes[got], got == MAT, -1, &b[got]) < 0)
+            goto fail;
+    Py_ssize_t cells = b[MAT].len / 8, n = b[PCLS].len / 8, m = b[GCLS].len / 8, side = 1;
+    while (side * side < cells)
+        side++;
+    if (side * side != cells || side < 2) {
+        PyErr_Format(PyExc_ValueError, "matrix: expected (nc + 1, nc + 1) int64 with nc >= 1, got %zd cells", cells);
+        goto fail;
+    }
+    if (b[PB].len != 16 * n || b[PCONF].len != 4 * n || b[GB].len != 16 * m) {
+        PyErr_Format(PyExc_ValueError, "confusion_update: %zd predictions need pred_boxes (n, 4) and pred_conf (n), "
+                     "%zd ground truths need gt_boxes (m, 4)", n, m);
+        goto fail;
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    rc = ptl_confusion_update(b[MAT].buf, side - 1, n, b[PB].buf, b[PCONF].buf, b[PCLS].buf, m, b[GB].buf,
+                              b[GCLS].buf, conf, iou);
+    Py_END_ALLOW_THREADS;
+    if (rc != 0) {
+        ptl_raise(self);
+        goto fail;
+    }
+    ret = Py_NewRef(Py_None);
+fail:
+    for (int i = 0; i < got; i++)
+        PyBuffer_Release(&b[i]);
+    return ret;
+}
+
 static PyObject *py_ap_per_class(PyObject *self, PyObject *args)
 {
-    enum { TP, CONF, PCLS, GCLS, CLASSES, NGT, NPRED, AP, P, R, F1, NBUF };
-    static const char *names[NBUF] = {"tp", "conf", "pred_cls", "gt_cls", "classes", "n_gt",
-                                      "n_pred", "ap", "precision", "recall", "f1"};
-    static const char kinds[NBUF] = {'u', 'f', 'i', 'i', 'i', 'i', 'i', 'f', 'f', 'f', 'f'};
+    enum { TP, CONF, PCLS, GCLS, CLASSES, NGT, NPRED, AP, P, R, F1, TPC, FPC, PCUR, RCUR, F1CUR, PRCUR, NBUF };
+    static const char *names[NBUF] = {"tp", "conf", "pred_cls", "gt_cls", "classes", "n_gt", "n_pred", "ap",
+                                      "precision", "recall", "f1", "tp_out", "fp_out", "p_curve", "r_curve",
+                                      "f1_curve", "pr_curve"};
+    static const char kinds[NBUF] = {'u', 'f', 'i', 'i', 'i', 'i', 'i', 'f', 'f', 'f', 'f', 'f', 'f', 'f', 'f', 'f', 'f'};
     PyObject *o[NBUF];
     Py_buffer b[NBUF];
     int got = 0, rc;
     PyObject *ret = NULL;
     ptl_ap_result res;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOO:ap_per_class", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
-                          &o[7], &o[8], &o[9], &o[10]))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOO:ap_per_class", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
+                          &o[7], &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15], &o[16]))
         return NULL;
     for (; got < NBUF; got++)
         if (buffer_arg(o[got], names[got], kinds[got], got == TP ? 1 : 8, got >= CLASSES, -1, &b[got]) < 0)
@@ -187,7 +300,7 @@ static PyObject *py_ap_per_class(PyObject *self, PyObject *args)
     Py_ssize_t n = b[CONF].len / 8, m = b[GCLS].len / 8, cap = b[CLASSES].len / 8;
     for (int i = 0; i < NBUF; i++) {
         Py_ssize_t want = i == TP ? PTL_NUM_IOU * n : i == PCLS ? 8 * n : i == AP ? 8 * PTL_NUM_IOU * cap
-                          : i > CLASSES ? 8 * cap : b[i].len;
+                          : i >= PCUR ? 8 * PTL_AP_CURVE * cap : i > CLASSES ? 8 * cap : b[i].len;
         if (b[i].len != want) {
             PyErr_Format(PyExc_ValueError, "%s: expected %zd bytes, got %zd", names[i], want, b[i].len);
             goto fail;
@@ -206,6 +319,12 @@ static PyObject *py_ap_per_class(PyObject *self, PyObject *args)
     res.precision = b[P].buf;
     res.recall = b[R].buf;
     res.f1 = b[F1].buf;
+    res.tp = b[TPC].buf;
+    res.fp = b[FPC].buf;
+    res.p_curve = b[PCUR].buf;
+    res.r_curve = b[RCUR].buf;
+    res.f1_curve = b[F1CUR].buf;
+    res.pr_curve = b[PRCUR].buf;
     Py_BEGIN_ALLOW_THREADS;
     rc = ptl_ap_per_class(n, b[TP].buf, b[CONF].buf, b[PCLS].buf, m, b[GCLS].buf, &res);
     Py_END_ALLOW_THREADS;
@@ -213,10 +332,9 @@ static PyObject *py_ap_per_class(PyObject *self, PyObject *args)
         ptl_raise(self);
         goto fail;
     }
-    ret = Py_BuildValue("{s:L,s:d,s:d,s:d,s:d,s:d,s:L,s:d,s:O}", "nclasses", (long long)res.nclasses, "mp",
-                        res.mp, "mr", res.mr, "map50", res.map50, "map", res.map, "fitness", res.fitness,
-                        "best_index", (long long)res.best_index, "best_conf", res.best_conf, "any_tp",
-                        res.any_tp ? Py_True : Py_False);
+    ret = Py_BuildValue("{s:L,s:d,s:d,s:d,s:d,s:d,s:d,s:L,s:d}", "nclasses", (long long)res.nclasses, "mp", res.mp,
+                        "mr", res.mr, "map50", res.map50, "map75", res.map75, "map", res.map, "fitness",
+                        res.fitness, "best_index", (long long)res.best_index, "best_conf", res.best_conf);
 fail:
     for (int i = 0; i < got; i++)
         PyBuffer_Release(&b[i]);
@@ -226,15 +344,22 @@ fail:
 static PyMethodDef methods[] = {
     {"postprocess", (PyCFunction)(void (*)(void))py_postprocess, METH_VARARGS | METH_KEYWORDS,
      "postprocess(boxes, scores, img_h, img_w, max_det=300, conf=0.001) -> (out (B, k, 6), count (B,))\n"
-     "End-to-end top-k of the o2o head (spec 8.2) on the tensors' device."},
+     "End-to-end top-k of the o2o head on the tensors' device."},
+    {"nms", (PyCFunction)(void (*)(void))py_nms, METH_VARARGS | METH_KEYWORDS,
+     "nms(boxes, scores, img_h, img_w, max_det=300, conf=0.001, iou=0.7, max_nms=30000, agnostic=False, "
+     "multi_label=True) -> (out (B, max_det, 6), count (B,))\nClass-aware NMS of the o2m head on the tensors' device."},
     {"scale_boxes", py_scale_boxes, METH_VARARGS,
      "scale_boxes(boxes f64 (n, 4), gain_x, gain_y, pad_x, pad_y, width, height): in place."},
     {"match_predictions", py_match_predictions, METH_VARARGS,
-     "match_predictions(pred_boxes f64 (n, 4), pred_cls i64 (n), gt_boxes f64 (m, 4), gt_cls i64 (m), "
+     "match_predictions(pred_boxes f32 (n, 4), pred_cls i64 (n), gt_boxes f32 (m, 4), gt_cls i64 (m), "
      "tp u8 (n, 10) out)"},
+    {"confusion_update", py_confusion_update, METH_VARARGS,
+     "confusion_update(matrix i64 (nc+1, nc+1) inout, pred_boxes f32 (n, 4), pred_conf f32, pred_cls i64, "
+     "gt_boxes f32 (m, 4), gt_cls i64, conf, iou)"},
     {"ap_per_class", py_ap_per_class, METH_VARARGS,
      "ap_per_class(tp u8 (n, 10), conf f64, pred_cls i64, gt_cls i64, classes, n_gt, n_pred (i64 out), "
-     "ap (cap, 10), precision, recall, f1 (f64 out)) -> dict of scalars"},
+     "ap (cap, 10), precision, recall, f1, tp, fp (cap), p_curve, r_curve, f1_curve, pr_curve (cap, 1000) "
+     "(f64 out)) -> dict of scalars"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -2,14 +2,6 @@
 #include "network.h"
 
 #include "../ops/philox.h"
-#include "activation.h"
-#include "attention.h"
-#include "batchnorm.h"
-#include "concat.h"
-#include "conv2d.h"
-#include "elementwise.h"
-#include "maxpool.h"
-#include "upsample.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -543,40 +535,6 @@ static int reps(const builder *b, int n)
     return r > 1 ? r : 1;
 }
 
-/* Backward runs the ops in reverse; a conv or attention may overwrite grad(in) when no later op
- * (earlier in the backward) has added to it yet, which saves a scratch pass. */
-static int mark_direct(ptl_network *net)
-{
-    char *touched = calloc((size_t)net->nvalues, 1);
-    if (!touched)
-        return ptl_set_error(PTL_ERR_MEMORY, "network builder: out of memory");
-    for (int i = net->nops - 1; i >= 0; i--) {
-        ptl_net_op *op = &net->ops[i];
-        switch (op->kind) {
-        case PTL_OP_CONV:
-        case PTL_OP_CONV_BIAS:
-        case PTL_OP_ATTN:
-            if (!op->no_dx) {
-                op->dx_direct = !touched[op->in];
-                touched[op->in] = 1;
-            }
-            break;
-        case PTL_OP_CAT:
-            for (int j = 0; j < op->nparts; j++)
-                touched[op->parts[j].value] = 1;
-            break;
-        case PTL_OP_ADD:
-            touched[op->in2] = 1;
-            touched[op->in] = 1;
-            break;
-        default:
-            touched[op->in] = 1;
-        }
-    }
-    free(touched);
-    return 0;
-}
-
 static int build(builder *b)
 {
     ptl_network *net = b->net;
@@ -649,7 +607,7 @@ static int build(builder *b)
     b->head = 0;
     if (head_emit(b, &o2m, 0) || head_emit(b, &o2o, 1))
         return -1;
-    return mark_direct(net);
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------ initialisation */
@@ -751,7 +709,6 @@ ptl_network *ptl_network_create(char scale, int nc, ptl_dtype dtype, uint64_t se
     net->scale = scale;
     net->nc = nc;
     net->dtype = dtype;
-    net->training = 1;
     b.net = net;
     if (build(&b))
         goto fail;
@@ -759,18 +716,7 @@ ptl_network *ptl_network_create(char scale, int nc, ptl_dtype dtype, uint64_t se
     net->params = calloc((size_t)net->nparams, esz);
     net->grads = calloc((size_t)net->nparams, esz);
     net->buffers = calloc((size_t)net->nbuffers, esz);
-    net->stats = calloc((size_t)net->nstats, esz);
-    int64_t wmax = 0;
-    for (int i = 0; i < net->nops; i++) {
-        const ptl_net_op *op = &net->ops[i];
-        if (op->kind == PTL_OP_CONV || op->kind == PTL_OP_CONV_BIAS) {
-            int64_t n = (int64_t)op->cout * (op->cin / op->g) * op->k * op->k;
-            wmax = n > wmax ? n : wmax;
-        }
-    }
-    net->wmax = wmax;
-    net->wbuf = malloc((size_t)(3 * wmax) * esz);
-    if (!net->params || !net->grads || !net->buffers || !net->stats || !net->wbuf) {
+    if (!net->params || !net->grads || !net->buffers) {
         ptl_set_error(PTL_ERR_MEMORY, "network: out of memory for %lld parameters", (long long)net->nparams);
         goto fail;
     }
@@ -781,316 +727,17 @@ fail:
     return NULL;
 }
 
-static void free_shape(ptl_network *net)
-{
-    free(net->act);
-    free(net->gact);
-    free(net->attn);
-    free(net->scratch);
-    for (int b = 0; b < 2; b++)
-        for (int j = 0; j < 2; j++) {
-            free(net->out[b][j]);
-            net->out[b][j] = NULL;
-        }
-    net->act = net->gact = net->attn = NULL;
-    net->scratch = NULL;
-    net->B = net->H = net->W = 0;
-    net->have_forward = 0;
-}
-
 void ptl_network_free(ptl_network *net)
 {
     if (!net)
         return;
-    free_shape(net);
     free(net->entries);
     free(net->values);
     free(net->ops);
     free(net->params);
     free(net->grads);
     free(net->buffers);
-    free(net->stats);
-    free(net->wbuf);
     free(net);
-}
-
-int ptl_network_prepare(ptl_network *net, int B, int H, int W)
-{
-    if (B < 1)
-        return ptl_set_error(PTL_ERR_VALUE, "images: batch size must be >= 1 (got %d)", B);
-    if (H < 32 || W < 32 || H % 32 || W % 32)
-        return ptl_set_error(PTL_ERR_VALUE, "images: height and width must be positive multiples of 32 (got %dx%d)",
-                             H, W);
-    if (net->B == B && net->H == H && net->W == W)
-        return 0;
-    free_shape(net);
-    size_t esz = ptl_dtype_size(net->dtype);
-    int64_t off = 0, maxv = 0, attn = 0;
-    for (int i = 0; i < net->nvalues; i++) {
-        ptl_net_value *v = &net->values[i];
-        int64_t n = (int64_t)B * (H / v->down) * (W / v->down) * v->C;
-        v->off = v->goff = off;
-        off += n;
-        maxv = n > maxv ? n : maxv;
-    }
-    for (int i = 0; i < net->nops; i++) {
-        ptl_net_op *op = &net->ops[i];
-        if (op->kind == PTL_OP_ATTN) {
-            const ptl_net_value *v = &net->values[op->in];
-            int64_t n = (int64_t)(H / v->down) * (W / v->down);
-            op->p_off = attn;
-            attn += (int64_t)B * op->heads * n * n;
-        }
-    }
-    net->act_numel = off;
-    net->attn_numel = attn;
-    net->max_value_numel = maxv;
-    net->A = 0;
-    for (int l = 0; l < 3; l++) {
-        net->level_off[l] = net->A;
-        net->level_hw[l] = (int64_t)(H / net->stride[l]) * (W / net->stride[l]);
-        net->A += net->level_hw[l];
-    }
-    net->act = malloc((size_t)off * esz);
-    net->gact = malloc((size_t)off * esz);
-    net->attn = malloc((size_t)(attn ? attn : 1) * esz);
-    net->scratch = malloc((size_t)maxv * esz);
-    int ok = net->act && net->gact && net->attn && net->scratch;
-    for (int b = 0; b < 2; b++) {
-        net->out[b][0] = malloc((size_t)B * net->A * 4 * esz);
-        net->out[b][1] = malloc((size_t)B * net->A * net->nc * esz);
-        ok = ok && net->out[b][0] && net->out[b][1];
-    }
-    if (!ok) {
-        free_shape(net);
-        return ptl_set_error(PTL_ERR_MEMORY, "network: out of memory for activations of %dx%dx%d", B, H, W);
-    }
-    net->B = B;
-    net->H = H;
-    net->W = W;
-    return 0;
-}
-
-/* ------------------------------------------------------------------------------------ executor */
-
-#define ESZ(net) ptl_dtype_size((net)->dtype)
-#define AT(base, off) ((char *)(base) + (size_t)(off) * esz)
-
-typedef struct {
-    int h, w;
-    int64_t m; /* B*h*w rows */
-} vdims;
-
-static vdims dims_of(const ptl_network *net, int v)
-{
-    vdims d;
-    d.h = net->H / net->values[v].down;
-    d.w = net->W / net->values[v].down;
-    d.m = (int64_t)net->B * d.h * d.w;
-    return d;
-}
-
-static int conv_desc(const ptl_network *net, const ptl_net_op *op, ptl_conv2d_desc *d)
-{
-    vdims di = dims_of(net, op->in);
-    return ptl_conv2d_init(d, net->B, di.h, di.w, op->cin, op->cout, op->k, op->s, op->g);
-}
-
-static int forward_op(ptl_network *net, const ptl_net_op *op)
-{
-    size_t esz = ESZ(net);
-    ptl_dtype dt = net->dtype;
-    const ptl_net_value *V = net->values;
-    void *act = net->act;
-    switch (op->kind) {
-    case PTL_OP_CONV:
-    case PTL_OP_CONV_BIAS: {
-        ptl_conv2d_desc d;
-        void *wt = net->wbuf;
-        PTL_CHECK(conv_desc(net, op, &d));
-        PTL_CHECK(ptl_conv2d_weight_from_oihw(dt, op->cout, op->cin / op->g, op->k, AT(net->params, op->w_off), wt));
-        if (op->kind == PTL_OP_CONV_BIAS)
-            return ptl_conv2d_forward(&d, dt, AT(act, V[op->in].off), wt, AT(net->params, op->bias_off),
-                                      AT(act, V[op->out].off));
-        PTL_CHECK(ptl_conv2d_forward(&d, dt, AT(act, V[op->in].off), wt, NULL, AT(act, V[op->z].off)));
-        return ptl_batchnorm_forward(dt, dims_of(net, op->out).m, op->cout, AT(act, V[op->z].off),
-                                     AT(net->params, op->gamma_off), AT(net->params, op->beta_off),
-                                     AT(net->buffers, op->rmean_off), AT(net->buffers, op->rvar_off), net->training,
-                                     op->act ? PTL_ACT_SILU : PTL_ACT_NONE, AT(net->stats, op->stat_off),
-                                     AT(net->stats, op->stat_off + op->cout), AT(act, V[op->out].off));
-    }
-    case PTL_OP_ADD:
-        return ptl_add(dt, dims_of(net, op->out).m * V[op->out].C, AT(act, V[op->in].off), AT(act, V[op->in2].off),
-                       AT(act, V[op->out].off));
-    case PTL_OP_CAT: {
-        int64_t m = dims_of(net, op->out).m;
-        int dst = 0;
-        for (int i = 0; i < op->nparts; i++) {
-            const ptl_net_part *p = &op->parts[i];
-            PTL_CHECK(ptl_channel_copy(dt, m, p->nc, AT(act, V[p->value].off), V[p->value].C, p->c0,
-                                       AT(act, V[op->out].off), V[op->out].C, dst, 0));
-            dst += p->nc;
-        }
-        return 0;
-    }
-    case PTL_OP_POOL: {
-        vdims d = dims_of(net, op->in);
-        return ptl_maxpool5_forward(dt, net->B, d.h, d.w, V[op->in].C, AT(act, V[op->in].off), AT(act, V[op->out].off));
-    }
-    case PTL_OP_UP: {
-        vdims d = dims_of(net, op->in);
-        return ptl_upsample2x_forward(dt, net->B, d.h, d.w, V[op->in].C, AT(act, V[op->in].off),
-                                      AT(act, V[op->out].off));
-    }
-    case PTL_OP_ATTN: {
-        vdims d = dims_of(net, op->in);
-        return ptl_attention_forward(dt, net->B, d.h * d.w, op->heads, op->kd, op->hd, AT(act, V[op->in].off),
-                                     AT(net->attn, op->p_off), AT(act, V[op->out].off), AT(act, V[op->out2].off));
-    }
-    case PTL_OP_HEAD: {
-        vdims d = dims_of(net, op->in);
-        int C = V[op->in].C;
-        int64_t hw = (int64_t)d.h * d.w;
-        char *dst = net->out[op->branch][op->box ? 0 : 1];
-        for (int b = 0; b < net->B; b++)
-            PTL_CHECK(ptl_channel_copy(dt, hw, C, AT(act, V[op->in].off + b * hw * C), C, 0,
-                                       AT(dst, ((int64_t)b * net->A + net->level_off[op->level]) * C), C, 0, 0));
-        return 0;
-    }
-    }
-fail:
-    return -1;
-}
-
-/* dx of a conv into grad(in): directly when nothing has been added there yet, else via scratch. */
-static int conv_backward(ptl_network *net, const ptl_net_op *op, const void *dy)
-{
-    size_t esz = ESZ(net);
-    ptl_dtype dt = net->dtype;
-    const ptl_net_value *V = net->values;
-    ptl_conv2d_desc d;
-    int cin_g = op->cin / op->g;
-    int64_t wn = (int64_t)op->cout * cin_g * op->k * op->k;
-    void *wt = net->wbuf, *gw = AT(net->wbuf, net->wmax), *gw2 = AT(net->wbuf, 2 * net->wmax);
-    PTL_CHECK(conv_desc(net, op, &d));
-    if (op->kind == PTL_OP_CONV_BIAS)
-        PTL_CHECK(ptl_conv2d_backward_bias(&d, dt, dy, AT(net->grads, op->bias_off)));
-    PTL_CHECK(ptl_zero(dt, wn, gw));
-    PTL_CHECK(ptl_conv2d_backward_weight(&d, dt, AT(net->act, V[op->in].off), dy, gw));
-    PTL_CHECK(ptl_conv2d_weight_to_oihw(dt, op->cout, cin_g, op->k, gw, gw2));
-    PTL_CHECK(ptl_accumulate(dt, wn, gw2, AT(net->grads, op->w_off)));
-    if (op->no_dx)
-        return 0;
-    PTL_CHECK(ptl_conv2d_weight_from_oihw(dt, op->cout, cin_g, op->k, AT(net->params, op->w_off), wt));
-    void *gin = AT(net->gact, V[op->in].goff);
-    if (op->dx_direct)
-        return ptl_conv2d_backward_input(&d, dt, dy, wt, gin);
-    PTL_CHECK(ptl_conv2d_backward_input(&d, dt, dy, wt, net->scratch));
-    return ptl_accumulate(dt, dims_of(net, op->in).m * op->cin, net->scratch, gin);
-fail:
-    return -1;
-}
-
-static int backward_op(ptl_network *net, const ptl_net_op *op, const void *const d_out[2][2])
-{
-    size_t esz = ESZ(net);
-    ptl_dtype dt = net->dtype;
-    const ptl_net_value *V = net->values;
-    void *act = net->act, *g = net->gact;
-    switch (op->kind) {
-    case PTL_OP_CONV:
-        PTL_CHECK(ptl_batchnorm_backward(dt, dims_of(net, op->out).m, op->cout, AT(act, V[op->z].off),
-                                         AT(g, V[op->out].goff), AT(net->params, op->gamma_off),
-                                         AT(net->params, op->beta_off), AT(net->stats, op->stat_off),
-                                         AT(net->stats, op->stat_off + op->cout), net->fwd_training,
-                                         op->act ? PTL_ACT_SILU : PTL_ACT_NONE, AT(g, V[op->z].goff),
-                                         AT(net->grads, op->gamma_off), AT(net->grads, op->beta_off)));
-        return conv_backward(net, op, AT(g, V[op->z].goff));
-    case PTL_OP_CONV_BIAS:
-        return conv_backward(net, op, AT(g, V[op->out].goff));
-    case PTL_OP_ADD: {
-        int64_t n = dims_of(net, op->out).m * V[op->out].C;
-        PTL_CHECK(ptl_accumulate(dt, n, AT(g, V[op->out].goff), AT(g, V[op->in].goff)));
-        return ptl_accumulate(dt, n, AT(g, V[op->out].goff), AT(g, V[op->in2].goff));
-    }
-    case PTL_OP_CAT: {
-        int64_t m = dims_of(net, op->out).m;
-        int src = 0;
-        for (int i = 0; i < op->nparts; i++) {
-            const ptl_net_part *p = &op->parts[i];
-            PTL_CHECK(ptl_channel_copy(dt, m, p->nc, AT(g, V[op->out].goff), V[op->out].C, src,
-                                       AT(g, V[p->value].goff), V[p->value].C, p->c0, 1));
-            src += p->nc;
-        }
-        return 0;
-    }
-    case PTL_OP_POOL: {
-        vdims d = dims_of(net, op->in);
-        return ptl_maxpool5_backward(dt, net->B, d.h, d.w, V[op->in].C, AT(act, V[op->in].off),
-                                     AT(g, V[op->out].goff), AT(g, V[op->in].goff), 1);
-    }
-    case PTL_OP_UP: {
-        vdims d = dims_of(net, op->in);
-        return ptl_upsample2x_backward(dt, net->B, d.h, d.w, V[op->in].C, AT(g, V[op->out].goff),
-                                       AT(g, V[op->in].goff), 1);
-    }
-    case PTL_OP_ATTN: {
-        vdims d = dims_of(net, op->in);
-        void *gin = AT(g, V[op->in].goff);
-        void *dst = op->dx_direct ? gin : net->scratch;
-        PTL_CHECK(ptl_attention_backward(dt, net->B, d.h * d.w, op->heads, op->kd, op->hd, AT(act, V[op->in].off),
-                                         AT(net->attn, op->p_off), AT(g, V[op->out].goff), AT(g, V[op->out2].goff),
-                                         dst));
-        return op->dx_direct ? 0 : ptl_accumulate(dt, d.m * V[op->in].C, net->scratch, gin);
-    }
-    case PTL_OP_HEAD: {
-        const char *src = d_out[op->branch][op->box ? 0 : 1];
-        if (!src)
-            return 0;
-        vdims d = dims_of(net, op->in);
-        int C = V[op->in].C;
-        int64_t hw = (int64_t)d.h * d.w;
-        for (int b = 0; b < net->B; b++)
-            PTL_CHECK(ptl_channel_copy(dt, hw, C, AT(src, ((int64_t)b * net->A + net->level_off[op->level]) * C), C,
-                                       0, AT(g, V[op->in].goff + b * hw * C), C, 0, 1));
-        return 0;
-    }
-    }
-fail:
-    return -1;
-}
-
-int ptl_network_forward(ptl_network *net, const void *images, int B, int H, int W)
-{
-    if (ptl_network_prepare(net, B, H, W))
-        return -1;
-    size_t esz = ESZ(net);
-    net->have_forward = 0;
-    net->fwd_training = net->training;
-    PTL_CHECK(ptl_copy(net->dtype, (int64_t)B * H * W * 3, images, AT(net->act, net->values[net->input].off)));
-    for (int i = 0; i < net->nops; i++)
-        PTL_CHECK(forward_op(net, &net->ops[i]));
-    net->have_forward = 1;
-    return 0;
-fail:
-    net->have_forward = 0;
-    return -1;
-}
-
-int ptl_network_backward(ptl_network *net, const void *const d_out[2][2], void *d_images)
-{
-    if (!net->have_forward)
-        return ptl_set_error(PTL_ERR_RUNTIME, "network backward needs a successful forward of the same shape first");
-    size_t esz = ESZ(net);
-    PTL_CHECK(ptl_zero(net->dtype, net->act_numel, net->gact));
-    for (int i = net->nops - 1; i >= 0; i--)
-        PTL_CHECK(backward_op(net, &net->ops[i], d_out));
-    if (d_images)
-        PTL_CHECK(ptl_copy(net->dtype, (int64_t)net->B * net->H * net->W * 3,
-                           AT(net->gact, net->values[net->input].goff), d_images));
-    return 0;
-fail:
-    return -1;
 }
 
 int64_t ptl_network_layer_params(const ptl_network *net, int layer)

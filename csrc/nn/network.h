@@ -1,5 +1,6 @@
-/* The YOLO26 detection network: builder (scale table, names, flat buffers, initialisation) and the
- * CPU forward/backward over an explicit list of layer records (ARCHITECTURE.md §1, spec §1-2).
+/* The YOLO26 detection network's description: builder (scale table, names, flat buffers,
+ * initialisation) and the explicit list of layer records (ARCHITECTURE.md §1, spec §1-2). It is
+ * executed by the network executor (executor.h) on the CPU or a CUDA backend.
  *
  * Layout:
  *   - parameters: ONE flat buffer, one gradient buffer of the same layout, and one flat buffer of
@@ -8,21 +9,14 @@
  *     (`model.0.conv.weight`, `model.0.bn.running_var`, ...). Convolution weights keep PyTorch's
  *     (c_out, c_in/groups, kh, kw) layout so a state_dict entry is a plain copy.
  *     `num_batches_tracked` is not stored: with a fixed momentum it has no effect (§1.1).
- *   - activations are NHWC; one arena per (batch, height, width) sized up front and reused.
+ *   - values are NHWC tensors at 1/`down` of the input resolution; the executor lays them out per
+ *     (batch, height, width).
  *   - head outputs: boxes (B, A, 4) (l, t, r, b in grid units) and scores (B, A, nc) logits, per
  *     branch (0 = one-to-many, 1 = one-to-one); A = sum over P3, P4, P5 of H_i*W_i, row-major.
  *
- * The CPU network computes in one dtype, float32 (training) or float64 (gradient checks): its
- * parameter, gradient and buffer storage, activations and outputs all use that dtype.
- *
- * Execution: the ops run in list order (forward) and reverse order (backward), calling the layer
- * kernels of this folder. Every op output is its own value in the arena (nothing is recomputed
- * except SiLU inside the fused BN backward and max-pool argmaxes); the backward zeroes the
- * activation-gradient arena, then each op adds into its inputs' gradients, except that a conv or
- * attention may write its input gradient directly when it is the first to reach it (dx_direct).
- * Conv weights are converted OIHW -> OHWI (the kernels' layout) on every call, like the cast of
- * master weights in a mixed-precision forward. The one-to-one head's first convs have no_dx set:
- * its loss never reaches the neck. */
+ * The description's host storage (params, grads, buffers) is in its dtype, float32 (training) or
+ * float64 (gradient checks); the CPU executor runs on it directly. The one-to-one head's first convs
+ * have no_dx set: its loss never reaches the neck. */
 #ifndef PTL_NN_NETWORK_H
 #define PTL_NN_NETWORK_H
 
@@ -57,8 +51,6 @@ enum { PTL_INIT_UNIFORM, PTL_INIT_ONES, PTL_INIT_ZEROS, PTL_INIT_BOX_BIAS, PTL_I
 typedef struct {
     int C;
     int down;
-    int64_t off;  /* elements into the activation arena (set by ptl_network_prepare) */
-    int64_t goff; /* elements into the activation-gradient arena */
 } ptl_net_value;
 
 typedef enum {
@@ -80,20 +72,18 @@ typedef struct {
     ptl_net_op_kind kind;
     int layer;
     int in, in2, out, out2;
-    int no_dx;     /* 1: no gradient flows to `in` (detached o2o inputs) */
-    int dx_direct; /* 1: the backward may overwrite grad(in) (nothing has added to it yet) */
+    int no_dx; /* 1: no gradient flows to `in` (detached o2o inputs) */
     /* conv */
     int cin, cout, k, s, g, act;
     int64_t w_off, gamma_off, beta_off, bias_off; /* into params */
     int64_t rmean_off, rvar_off;                  /* into buffers */
-    int64_t stat_off;                             /* into the saved batch mean/invstd arena */
+    int64_t stat_off;                             /* into the executor's saved batch mean/invstd */
     int z;                                        /* the saved pre-BN conv output (value id) */
     /* cat */
     int nparts;
     ptl_net_part parts[PTL_NET_MAX_PARTS];
     /* attention */
     int heads, kd, hd;
-    int64_t p_off; /* saved softmax probabilities, per sample and head N*N, into the attn arena */
     /* head */
     int branch, level, box; /* box: 1 = boxes (4 channels), 0 = scores (nc channels) */
 } ptl_net_op;
@@ -102,7 +92,6 @@ typedef struct ptl_network {
     char scale;
     int nc;
     ptl_dtype dtype; /* PTL_FLOAT32 or PTL_FLOAT64 */
-    int training;
     int stride[3]; /* P3, P4, P5 */
     int feat[3];   /* value ids of P3, P4, P5 */
     int ch[3];     /* their channels */
@@ -117,24 +106,9 @@ typedef struct ptl_network {
     int nops, cap_ops;
     ptl_net_op *ops;
 
-    /* Flat storage in `dtype`, owned by the network. */
+    /* Flat host storage in `dtype`, owned by the network. */
     void *params, *grads, *buffers;
-    void *stats; /* saved batch mean and invstd per BN channel (train-mode forward) */
-
-    /* Per (batch, height, width): set by ptl_network_prepare. */
-    int B, H, W;
-    int have_forward; /* a forward of this shape succeeded (backward may run) */
-    int fwd_training; /* the BN mode of that forward, which its backward must use */
-    int64_t A;
-    int64_t level_off[3]; /* anchor offset of each level */
-    int64_t level_hw[3];
-    int64_t act_numel, attn_numel, max_value_numel;
-    void *act, *gact, *attn;
-    void *scratch; /* one value's worth: a conv/attention dx to be added into a shared gradient */
-    void *out[2][2]; /* [branch][0 = boxes (B,A,4), 1 = scores (B,A,nc)] */
-    int input;       /* value id of the image (B, H, W, 3) */
-    int64_t wmax;
-    void *wbuf; /* 3 x wmax: a conv weight in OHWI, its OHWI gradient, that gradient back in OIHW */
+    int input; /* value id of the image (B, H, W, 3) */
 } ptl_network;
 
 /* Builds a network for scale 'n','s','m','l','x' and `nc` classes, initialised per spec §1.7 from
@@ -144,21 +118,6 @@ void ptl_network_free(ptl_network *net);
 
 /* Re-draws every parameter and resets the BN statistics (spec §1.7). */
 void ptl_network_init(ptl_network *net, uint64_t seed);
-
-/* Sizes and (re)allocates the activation arena and head outputs for a batch shape; a no-op when the
- * shape is unchanged. H and W must be positive multiples of 32. */
-int ptl_network_prepare(ptl_network *net, int B, int H, int W);
-
-/* Forward on NHWC images (B, H, W, 3) in the network dtype (already normalised to [0, 1]).
- * Training mode normalises with batch statistics and updates the running statistics. Results in
- * net->out. Calls ptl_network_prepare. */
-int ptl_network_forward(ptl_network *net, const void *images, int B, int H, int W);
-
-/* Backward after a training- or eval-mode forward of the same shape: d_out[branch][0] is
- * d loss/d boxes (B, A, 4), d_out[branch][1] d loss/d scores (B, A, nc); a NULL entry means zero.
- * Parameter gradients accumulate into net->grads (+=). When d_images is not NULL the gradient
- * with respect to the input images (B, H, W, 3) is written there (=). */
-int ptl_network_backward(ptl_network *net, const void *const d_out[2][2], void *d_images);
 
 /* Per-layer parameter count of spec layer `layer` (0..23). */
 int64_t ptl_network_layer_params(const ptl_network *net, int layer);

@@ -1,7 +1,10 @@
-/* Python bindings of the layer kernels (CPU), for tests: ptl._C.layer_* functions.
- * Forwards return new tensors; backwards write into the gradient tensors they are given (activation
- * gradients overwritten, parameter gradients accumulated, as the C functions do). All tensors of one
- * call share x's dtype and live on the CPU. */
+/* Python bindings of the layer kernels, for tests: ptl._C.layer_* functions. Each runs on the device of
+ * its first tensor through the executor's backend table (executor.h): the CPU reference kernels
+ * (float32, float64) or the CUDA kernels (float32, bfloat16, float16; BatchNorm parameters and
+ * statistics float32 there). Convolutions here are the CPU's; on CUDA they run through a plan
+ * (../cuda/py_conv2d_cuda.c). Forwards return new tensors; backwards write into the gradient tensors
+ * they are given (activation gradients overwritten, parameter gradients accumulated, as the C
+ * functions do). */
 #include "../py.h"
 #include "activation.h"
 #include "attention.h"
@@ -9,16 +12,67 @@
 #include "concat.h"
 #include "conv2d.h"
 #include "elementwise.h"
+#include "executor.h"
 #include "maxpool.h"
 #include "upsample.h"
 
 static const ptl_device CPU = {PTL_CPU, 0};
 
-/* A CPU float32/float64 tensor; dt < 0 accepts either (the first tensor of a call fixes the dtype). */
-static PtlTensor *arg(PyObject *m, PyObject *obj, const char *name, int dt, int ndim, const int64_t *shape)
+static int act_dtype_ok(ptl_device dev, ptl_dtype dt)
+{
+    return dev.type == PTL_CPU ? dt == PTL_FLOAT32 || dt == PTL_FLOAT64
+                               : dt == PTL_FLOAT32 || dt == PTL_BFLOAT16 || dt == PTL_FLOAT16;
+}
+
+/* An activation tensor. like (may be NULL) fixes device and dtype; without it any device, with the dtypes
+ * its kernels take. */
+static PtlTensor *arg(PyObject *m, PyObject *obj, const char *name, PtlTensor *like, int ndim, const int64_t *shape)
+{
+    PtlTensor *t = ptl_tensor_arg(m, obj, name, like ? (int)like->dtype : -1, like ? &like->storage->device : NULL,
+                                  ndim, shape);
+    if (t && !like && !act_dtype_ok(t->storage->device, t->dtype)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected dtype %s, got %s", name,
+                     t->storage->device.type == PTL_CPU ? "float32 or float64" : "float32, bfloat16 or float16",
+                     ptl_dtype_name(t->dtype));
+        return NULL;
+    }
+    return t;
+}
+
+static PtlTensor *opt_arg(PyObject *m, PyObject *obj, const char *name, PtlTensor *like, int ndim,
+                          const int64_t *shape, int *err)
+{
+    if (obj == Py_None)
+        return NULL;
+    PtlTensor *t = arg(m, obj, name, like, ndim, shape);
+    if (!t)
+        *err = 1;
+    return t;
+}
+
+/* BatchNorm parameters and statistics: x's dtype on the CPU, float32 on CUDA, on x's device. */
+static ptl_dtype par_dtype(PtlTensor *x) { return x->storage->device.type == PTL_CPU ? x->dtype : PTL_FLOAT32; }
+
+static PtlTensor *par(PyObject *m, PyObject *obj, const char *name, PtlTensor *x, const int64_t *shape)
+{
+    return ptl_tensor_arg(m, obj, name, (int)par_dtype(x), &x->storage->device, 1, shape);
+}
+
+static PtlTensor *opt_par(PyObject *m, PyObject *obj, const char *name, PtlTensor *x, const int64_t *shape, int *err)
+{
+    if (obj == Py_None)
+        return NULL;
+    PtlTensor *t = par(m, obj, name, x, shape);
+    if (!t)
+        *err = 1;
+    return t;
+}
+
+/* A CPU tensor of the CPU kernels' dtypes (the CPU-only bindings: convolutions, concat). */
+static PtlTensor *cpu_arg(PyObject *m, PyObject *obj, const char *name, int dt, int ndim, const int64_t *shape)
 {
     PtlTensor *t = ptl_tensor_arg(m, obj, name, dt, &CPU, ndim, shape);
-    if (t && t->dtype != PTL_FLOAT32 && t->dtype != PTL_FLOAT64) {
+    if (t && !act_dtype_ok(CPU, t->dtype)) {
         PyErr_Format(PyExc_TypeError, "%s: expected dtype float32 or float64, got %s", name,
                      ptl_dtype_name(t->dtype));
         return NULL;
@@ -26,20 +80,39 @@ static PtlTensor *arg(PyObject *m, PyObject *obj, const char *name, int dt, int 
     return t;
 }
 
-static PtlTensor *opt_arg(PyObject *m, PyObject *obj, const char *name, int dt, int ndim, const int64_t *shape,
-                          int *err)
+static PtlTensor *opt_cpu_arg(PyObject *m, PyObject *obj, const char *name, int dt, int ndim, const int64_t *shape,
+                              int *err)
 {
     if (obj == Py_None)
         return NULL;
-    PtlTensor *t = arg(m, obj, name, dt, ndim, shape);
+    PtlTensor *t = cpu_arg(m, obj, name, dt, ndim, shape);
     if (!t)
         *err = 1;
     return t;
 }
 
-static PtlTensor *new_like(PyObject *m, int ndim, const int64_t *shape, ptl_dtype dt)
+/* The kernels of t's device and its execution context. */
+typedef struct {
+    const ptl_net_backend *be;
+    struct ptl_cuda_ctx *ctx;
+} kernels;
+
+static int kernels_of(PyObject *m, PtlTensor *t, kernels *k)
 {
-    return ptl_tensor_empty(m, ndim, shape, dt, CPU);
+    const ptl_device dev = t->storage->device;
+    if (ptl_py_exec_ctx(m, dev, &k->ctx) < 0)
+        return -1;
+#ifdef PTL_WITH_CUDA
+    k->be = dev.type == PTL_CPU ? &ptl_net_backend_cpu : &ptl_net_backend_cuda;
+#else
+    k->be = &ptl_net_backend_cpu;
+#endif
+    return 0;
+}
+
+static PtlTensor *new_like(PyObject *m, PtlTensor *like, int ndim, const int64_t *shape, ptl_dtype dt)
+{
+    return ptl_tensor_empty(m, ndim, shape, dt, like->storage->device);
 }
 
 static void *data_or_null(PtlTensor *t) { return t ? ptl_tensor_data(t) : NULL; }
@@ -79,18 +152,18 @@ static PyObject *py_conv2d_forward(PyObject *m, PyObject *args)
     int stride, groups, err = 0;
     if (!PyArg_ParseTuple(args, "OOOii:layer_conv2d_forward", &xo, &wo, &bo, &stride, &groups))
         return NULL;
-    PtlTensor *x = arg(m, xo, "x", -1, 4, NULL), *w, *b, *y;
-    if (!x || !(w = arg(m, wo, "w", x->dtype, 4, NULL)))
+    PtlTensor *x = cpu_arg(m, xo, "x", -1, 4, NULL), *w, *b, *y;
+    if (!x || !(w = cpu_arg(m, wo, "w", x->dtype, 4, NULL)))
         return NULL;
     ptl_conv2d_desc d;
     if (conv_desc(m, x, w, stride, groups, &d))
         return NULL;
     const int64_t bs[1] = {d.cout};
-    b = opt_arg(m, bo, "bias", x->dtype, 1, bs, &err);
+    b = opt_cpu_arg(m, bo, "bias", x->dtype, 1, bs, &err);
     if (err)
         return NULL;
     const int64_t ys[4] = {d.n, d.ho, d.wo, d.cout};
-    if (!(y = new_like(m, 4, ys, x->dtype)))
+    if (!(y = ptl_tensor_empty(m, 4, ys, x->dtype, CPU)))
         return NULL;
     RUN(ptl_conv2d_forward(&d, x->dtype, ptl_tensor_data(x), ptl_tensor_data(w), data_or_null(b),
                            ptl_tensor_data(y)));
@@ -109,17 +182,17 @@ static PyObject *py_conv2d_backward_input(PyObject *m, PyObject *args)
     PtlTensor *ws = NULL;
     if (!PyArg_ParseTuple(args, "OOOii|p:layer_conv2d_backward_input", &dyo, &wo, &dxo, &stride, &groups, &use_ws))
         return NULL;
-    PtlTensor *dx = arg(m, dxo, "dx", -1, 4, NULL), *w, *dy;
-    if (!dx || !(w = arg(m, wo, "w", dx->dtype, 4, NULL)))
+    PtlTensor *dx = cpu_arg(m, dxo, "dx", -1, 4, NULL), *w, *dy;
+    if (!dx || !(w = cpu_arg(m, wo, "w", dx->dtype, 4, NULL)))
         return NULL;
     ptl_conv2d_desc d;
     if (conv_desc(m, dx, w, stride, groups, &d))
         return NULL;
     const int64_t ys[4] = {d.n, d.ho, d.wo, d.cout};
-    if (!(dy = arg(m, dyo, "dy", dx->dtype, 4, ys)))
+    if (!(dy = cpu_arg(m, dyo, "dy", dx->dtype, 4, ys)))
         return NULL;
     const int64_t wsn[1] = {ptl_conv2d_backward_input_workspace(&d)};
-    if (use_ws && wsn[0] > 0 && !(ws = new_like(m, 1, wsn, dx->dtype)))
+    if (use_ws && wsn[0] > 0 && !(ws = ptl_tensor_empty(m, 1, wsn, dx->dtype, CPU)))
         return NULL;
     RUN(ptl_conv2d_backward_input_ws(&d, dx->dtype, ptl_tensor_data(dy), ptl_tensor_data(w), data_or_null(ws),
                                      ptl_tensor_data(dx)));
@@ -137,14 +210,14 @@ static PyObject *py_conv2d_backward_weight(PyObject *m, PyObject *args)
     int stride, groups;
     if (!PyArg_ParseTuple(args, "OOOii:layer_conv2d_backward_weight", &xo, &dyo, &dwo, &stride, &groups))
         return NULL;
-    PtlTensor *x = arg(m, xo, "x", -1, 4, NULL), *dw, *dy;
-    if (!x || !(dw = arg(m, dwo, "dw", x->dtype, 4, NULL)))
+    PtlTensor *x = cpu_arg(m, xo, "x", -1, 4, NULL), *dw, *dy;
+    if (!x || !(dw = cpu_arg(m, dwo, "dw", x->dtype, 4, NULL)))
         return NULL;
     ptl_conv2d_desc d;
     if (conv_desc(m, x, dw, stride, groups, &d))
         return NULL;
     const int64_t ys[4] = {d.n, d.ho, d.wo, d.cout};
-    if (!(dy = arg(m, dyo, "dy", x->dtype, 4, ys)))
+    if (!(dy = cpu_arg(m, dyo, "dy", x->dtype, 4, ys)))
         return NULL;
     RUN(ptl_conv2d_backward_weight(&d, x->dtype, ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(dw)));
     Py_RETURN_NONE;
@@ -158,11 +231,11 @@ static PyObject *py_conv2d_backward_bias(PyObject *m, PyObject *args)
     PyObject *dyo, *dbo;
     if (!PyArg_ParseTuple(args, "OO:layer_conv2d_backward_bias", &dyo, &dbo))
         return NULL;
-    PtlTensor *dy = arg(m, dyo, "dy", -1, 4, NULL), *db;
+    PtlTensor *dy = cpu_arg(m, dyo, "dy", -1, 4, NULL), *db;
     if (!dy)
         return NULL;
     const int64_t bs[1] = {dy->shape[3]};
-    if (!(db = arg(m, dbo, "db", dy->dtype, 1, bs)))
+    if (!(db = cpu_arg(m, dbo, "db", dy->dtype, 1, bs)))
         return NULL;
     ptl_conv2d_desc d;
     if (ptl_conv2d_init(&d, (int)dy->shape[0], (int)dy->shape[1], (int)dy->shape[2], 1, (int)dy->shape[3], 1, 1, 1))
@@ -180,13 +253,13 @@ static PyObject *py_conv2d_weight_layout(PyObject *m, PyObject *args)
     int to_ohwi;
     if (!PyArg_ParseTuple(args, "Op:layer_conv2d_weight_layout", &wo, &to_ohwi))
         return NULL;
-    PtlTensor *w = arg(m, wo, "w", -1, 4, NULL), *out;
+    PtlTensor *w = cpu_arg(m, wo, "w", -1, 4, NULL), *out;
     if (!w)
         return NULL;
     const int cout = (int)w->shape[0];
     const int cig = (int)(to_ohwi ? w->shape[1] : w->shape[3]), k = (int)(to_ohwi ? w->shape[2] : w->shape[1]);
     const int64_t os[4] = {cout, to_ohwi ? k : cig, k, to_ohwi ? cig : k};
-    if (!(out = new_like(m, 4, os, w->dtype)))
+    if (!(out = ptl_tensor_empty(m, 4, os, w->dtype, CPU)))
         return NULL;
     RUN(to_ohwi ? ptl_conv2d_weight_from_oihw(w->dtype, cout, cig, k, ptl_tensor_data(w), ptl_tensor_data(out))
                 : ptl_conv2d_weight_to_oihw(w->dtype, cout, cig, k, ptl_tensor_data(w), ptl_tensor_data(out)));
@@ -219,10 +292,11 @@ static PyObject *py_batchnorm_forward(PyObject *m, PyObject *args)
     PyObject *xo, *go, *bo, *rmo, *rvo, *acto;
     int training;
     ptl_act act;
+    kernels k;
     if (!PyArg_ParseTuple(args, "OOOOOpO:layer_batchnorm_forward", &xo, &go, &bo, &rmo, &rvo, &training, &acto) ||
         parse_act(acto, &act))
         return NULL;
-    PtlTensor *x = arg(m, xo, "x", -1, -1, NULL), *g, *b, *rm, *rv, *y = NULL, *sm = NULL, *si = NULL;
+    PtlTensor *x = arg(m, xo, "x", NULL, -1, NULL), *g, *b, *rm, *rv, *y = NULL, *sm = NULL, *si = NULL;
     if (!x)
         return NULL;
     if (x->ndim < 1) {
@@ -230,16 +304,17 @@ static PyObject *py_batchnorm_forward(PyObject *m, PyObject *args)
         return NULL;
     }
     const int64_t cs[1] = {x->shape[x->ndim - 1]};
-    if (!(g = arg(m, go, "gamma", x->dtype, 1, cs)) || !(b = arg(m, bo, "beta", x->dtype, 1, cs)) ||
-        !(rm = arg(m, rmo, "running_mean", x->dtype, 1, cs)) || !(rv = arg(m, rvo, "running_var", x->dtype, 1, cs)))
+    if (!(g = par(m, go, "gamma", x, cs)) || !(b = par(m, bo, "beta", x, cs)) ||
+        !(rm = par(m, rmo, "running_mean", x, cs)) || !(rv = par(m, rvo, "running_var", x, cs)) ||
+        kernels_of(m, x, &k))
         return NULL;
-    if (!(y = new_like(m, x->ndim, x->shape, x->dtype)) || !(sm = new_like(m, 1, cs, x->dtype)) ||
-        !(si = new_like(m, 1, cs, x->dtype)))
+    if (!(y = new_like(m, x, x->ndim, x->shape, x->dtype)) || !(sm = new_like(m, x, 1, cs, par_dtype(x))) ||
+        !(si = new_like(m, x, 1, cs, par_dtype(x))))
         goto cleanup;
     const int64_t c = cs[0], rows = c ? ptl_tensor_numel(x) / c : 0;
-    RUN(ptl_batchnorm_forward(x->dtype, rows, (int)c, ptl_tensor_data(x), ptl_tensor_data(g), ptl_tensor_data(b),
-                              ptl_tensor_data(rm), ptl_tensor_data(rv), training, act, ptl_tensor_data(sm),
-                              ptl_tensor_data(si), ptl_tensor_data(y)));
+    RUN(k.be->batchnorm_forward(k.ctx, x->dtype, rows, (int)c, ptl_tensor_data(x), ptl_tensor_data(g),
+                                ptl_tensor_data(b), ptl_tensor_data(rm), ptl_tensor_data(rv), training, act,
+                                ptl_tensor_data(sm), ptl_tensor_data(si), ptl_tensor_data(y)));
     return Py_BuildValue("(NNN)", y, sm, si);
 fail:
     ptl_raise(m);
@@ -251,17 +326,18 @@ cleanup:
 }
 
 /* layer_batchnorm_backward(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma, dbeta):
- * dx overwritten; dgamma/dbeta (or None) accumulated. */
+ * dx overwritten (may be dy itself); dgamma/dbeta (or None) accumulated. */
 static PyObject *py_batchnorm_backward(PyObject *m, PyObject *args)
 {
     PyObject *xo, *dyo, *go, *bo, *smo, *sio, *acto, *dxo, *dgo, *dbo;
     int training, err = 0;
     ptl_act act;
+    kernels k;
     if (!PyArg_ParseTuple(args, "OOOOOOpOOOO:layer_batchnorm_backward", &xo, &dyo, &go, &bo, &smo, &sio, &training,
                           &acto, &dxo, &dgo, &dbo) ||
         parse_act(acto, &act))
         return NULL;
-    PtlTensor *x = arg(m, xo, "x", -1, -1, NULL), *dy, *g, *b, *sm, *si, *dx, *dg, *db;
+    PtlTensor *x = arg(m, xo, "x", NULL, -1, NULL), *dy, *g, *b, *sm, *si, *dx, *dg, *db;
     if (!x)
         return NULL;
     if (x->ndim < 1) {
@@ -269,29 +345,42 @@ static PyObject *py_batchnorm_backward(PyObject *m, PyObject *args)
         return NULL;
     }
     const int64_t cs[1] = {x->shape[x->ndim - 1]};
-    if (!(dy = arg(m, dyo, "dy", x->dtype, x->ndim, x->shape)) || !(dx = arg(m, dxo, "dx", x->dtype, x->ndim, x->shape)) ||
-        !(g = arg(m, go, "gamma", x->dtype, 1, cs)) || !(b = arg(m, bo, "beta", x->dtype, 1, cs)) ||
-        !(sm = arg(m, smo, "save_mean", x->dtype, 1, cs)) || !(si = arg(m, sio, "save_invstd", x->dtype, 1, cs)))
+    if (!(dy = arg(m, dyo, "dy", x, x->ndim, x->shape)) || !(dx = arg(m, dxo, "dx", x, x->ndim, x->shape)) ||
+        !(g = par(m, go, "gamma", x, cs)) || !(b = par(m, bo, "beta", x, cs)) ||
+        !(sm = par(m, smo, "save_mean", x, cs)) || !(si = par(m, sio, "save_invstd", x, cs)))
         return NULL;
-    dg = opt_arg(m, dgo, "dgamma", x->dtype, 1, cs, &err);
-    db = err ? NULL : opt_arg(m, dbo, "dbeta", x->dtype, 1, cs, &err);
-    if (err)
+    dg = opt_par(m, dgo, "dgamma", x, cs, &err);
+    db = err ? NULL : opt_par(m, dbo, "dbeta", x, cs, &err);
+    if (err || kernels_of(m, x, &k))
         return NULL;
     const int64_t c = cs[0], rows = c ? ptl_tensor_numel(x) / c : 0;
-    RUN(ptl_batchnorm_backward(x->dtype, rows, (int)c, ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(g),
-                               ptl_tensor_data(b), ptl_tensor_data(sm), ptl_tensor_data(si), training, act,
-                               ptl_tensor_data(dx), data_or_null(dg), data_or_null(db)));
+    RUN(k.be->batchnorm_backward(k.ctx, x->dtype, rows, (int)c, ptl_tensor_data(x), ptl_tensor_data(dy),
+                                 ptl_tensor_data(g), ptl_tensor_data(b), ptl_tensor_data(sm), ptl_tensor_data(si),
+                                 training, act, ptl_tensor_data(dx), data_or_null(dg), data_or_null(db)));
     Py_RETURN_NONE;
 fail:
     return ptl_raise(m);
 }
 
+/* SiLU alone (the network fuses it into BatchNorm): not a backend-table entry. */
+static int silu(kernels *k, int backward, ptl_dtype dt, int64_t n, const void *x, const void *dy, void *out)
+{
+#ifdef PTL_WITH_CUDA
+    if (k->ctx)
+        return backward ? ptl_silu_backward_cuda(k->ctx, dt, n, x, dy, out) : ptl_silu_forward_cuda(k->ctx, dt, n, x, out);
+#else
+    (void)k;
+#endif
+    return backward ? ptl_silu_backward(dt, n, x, dy, out) : ptl_silu_forward(dt, n, x, out);
+}
+
 static PyObject *py_silu_forward(PyObject *m, PyObject *xo)
 {
-    PtlTensor *x = arg(m, xo, "x", -1, -1, NULL), *y;
-    if (!x || !(y = new_like(m, x->ndim, x->shape, x->dtype)))
+    PtlTensor *x = arg(m, xo, "x", NULL, -1, NULL), *y;
+    kernels k;
+    if (!x || kernels_of(m, x, &k) || !(y = new_like(m, x, x->ndim, x->shape, x->dtype)))
         return NULL;
-    RUN(ptl_silu_forward(x->dtype, ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(y)));
+    RUN(silu(&k, 0, x->dtype, ptl_tensor_numel(x), ptl_tensor_data(x), NULL, ptl_tensor_data(y)));
     return (PyObject *)y;
 fail:
     Py_DECREF(y);
@@ -301,14 +390,14 @@ fail:
 static PyObject *py_silu_backward(PyObject *m, PyObject *args)
 {
     PyObject *xo, *dyo;
+    kernels k;
     if (!PyArg_ParseTuple(args, "OO:layer_silu_backward", &xo, &dyo))
         return NULL;
-    PtlTensor *x = arg(m, xo, "x", -1, -1, NULL), *dy, *dx;
-    if (!x || !(dy = arg(m, dyo, "dy", x->dtype, x->ndim, x->shape)) ||
-        !(dx = new_like(m, x->ndim, x->shape, x->dtype)))
+    PtlTensor *x = arg(m, xo, "x", NULL, -1, NULL), *dy, *dx;
+    if (!x || !(dy = arg(m, dyo, "dy", x, x->ndim, x->shape)) || kernels_of(m, x, &k) ||
+        !(dx = new_like(m, x, x->ndim, x->shape, x->dtype)))
         return NULL;
-    RUN(ptl_silu_backward(x->dtype, ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(dy),
-                          ptl_tensor_data(dx)));
+    RUN(silu(&k, 1, x->dtype, ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(dx)));
     return (PyObject *)dx;
 fail:
     Py_DECREF(dx);
@@ -317,13 +406,15 @@ fail:
 
 /* ------------------------------------------------------------------ maxpool / upsample */
 
+#define NHWC(t) (int)(t)->shape[0], (int)(t)->shape[1], (int)(t)->shape[2], (int)(t)->shape[3]
+
 static PyObject *py_maxpool5_forward(PyObject *m, PyObject *xo)
 {
-    PtlTensor *x = arg(m, xo, "x", -1, 4, NULL), *y;
-    if (!x || !(y = new_like(m, 4, x->shape, x->dtype)))
+    PtlTensor *x = arg(m, xo, "x", NULL, 4, NULL), *y;
+    kernels k;
+    if (!x || kernels_of(m, x, &k) || !(y = new_like(m, x, 4, x->shape, x->dtype)))
         return NULL;
-    RUN(ptl_maxpool5_forward(x->dtype, (int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3],
-                             ptl_tensor_data(x), ptl_tensor_data(y)));
+    RUN(k.be->maxpool_forward(k.ctx, x->dtype, NHWC(x), ptl_tensor_data(x), ptl_tensor_data(y)));
     return (PyObject *)y;
 fail:
     Py_DECREF(y);
@@ -335,13 +426,15 @@ static PyObject *py_maxpool5_backward(PyObject *m, PyObject *args)
 {
     PyObject *xo, *dyo, *dxo;
     int acc;
+    kernels k;
     if (!PyArg_ParseTuple(args, "OOOp:layer_maxpool5_backward", &xo, &dyo, &dxo, &acc))
         return NULL;
-    PtlTensor *x = arg(m, xo, "x", -1, 4, NULL), *dy, *dx;
-    if (!x || !(dy = arg(m, dyo, "dy", x->dtype, 4, x->shape)) || !(dx = arg(m, dxo, "dx", x->dtype, 4, x->shape)))
+    PtlTensor *x = arg(m, xo, "x", NULL, 4, NULL), *dy, *dx;
+    if (!x || !(dy = arg(m, dyo, "dy", x, 4, x->shape)) || !(dx = arg(m, dxo, "dx", x, 4, x->shape)) ||
+        kernels_of(m, x, &k))
         return NULL;
-    RUN(ptl_maxpool5_backward(x->dtype, (int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3],
-                              ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(dx), acc));
+    RUN(k.be->maxpool_backward(k.ctx, x->dtype, NHWC(x), ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(dx),
+                               acc));
     Py_RETURN_NONE;
 fail:
     return ptl_raise(m);
@@ -349,14 +442,14 @@ fail:
 
 static PyObject *py_upsample2x_forward(PyObject *m, PyObject *xo)
 {
-    PtlTensor *x = arg(m, xo, "x", -1, 4, NULL), *y;
-    if (!x)
+    PtlTensor *x = arg(m, xo, "x", NULL, 4, NULL), *y;
+    kernels k;
+    if (!x || kernels_of(m, x, &k))
         return NULL;
     const int64_t ys[4] = {x->shape[0], 2 * x->shape[1], 2 * x->shape[2], x->shape[3]};
-    if (!(y = new_like(m, 4, ys, x->dtype)))
+    if (!(y = new_like(m, x, 4, ys, x->dtype)))
         return NULL;
-    RUN(ptl_upsample2x_forward(x->dtype, (int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3],
-                               ptl_tensor_data(x), ptl_tensor_data(y)));
+    RUN(k.be->upsample_forward(k.ctx, x->dtype, NHWC(x), ptl_tensor_data(x), ptl_tensor_data(y)));
     return (PyObject *)y;
 fail:
     Py_DECREF(y);
@@ -368,16 +461,16 @@ static PyObject *py_upsample2x_backward(PyObject *m, PyObject *args)
 {
     PyObject *dyo, *dxo;
     int acc;
+    kernels k;
     if (!PyArg_ParseTuple(args, "OOp:layer_upsample2x_backward", &dyo, &dxo, &acc))
         return NULL;
-    PtlTensor *dx = arg(m, dxo, "dx", -1, 4, NULL), *dy;
+    PtlTensor *dx = arg(m, dxo, "dx", NULL, 4, NULL), *dy;
     if (!dx)
         return NULL;
     const int64_t ys[4] = {dx->shape[0], 2 * dx->shape[1], 2 * dx->shape[2], dx->shape[3]};
-    if (!(dy = arg(m, dyo, "dy", dx->dtype, 4, ys)))
+    if (!(dy = arg(m, dyo, "dy", dx, 4, ys)) || kernels_of(m, dx, &k))
         return NULL;
-    RUN(ptl_upsample2x_backward(dx->dtype, (int)dx->shape[0], (int)dx->shape[1], (int)dx->shape[2],
-                                (int)dx->shape[3], ptl_tensor_data(dy), ptl_tensor_data(dx), acc));
+    RUN(k.be->upsample_backward(k.ctx, dx->dtype, NHWC(dx), ptl_tensor_data(dy), ptl_tensor_data(dx), acc));
     Py_RETURN_NONE;
 fail:
     return ptl_raise(m);
@@ -408,7 +501,7 @@ static int cat_list(PyObject *m, PyObject *seq, const char *name, PtlTensor *lik
             cs[i] = -1;
             continue;
         }
-        PtlTensor *t = arg(m, o, nm, like ? (int)like->dtype : -1, like ? like->ndim : -1, NULL);
+        PtlTensor *t = cpu_arg(m, o, nm, like ? (int)like->dtype : -1, like ? like->ndim : -1, NULL);
         if (!t)
             goto fail;
         if (!like)
@@ -445,7 +538,7 @@ static PyObject *py_concat_forward(PyObject *m, PyObject *seq)
         shape[nd - 1] += cs[i];
         xs[i] = ptl_tensor_data(ts[i]);
     }
-    if (!(y = new_like(m, nd, shape, ts[0]->dtype)))
+    if (!(y = ptl_tensor_empty(m, nd, shape, ts[0]->dtype, CPU)))
         return NULL;
     const int64_t rows = ptl_tensor_numel(ts[0]) / (cs[0] ? cs[0] : 1);
     RUN(ptl_concat_forward(y->dtype, rows, k, xs, cs, ptl_tensor_data(y)));
@@ -462,7 +555,7 @@ static PyObject *py_concat_backward(PyObject *m, PyObject *args)
     PyObject *dyo, *dxso, *acco;
     if (!PyArg_ParseTuple(args, "OOO:layer_concat_backward", &dyo, &dxso, &acco))
         return NULL;
-    PtlTensor *dy = arg(m, dyo, "dy", -1, -1, NULL), *ts[MAX_CAT];
+    PtlTensor *dy = cpu_arg(m, dyo, "dy", -1, -1, NULL), *ts[MAX_CAT];
     int cs[MAX_CAT], k, acc[MAX_CAT], total = 0;
     void *dxs[MAX_CAT];
     if (!dy || cat_list(m, dxso, "dxs", dy, 1, &k, ts, cs))
@@ -506,11 +599,16 @@ static PyObject *py_channel_copy(PyObject *m, PyObject *args)
 {
     PyObject *so, *dso;
     int soff, doff, c, acc;
+    kernels k;
     if (!PyArg_ParseTuple(args, "OiOiip:layer_channel_copy", &so, &soff, &dso, &doff, &c, &acc))
         return NULL;
-    PtlTensor *s = arg(m, so, "src", -1, -1, NULL), *d;
-    if (!s || !(d = arg(m, dso, "dst", s->dtype, s->ndim, NULL)))
+    PtlTensor *s = arg(m, so, "src", NULL, -1, NULL), *d;
+    if (!s || !(d = arg(m, dso, "dst", s, s->ndim, NULL)) || kernels_of(m, s, &k))
         return NULL;
+    if (s->ndim < 1) {
+        PyErr_SetString(PyExc_ValueError, "src: expected at least 1 dimension (channels last)");
+        return NULL;
+    }
     for (int i = 0; i + 1 < s->ndim; i++)
         if (s->shape[i] != d->shape[i]) {
             PyErr_SetString(PyExc_ValueError, "dst: leading dimensions differ from src's");
@@ -518,7 +616,7 @@ static PyObject *py_channel_copy(PyObject *m, PyObject *args)
         }
     const int sc = (int)s->shape[s->ndim - 1], dc = (int)d->shape[d->ndim - 1];
     const int64_t rows = sc ? ptl_tensor_numel(s) / sc : 0;
-    RUN(ptl_channel_copy(s->dtype, rows, c, ptl_tensor_data(s), sc, soff, ptl_tensor_data(d), dc, doff, acc));
+    RUN(k.be->channel_copy(k.ctx, s->dtype, rows, c, ptl_tensor_data(s), sc, soff, ptl_tensor_data(d), dc, doff, acc));
     Py_RETURN_NONE;
 fail:
     return ptl_raise(m);
@@ -545,18 +643,19 @@ static PyObject *py_attention_forward(PyObject *m, PyObject *args)
 {
     PyObject *qo;
     int heads, kd, hd;
+    kernels k;
     if (!PyArg_ParseTuple(args, "Oiii:layer_attention_forward", &qo, &heads, &kd, &hd))
         return NULL;
-    PtlTensor *q = arg(m, qo, "qkv", -1, 4, NULL), *o = NULL, *at = NULL, *v = NULL;
-    if (!q || attn_sizes(q, heads, kd, hd))
+    PtlTensor *q = arg(m, qo, "qkv", NULL, 4, NULL), *o = NULL, *at = NULL, *v = NULL;
+    if (!q || attn_sizes(q, heads, kd, hd) || kernels_of(m, q, &k))
         return NULL;
     const int b = (int)q->shape[0], n = (int)(q->shape[1] * q->shape[2]);
     const int64_t os[4] = {b, q->shape[1], q->shape[2], (int64_t)heads * hd}, as[4] = {b, heads, n, n};
-    if (!(o = new_like(m, 4, os, q->dtype)) || !(at = new_like(m, 4, as, q->dtype)) ||
-        !(v = new_like(m, 4, os, q->dtype)))
+    if (!(o = new_like(m, q, 4, os, q->dtype)) || !(at = new_like(m, q, 4, as, q->dtype)) ||
+        !(v = new_like(m, q, 4, os, q->dtype)))
         goto cleanup;
-    RUN(ptl_attention_forward(q->dtype, b, n, heads, kd, hd, ptl_tensor_data(q), ptl_tensor_data(at),
-                              ptl_tensor_data(o), ptl_tensor_data(v)));
+    RUN(k.be->attention_forward(k.ctx, q->dtype, b, n, heads, kd, hd, ptl_tensor_data(q), ptl_tensor_data(at),
+                                ptl_tensor_data(o), ptl_tensor_data(v)));
     return Py_BuildValue("(NNN)", o, at, v);
 fail:
     ptl_raise(m);
@@ -572,21 +671,22 @@ static PyObject *py_attention_backward(PyObject *m, PyObject *args)
 {
     PyObject *qo, *ao, *doo, *dvo, *dqo;
     int heads, kd, hd, err = 0;
+    kernels k;
     if (!PyArg_ParseTuple(args, "OOOOiiiO:layer_attention_backward", &qo, &ao, &doo, &dvo, &heads, &kd, &hd, &dqo))
         return NULL;
-    PtlTensor *q = arg(m, qo, "qkv", -1, 4, NULL), *at, *d_o, *dv, *dq;
+    PtlTensor *q = arg(m, qo, "qkv", NULL, 4, NULL), *at, *d_o, *dv, *dq;
     if (!q || attn_sizes(q, heads, kd, hd))
         return NULL;
     const int b = (int)q->shape[0], n = (int)(q->shape[1] * q->shape[2]);
     const int64_t os[4] = {b, q->shape[1], q->shape[2], (int64_t)heads * hd}, as[4] = {b, heads, n, n};
-    if (!(at = arg(m, ao, "attn", q->dtype, 4, as)) || !(d_o = arg(m, doo, "d_o", q->dtype, 4, os)) ||
-        !(dq = arg(m, dqo, "dqkv", q->dtype, 4, q->shape)))
+    if (!(at = arg(m, ao, "attn", q, 4, as)) || !(d_o = arg(m, doo, "d_o", q, 4, os)) ||
+        !(dq = arg(m, dqo, "dqkv", q, 4, q->shape)))
         return NULL;
-    dv = opt_arg(m, dvo, "dv", q->dtype, 4, os, &err);
-    if (err)
+    dv = opt_arg(m, dvo, "dv", q, 4, os, &err);
+    if (err || kernels_of(m, q, &k))
         return NULL;
-    RUN(ptl_attention_backward(q->dtype, b, n, heads, kd, hd, ptl_tensor_data(q), ptl_tensor_data(at),
-                               ptl_tensor_data(d_o), data_or_null(dv), ptl_tensor_data(dq)));
+    RUN(k.be->attention_backward(k.ctx, q->dtype, b, n, heads, kd, hd, ptl_tensor_data(q), ptl_tensor_data(at),
+                                 ptl_tensor_data(d_o), data_or_null(dv), ptl_tensor_data(dq)));
     Py_RETURN_NONE;
 fail:
     return ptl_raise(m);
@@ -597,12 +697,14 @@ fail:
 static PyObject *py_add(PyObject *m, PyObject *args)
 {
     PyObject *ao, *bo;
+    kernels k;
     if (!PyArg_ParseTuple(args, "OO:layer_add", &ao, &bo))
         return NULL;
-    PtlTensor *a = arg(m, ao, "a", -1, -1, NULL), *b, *y;
-    if (!a || !(b = arg(m, bo, "b", a->dtype, a->ndim, a->shape)) || !(y = new_like(m, a->ndim, a->shape, a->dtype)))
+    PtlTensor *a = arg(m, ao, "a", NULL, -1, NULL), *b, *y;
+    if (!a || !(b = arg(m, bo, "b", a, a->ndim, a->shape)) || kernels_of(m, a, &k) ||
+        !(y = new_like(m, a, a->ndim, a->shape, a->dtype)))
         return NULL;
-    RUN(ptl_add(a->dtype, ptl_tensor_numel(a), ptl_tensor_data(a), ptl_tensor_data(b), ptl_tensor_data(y)));
+    RUN(k.be->add(k.ctx, a->dtype, ptl_tensor_numel(a), ptl_tensor_data(a), ptl_tensor_data(b), ptl_tensor_data(y)));
     return (PyObject *)y;
 fail:
     Py_DECREF(y);
@@ -613,12 +715,13 @@ fail:
 static PyObject *py_accumulate(PyObject *m, PyObject *args)
 {
     PyObject *xo, *yo;
+    kernels k;
     if (!PyArg_ParseTuple(args, "OO:layer_accumulate", &xo, &yo))
         return NULL;
-    PtlTensor *x = arg(m, xo, "x", -1, -1, NULL), *y;
-    if (!x || !(y = arg(m, yo, "y", x->dtype, x->ndim, x->shape)))
+    PtlTensor *x = arg(m, xo, "x", NULL, -1, NULL), *y;
+    if (!x || !(y = arg(m, yo, "y", x, x->ndim, x->shape)) || kernels_of(m, x, &k))
         return NULL;
-    RUN(ptl_accumulate(x->dtype, ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(y)));
+    RUN(k.be->accumulate(k.ctx, x->dtype, ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(y)));
     Py_RETURN_NONE;
 fail:
     return ptl_raise(m);

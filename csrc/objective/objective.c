@@ -9,7 +9,11 @@
 #include <omp.h>
 #endif
 
+#include "../fault.h"
 #include "objective_math.h"
+#ifdef PTL_WITH_CUDA
+#include "../cuda/device.h"
+#endif
 
 int64_t ptl_obj_num_anchors(int H, int W)
 {
@@ -153,6 +157,96 @@ int ptl_obj_check_assignment(const int32_t *gt, int B, int64_t A, const ptl_obj_
 #define OBJ_DIV(a, b) ((a) / (b))
 #define OBJ_SUB(a, b) ((a) - (b))
 #include "objective_cpu_tmpl.h"
+
+int ptl_obj_check_args(const ptl_obj_args *a, ptl_device_type dev)
+{
+    const int64_t want_a = ptl_obj_num_anchors(a->H, a->W);
+    if (want_a < 0)
+        return -1;
+    if (a->A != want_a)
+        return ptl_set_error(PTL_ERR_VALUE, "outputs: %lld anchors do not match img_size %dx%d (%lld anchors)",
+                             (long long)a->A, a->H, a->W, (long long)want_a);
+    if (a->B <= 0 || a->nc <= 0)
+        return ptl_set_error(PTL_ERR_VALUE, "outputs: batch size and number of classes must be positive");
+    if (dev == PTL_CPU && a->dtype != PTL_FLOAT32 && a->dtype != PTL_FLOAT64)
+        return ptl_set_error(PTL_ERR_TYPE, "outputs: CPU outputs must be float32 or float64, got %s",
+                             ptl_dtype_name(a->dtype));
+    if (dev == PTL_CUDA && a->dtype != PTL_FLOAT32 && a->dtype != PTL_BFLOAT16 && a->dtype != PTL_FLOAT16)
+        return ptl_set_error(PTL_ERR_TYPE, "outputs: CUDA outputs must be float32, bfloat16 or float16, got %s",
+                             ptl_dtype_name(a->dtype));
+    if (!(a->o2m_weight >= 0 && a->o2m_weight <= 1))
+        return ptl_set_error(PTL_ERR_VALUE, "o2m_weight: expected a value in [0, 1], got %g", a->o2m_weight);
+    for (int k = 0; k < 3; k++)
+        if (!(a->gain[k] >= 0 && a->gain[k] < INFINITY))
+            return ptl_set_error(PTL_ERR_VALUE, "gains[%d]: expected a finite value >= 0, got %g", k, a->gain[k]);
+    if (!(a->grad_scale > 0 && a->grad_scale < INFINITY))
+        return ptl_set_error(PTL_ERR_VALUE, "grad_scale: expected a finite value > 0, got %g", a->grad_scale);
+    if (a->grad_scale_dev && dev != PTL_CUDA)
+        return ptl_set_error(PTL_ERR_VALUE, "scale_from: a float32 tensor on the outputs' CUDA device is needed");
+    if (a->assign_in && (!a->assign_gt[0] || !a->assign_gt[1] || !a->assign_score[0] || !a->assign_score[1]))
+        return ptl_set_error(PTL_ERR_VALUE, "assign_in: needs assign_gt and assign_score");
+    if (!a->losses)
+        return ptl_set_error(PTL_ERR_VALUE, "losses: required");
+    return 0;
+}
+
+#ifdef PTL_WITH_CUDA
+static void workspace_destroy(void *ws) { ptl_obj_workspace_destroy((ptl_obj_workspace *)ws); }
+
+/* A given assignment is validated on the host (a copy, then a wait: assign_in is a test path, never a
+ * training step) so that a bad index raises instead of reading past the targets on the device. */
+static int check_device_assignment(ptl_cuda_ctx *ctx, const ptl_obj_args *a, const ptl_obj_targets *tg)
+{
+    const size_t nbytes = sizeof(int32_t) * (size_t)a->B * (size_t)a->A;
+    int32_t *host = (int32_t *)malloc(nbytes ? nbytes : 1);
+    if (!host)
+        return ptl_set_error(PTL_ERR_MEMORY, "objective: out of host memory");
+    for (int i = 0; i < 2; i++) {
+        PTL_CUDA_TRY(cudaMemcpyAsync(host, a->assign_gt[i], nbytes, cudaMemcpyDeviceToHost, ctx->stream));
+        PTL_CUDA_TRY(cudaStreamSynchronize(ctx->stream));
+        PTL_CHECK(ptl_obj_check_assignment(host, a->B, a->A, tg, i ? "assign_gt[1]" : "assign_gt[0]"));
+    }
+    free(host);
+    return 0;
+fail:
+    free(host);
+    return -1;
+}
+
+/* The CUDA objective with the device's workspace (created on first use, kept in the device context and
+ * freed with it); the context's ext lock serialises callers. */
+static int objective_cuda(ptl_cuda_ctx *ctx, const ptl_obj_args *a, const ptl_obj_targets *tg)
+{
+    if (a->assign_in && check_device_assignment(ctx, a, tg))
+        return -1;
+    pthread_mutex_lock(&ctx->ext_lock);
+    ptl_ctx_ext *ext = &ctx->ext[PTL_CTX_OBJECTIVE];
+    int rc = 0;
+    if (!ext->ptr) {
+        ptl_obj_workspace *ws = NULL;
+        rc = ptl_obj_workspace_create(ctx->rt, ctx->device, &ws);
+        if (rc == 0)
+            *ext = (ptl_ctx_ext){ws, workspace_destroy};
+    }
+    if (rc == 0)
+        rc = ptl_objective_cuda((ptl_obj_workspace *)ext->ptr, a, tg);
+    pthread_mutex_unlock(&ctx->ext_lock);
+    return rc;
+}
+#endif
+
+int ptl_objective(struct ptl_cuda_ctx *ctx, const ptl_obj_args *a, const ptl_obj_targets *tg)
+{
+    if (ptl_obj_check_args(a, ctx ? PTL_CUDA : PTL_CPU) || ptl_fault_hit(PTL_FAULT_OBJECTIVE))
+        return -1;
+    if (!ctx)
+        return ptl_objective_cpu(a, tg);
+#ifdef PTL_WITH_CUDA
+    return objective_cuda(ctx, a, tg);
+#else
+    return ptl_set_error(PTL_ERR_RUNTIME, "objective: ptl was built without CUDA");
+#endif
+}
 
 int ptl_objective_cpu(const ptl_obj_args *args, const ptl_obj_targets *tg)
 {

@@ -1,4 +1,5 @@
-/* The end-to-end detection objective (spec §2 anchors/decoding, §3 assigner, losses, o2m/o2o mix).
+/* The end-to-end detection objective as Ultralytics 8.4.190's E2ELoss computes it (spec §2 anchors and
+ * decoding, §3 assigner, losses, o2m/o2o mix; docs/ultralytics_parity.md lists where 8.4.190 differs).
  *
  * Inputs per branch (0 = one-to-many, 1 = one-to-one), NHWC-derived head layout:
  *   boxes  (B, A, 4)  raw l, t, r, b in grid units
@@ -17,7 +18,7 @@
  * and grad_scale * d total / d boxes, d total / d scores of each branch (overwritten, same dtype as the
  * outputs; grad_scale is the loss scale of float16 training, 1 otherwise; the losses are unscaled).
  *
- * Ties (spec §12.4 leaves them to the implementation): every top-k over anchors orders by value
+ * Ties (torch.topk leaves them to the implementation): every top-k over anchors orders by value
  * descending, then by anchor index ascending, over ALL anchors (zero-metric anchors included, so a
  * GT with fewer than k non-zero metrics takes the lowest-index zero-metric anchors, which count only
  * when they are its candidates). Conflicts go to the GT with the largest CIoU, first GT (row order
@@ -35,13 +36,13 @@ extern "C" {
 #define PTL_OBJ_NUM_LOSSES 10
 #define PTL_OBJ_NUM_LEVELS 3
 
-/* Assigner settings of the two branches (spec §3.4). */
+/* Assigner settings of the two branches (8.4.190's E2ELoss: tal_topk 10; 7 and topk2 1). */
 #define PTL_OBJ_TOPK_O2M 10
 #define PTL_OBJ_TOPK2_O2M 10
 #define PTL_OBJ_TOPK_O2O 7
 #define PTL_OBJ_TOPK2_O2O 1
 
-/* Default loss gains (spec §3.4 / §10). */
+/* Default loss gains (default.yaml box / cls / dfl). */
 #define PTL_OBJ_GAIN_BOX 7.5
 #define PTL_OBJ_GAIN_CLS 0.5
 #define PTL_OBJ_GAIN_L1 1.5
@@ -95,6 +96,11 @@ typedef struct {
  * this a bad index reads past the packed targets. */
 int ptl_obj_check_assignment(const int32_t *gt, int B, int64_t A, const ptl_obj_targets *tg, const char *arg);
 
+/* The values of args checked for a call on `dev` (what ptl_objective checks first). */
+int ptl_obj_check_args(const ptl_obj_args *args, ptl_device_type dev);
+/* The objective on ctx's device (NULL: the CPU), after ptl_obj_check_args. */
+struct ptl_cuda_ctx;
+int ptl_objective(struct ptl_cuda_ctx *ctx, const ptl_obj_args *args, const ptl_obj_targets *tg);
 int ptl_objective_cpu(const ptl_obj_args *args, const ptl_obj_targets *tg);
 
 #ifdef PTL_WITH_CUDA

@@ -11,6 +11,9 @@
 #include "../ptl.h"
 
 #define PTL_OBJ_4_PI2 0.40528473456935108578 /* 4 / pi^2 */
+/* STAL: GT sides under this many pixels are widened to it for the candidate test (the assigner's
+ * stride_val = strides[1] in 8.4.190; spec §3.2 widened sides under 8 to 16). */
+#define PTL_OBJ_STAL_SIDE 16
 
 /* float32 exp and atan from IEEE multiplies and adds only (Cephes' polynomials), so the CPU and the
  * GPU get the same bits: libm's atanf/expf and CUDA's differ by an ulp here and there, and the

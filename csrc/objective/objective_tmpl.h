@@ -8,7 +8,7 @@
  * CUDA). No include guard: this file is meant to be included more than once; it undefines its
  * parameters at the end, so each instance starts clean. */
 
-/* Complete IoU of box a and box b (xyxy) as spec §3.3, with the operation order of torchref's ciou. */
+/* Complete IoU of box a and box b (xyxy) as 8.4.190's bbox_iou(CIoU=True), in its operation order. */
 PTL_HD OBJ_T OBJ_FN(ciou)(OBJ_T ax1, OBJ_T ay1, OBJ_T ax2, OBJ_T ay2, OBJ_T bx1, OBJ_T by1, OBJ_T bx2, OBJ_T by2)
 {
     const OBJ_T eps = (OBJ_T)1e-7;
@@ -27,11 +27,11 @@ PTL_HD OBJ_T OBJ_FN(ciou)(OBJ_T ax1, OBJ_T ay1, OBJ_T ax2, OBJ_T ay2, OBJ_T bx1,
     OBJ_T rho2 = OBJ_DIV(OBJ_ADD(OBJ_MUL(dx, dx), OBJ_MUL(dy, dy)), (OBJ_T)4);
     OBJ_T da = OBJ_SUB(OBJ_ATAN(OBJ_DIV(w2, h2)), OBJ_ATAN(OBJ_DIV(w1, h1)));
     OBJ_T v = OBJ_MUL((OBJ_T)PTL_OBJ_4_PI2, OBJ_MUL(da, da));
-    OBJ_T alpha = OBJ_DIV(v, OBJ_ADD(OBJ_SUB(v, iou), (OBJ_T)(1 + 1e-7)));
+    OBJ_T alpha = OBJ_DIV(v, OBJ_ADD(OBJ_ADD(OBJ_SUB((OBJ_T)1, iou), v), eps));
     return OBJ_SUB(iou, OBJ_ADD(OBJ_DIV(rho2, c2), OBJ_MUL(v, alpha)));
 }
 
-/* d CIoU / d (ax1, ay1, ax2, ay2) with alpha held constant (spec §3.3); returns CIoU. Ties of min/max
+/* d CIoU / d (ax1, ay1, ax2, ay2) with alpha held constant (torch.no_grad in bbox_iou); returns CIoU. Ties of min/max
  * split the gradient in halves and clamp(min=0) passes it at exactly 0 (torch's autograd conventions).
  * Written with the explicit operations too, so both backends give the same bits. */
 PTL_HD OBJ_T OBJ_FN(ciou_grad)(OBJ_T ax1, OBJ_T ay1, OBJ_T ax2, OBJ_T ay2, OBJ_T bx1, OBJ_T by1, OBJ_T bx2,
@@ -61,7 +61,7 @@ PTL_HD OBJ_T OBJ_FN(ciou_grad)(OBJ_T ax1, OBJ_T ay1, OBJ_T ax2, OBJ_T ay2, OBJ_T
     OBJ_T da = S_(OBJ_ATAN(D_(w2, h2)), OBJ_ATAN(z1));
     OBJ_T k = (OBJ_T)PTL_OBJ_4_PI2;
     OBJ_T v = M_(k, M_(da, da));
-    OBJ_T alpha = D_(v, A_(S_(v, iou), (OBJ_T)(1 + 1e-7)));
+    OBJ_T alpha = D_(v, A_(A_(S_((OBJ_T)1, iou), v), eps));
     OBJ_T out = S_(iou, A_(D_(rho2, c2), M_(v, alpha)));
 
     /* selector derivatives: d min(a2, b2) / d a2 etc. */
@@ -112,15 +112,16 @@ PTL_HD OBJ_T OBJ_FN(bce)(OBJ_T x, OBJ_T t)
     return (x > 0 ? x : (OBJ_T)0) - x * t + OBJ_LOG1P(OBJ_EXP(-ax));
 }
 
-/* STAL candidate box (§3.2 step 1): xyxy -> centre/size -> widen sides < 8 to 16 -> xyxy. */
+/* STAL candidate box (8.4.190's select_candidates_in_gts): xyxy -> centre/size -> sides under
+ * PTL_OBJ_STAL_SIDE (the second stride, 16 px) set to it -> xyxy. */
 PTL_HD void OBJ_FN(stal_box)(const OBJ_T *b, OBJ_T *e)
 {
     OBJ_T cx = OBJ_DIV(OBJ_ADD(b[0], b[2]), (OBJ_T)2), cy = OBJ_DIV(OBJ_ADD(b[1], b[3]), (OBJ_T)2);
     OBJ_T w = OBJ_SUB(b[2], b[0]), h = OBJ_SUB(b[3], b[1]);
-    if (w < (OBJ_T)8)
-        w = (OBJ_T)16;
-    if (h < (OBJ_T)8)
-        h = (OBJ_T)16;
+    if (w < (OBJ_T)PTL_OBJ_STAL_SIDE)
+        w = (OBJ_T)PTL_OBJ_STAL_SIDE;
+    if (h < (OBJ_T)PTL_OBJ_STAL_SIDE)
+        h = (OBJ_T)PTL_OBJ_STAL_SIDE;
     OBJ_T hw = OBJ_DIV(w, (OBJ_T)2), hh = OBJ_DIV(h, (OBJ_T)2);
     e[0] = OBJ_SUB(cx, hw);
     e[1] = OBJ_SUB(cy, hh);

@@ -6,54 +6,6 @@
 #include <string.h>
 
 #include "objective.h"
-#ifdef PTL_WITH_CUDA
-#include "../cuda/device.h"
-#endif
-
-#ifdef PTL_WITH_CUDA
-static void workspace_destroy(void *ws) { ptl_obj_workspace_destroy((ptl_obj_workspace *)ws); }
-
-/* Runs the CUDA objective with the device's workspace (created on first use, kept in the device
- * context and freed with it); the context's ext lock serialises callers that released the GIL. */
-static int objective_cuda(ptl_runtime *rt, int device, const ptl_obj_args *a, const ptl_obj_targets *tg)
-{
-    ptl_cuda_ctx *ctx;
-    if (ptl_cuda_ctx_get(rt, device, &ctx) != 0)
-        return -1;
-    pthread_mutex_lock(&ctx->ext_lock);
-    ptl_ctx_ext *ext = &ctx->ext[PTL_CTX_OBJECTIVE];
-    int rc = 0;
-    if (!ext->ptr) {
-        ptl_obj_workspace *ws = NULL;
-        rc = ptl_obj_workspace_create(rt, device, &ws);
-        if (rc == 0)
-            *ext = (ptl_ctx_ext){ws, workspace_destroy};
-    }
-    if (rc == 0)
-        rc = ptl_objective_cuda((ptl_obj_workspace *)ext->ptr, a, tg);
-    pthread_mutex_unlock(&ctx->ext_lock);
-    return rc;
-}
-
-/* A given assignment is validated on the host (a copy, then a wait: assign_in is a test path, never a
- * training step) so that a bad index raises instead of reading past the targets on the device. */
-static int check_device_assignment(ptl_runtime *rt, ptl_device dev, const ptl_obj_args *a, const ptl_obj_targets *tg)
-{
-    ptl_device cpu = {PTL_CPU, 0};
-    size_t nbytes = sizeof(int32_t) * (size_t)a->B * (size_t)a->A;
-    int32_t *host = (int32_t *)malloc(nbytes ? nbytes : 1);
-    if (!host)
-        return ptl_set_error(PTL_ERR_MEMORY, "objective: out of host memory");
-    int rc = 0;
-    for (int i = 0; i < 2 && rc == 0; i++) {
-        rc = ptl_copy_bytes(rt, host, cpu, a->assign_gt[i], dev, nbytes);
-        if (rc == 0)
-            rc = ptl_obj_check_assignment(host, a->B, a->A, tg, i ? "assign_gt[1]" : "assign_gt[0]");
-    }
-    free(host);
-    return rc;
-}
-#endif
 
 /* The n tensors of sequence obj. Each item's reference is stored in held[] (released by the caller)
  * rather than dropped here: a sequence need not keep its items alive (its __getitem__ may build them),
@@ -115,7 +67,7 @@ PyDoc_STRVAR(objective_doc,
              "gains the (box, cls, l1) loss gains; grad_scale multiplies the gradients (float16 loss scale), and\n"
              "so does entry i of a CUDA float32 tensor given as scale_from=(tensor, i), read on the device.");
 
-PyObject *ptl_py_objective(PyObject *module, PyObject *args, PyObject *kwargs)
+static PyObject *py_objective(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kw[] = {"outputs", "targets", "img_h", "img_w", "o2m_weight", "losses", "grads",
                          "assign_gt", "assign_score", "assign_in", "gains", "grad_scale", "scale_from", NULL};
@@ -145,27 +97,8 @@ PyObject *ptl_py_objective(PyObject *module, PyObject *args, PyObject *kwargs)
         goto fail;
     }
     int64_t B = out[1]->shape[0], A = out[1]->shape[1], nc = out[1]->shape[2];
-    int64_t want_a = ptl_obj_num_anchors(H, W);
-    if (want_a < 0) {
-        ptl_raise(module);
-        goto fail;
-    }
-    if (A != want_a) {
-        PyErr_Format(PyExc_ValueError, "outputs: %lld anchors do not match img_size %dx%d (%lld anchors)",
-                     (long long)A, H, W, (long long)want_a);
-        goto fail;
-    }
-    if (B <= 0 || nc <= 0 || B > INT32_MAX || nc > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "outputs: batch size and number of classes must be positive");
-        goto fail;
-    }
-    if (dev.type == PTL_CPU && dt != PTL_FLOAT32 && dt != PTL_FLOAT64) {
-        PyErr_Format(PyExc_TypeError, "outputs: CPU outputs must be float32 or float64, got %s", ptl_dtype_name(dt));
-        goto fail;
-    }
-    if (dev.type == PTL_CUDA && dt != PTL_FLOAT32 && dt != PTL_BFLOAT16 && dt != PTL_FLOAT16) {
-        PyErr_Format(PyExc_TypeError, "outputs: CUDA outputs must be float32, bfloat16 or float16, got %s",
-                     ptl_dtype_name(dt));
+    if (B > INT32_MAX || nc > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "outputs: batch size and number of classes must fit in 32 bits");
         goto fail;
     }
     const int64_t bshape[3] = {B, A, 4}, sshape[3] = {B, A, nc}, lshape[1] = {PTL_OBJ_NUM_LOSSES},
@@ -200,10 +133,6 @@ PyObject *ptl_py_objective(PyObject *module, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_ValueError, "assign_gt and assign_score: give both or neither");
         goto fail;
     }
-    if (assign_in && agt_obj == Py_None) {
-        PyErr_SetString(PyExc_ValueError, "assign_in: needs assign_gt and assign_score");
-        goto fail;
-    }
     if (agt_obj != Py_None) {
         if (tensor_seq(module, agt_obj, "assign_gt", 2, agt, held + 8) < 0 ||
             tensor_seq(module, asc_obj, "assign_score", 2, asc, held + 10) < 0)
@@ -215,13 +144,6 @@ PyObject *ptl_py_objective(PyObject *module, PyObject *args, PyObject *kwargs)
             a.assign_gt[i] = (int32_t *)ptl_tensor_data(agt[i]);
             a.assign_score[i] = ptl_tensor_data(asc[i]);
         }
-        a.assign_in = assign_in;
-    }
-    if (!(o2m_weight >= 0 && o2m_weight <= 1)) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "o2m_weight: expected a value in [0, 1], got %g", o2m_weight);
-        PyErr_SetString(PyExc_ValueError, msg);
-        goto fail;
     }
     a.B = (int)B;
     a.H = H;
@@ -234,27 +156,15 @@ PyObject *ptl_py_objective(PyObject *module, PyObject *args, PyObject *kwargs)
         a.scores[i] = ptl_tensor_data(out[2 * i + 1]);
     }
     a.o2m_weight = o2m_weight;
-    for (int k = 0; k < 3; k++) {
-        if (!(gains[k] >= 0 && gains[k] < INFINITY)) {
-            char msg[96];
-            snprintf(msg, sizeof msg, "gains[%d]: expected a finite value >= 0, got %g", k, gains[k]);
-            PyErr_SetString(PyExc_ValueError, msg);
-            goto fail;
-        }
+    a.assign_in = assign_in;
+    for (int k = 0; k < 3; k++)
         a.gain[k] = gains[k];
-    }
-    if (!(grad_scale > 0 && grad_scale < INFINITY)) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "grad_scale: expected a finite value > 0, got %g", grad_scale);
-        PyErr_SetString(PyExc_ValueError, msg);
-        goto fail;
-    }
     a.grad_scale = grad_scale;
     if (scale_obj != Py_None) {
         PtlTensor *st = ptl_tensor_arg(module, scale_obj, "scale_from", PTL_FLOAT32, NULL, 1, NULL);
         if (!st)
             goto fail;
-        if (dev.type != PTL_CUDA || st->storage->device.type != PTL_CUDA || st->storage->device.index != dev.index) {
+        if (st->storage->device.type != dev.type || st->storage->device.index != dev.index) {
             PyErr_SetString(PyExc_ValueError, "scale_from: a float32 tensor on the outputs' CUDA device is needed");
             goto fail;
         }
@@ -266,25 +176,13 @@ PyObject *ptl_py_objective(PyObject *module, PyObject *args, PyObject *kwargs)
         a.grad_scale_dev = (const float *)ptl_tensor_data(st) + scale_index;
     }
     a.losses = (float *)ptl_tensor_data(lt);
-    /* looked up while holding the GIL: PyModule_GetState is part of the Python API */
-    ptl_runtime *rt = ptl_state(module)->rt;
-
+    struct ptl_cuda_ctx *ctx;
+    if (ptl_py_exec_ctx(module, dev, &ctx) < 0)
+        goto fail;
     Py_BEGIN_ALLOW_THREADS
     rc = ptl_obj_targets_build((const float *)ptl_tensor_data(tt), tt->shape[0], a.B, H, W, a.nc, &tg);
     if (rc == 0) {
-        if (dev.type == PTL_CPU) {
-            rc = ptl_objective_cpu(&a, &tg);
-        } else {
-#ifdef PTL_WITH_CUDA
-            if (a.assign_in)
-                rc = check_device_assignment(rt, dev, &a, &tg);
-            if (rc == 0)
-                rc = objective_cuda(rt, dev.index, &a, &tg);
-#else
-            (void)rt;
-            rc = ptl_set_error(PTL_ERR_RUNTIME, "objective: ptl was built without CUDA");
-#endif
-        }
+        rc = ptl_objective(ctx, &a, &tg);
         ptl_obj_targets_free(&tg);
     }
     Py_END_ALLOW_THREADS
@@ -313,9 +211,32 @@ static PyObject *py_o2m_weight(PyObject *module, PyObject *args)
 }
 
 static PyMethodDef methods[] = {
-    {"objective", (PyCFunction)(void (*)(void))ptl_py_objective, METH_VARARGS | METH_KEYWORDS, objective_doc},
+    {"objective", (PyCFunction)(void (*)(void))py_objective, METH_VARARGS | METH_KEYWORDS, objective_doc},
     {"objective_o2m_weight", py_o2m_weight, METH_VARARGS, "o2m weight of a 0-based epoch (spec §3.4)."},
     {NULL, NULL, 0, NULL},
 };
 
-int ptl_register_objective(PyObject *module) { return PyModule_AddFunctions(module, methods); }
+/* The losses layout and the default gains of objective.h, for ptl/objective.py. */
+static const char *const loss_names[PTL_OBJ_NUM_LOSSES] = {"total",   "o2m_box", "o2m_cls",  "o2m_l1",   "o2o_box",
+                                                           "o2o_cls", "o2o_l1",  "item_box", "item_cls", "item_l1"};
+
+int ptl_register_objective(PyObject *module)
+{
+    if (PyModule_AddFunctions(module, methods) < 0)
+        return -1;
+    PyObject *names = PyTuple_New(PTL_OBJ_NUM_LOSSES);
+    for (int i = 0; names && i < PTL_OBJ_NUM_LOSSES; i++) {
+        PyObject *s = PyUnicode_FromString(loss_names[i]);
+        if (!s) {
+            Py_CLEAR(names);
+            break;
+        }
+        PyTuple_SET_ITEM(names, i, s);
+    }
+    if (ptl_py_add(module, "OBJECTIVE_LOSSES", names) < 0 ||
+        ptl_py_add(module, "OBJECTIVE_GAINS",
+                     Py_BuildValue("(ddd)", PTL_OBJ_GAIN_BOX, PTL_OBJ_GAIN_CLS, PTL_OBJ_GAIN_L1)) < 0 ||
+        ptl_py_add(module, "OBJECTIVE_STRIDES", Py_BuildValue("(iii)", 8, 16, 32)) < 0)
+        return -1;
+    return 0;
+}

@@ -74,18 +74,8 @@ static void muon_f64(const ptl_optim_buffers *b, const ptl_optim_hp *hp, const i
         }
 }
 
-static int check_hp(const ptl_optim_hp *hp)
-{
-    if (hp->ngroups < 1 || hp->ngroups > PTL_OPT_MAX_GROUPS)
-        return ptl_set_error(PTL_ERR_VALUE, "optimizer: %d parameter groups (1 to %d supported)", hp->ngroups,
-                             PTL_OPT_MAX_GROUPS),
-               -1;
-    for (int k = 0; k < hp->ngroups; k++)
-        if (hp->kind[k] < PTL_OPT_SGD || hp->kind[k] > PTL_OPT_ADAMW)
-            return ptl_set_error(PTL_ERR_VALUE, "optimizer: group %d has unknown kind %d", k, hp->kind[k]), -1;
-    return 0;
-}
-
+/* Called by ptl_optim_step after ptl_optim_check. The work buffers are made before anything is
+ * written, so a failure leaves parameters and state as they were. */
 int ptl_optim_step_cpu(const ptl_optim_buffers *b, const ptl_optim_hp *hp)
 {
     int f64 = b->dtype == PTL_FLOAT64;
@@ -93,60 +83,25 @@ int ptl_optim_step_cpu(const ptl_optim_buffers *b, const ptl_optim_hp *hp)
     void *x = NULL, *work = NULL;
     double inv, coef;
     int64_t maxrc = 0, maxr = 0;
-    if (b->dtype != PTL_FLOAT32 && b->dtype != PTL_FLOAT64)
-        return ptl_set_error(PTL_ERR_TYPE, "optimizer: params must be float32 or float64"), -1;
-    PTL_CHECK(check_hp(hp));
     for (int64_t pi = 0; pi < b->nparams; pi++) {
         const int64_t *row = b->ptab + pi * PTL_PT_NCOLS;
-        int64_t grp = row[PTL_PT_GROUP];
-        if (grp < 0 || grp >= hp->ngroups) {
-            ptl_set_error(PTL_ERR_VALUE, "optimizer: parameter %lld is in group %lld of %d", (long long)pi,
-                          (long long)grp, hp->ngroups);
-            goto fail;
-        }
-        if (row[PTL_PT_OFF] < 0 || row[PTL_PT_NUMEL] < 0 || row[PTL_PT_OFF] > b->n ||
-            row[PTL_PT_NUMEL] > b->n - row[PTL_PT_OFF]) {
-            ptl_set_error(PTL_ERR_VALUE, "optimizer: parameter %lld lies outside the flat buffer", (long long)pi);
-            goto fail;
-        }
-        if (hp->kind[grp] == PTL_OPT_MUON) {
-            int64_t r = row[PTL_PT_ROWS], c = row[PTL_PT_COLS];
-            if (r <= 0 || c <= 0 || r * c != row[PTL_PT_NUMEL]) {
-                ptl_set_error(PTL_ERR_VALUE, "optimizer: parameter %lld has a bad 2-D view", (long long)pi);
-                goto fail;
-            }
-            int64_t mn = r < c ? r : c;
-            if (r * c > maxrc)
-                maxrc = r * c;
-            if (mn > maxr)
-                maxr = mn;
-        }
-        if (hp->kind[grp] != PTL_OPT_SGD && !b->state1) {
-            ptl_set_error(PTL_ERR_VALUE, "optimizer: state1 is required for Muon and AdamW groups");
-            goto fail;
-        }
+        if (hp->kind[row[PTL_PT_GROUP]] != PTL_OPT_MUON)
+            continue;
+        const int64_t r = row[PTL_PT_ROWS], c = row[PTL_PT_COLS], mn = r < c ? r : c;
+        maxrc = r * c > maxrc ? r * c : maxrc;
+        maxr = mn > maxr ? mn : maxr;
     }
-    /* the gradient statistics walk the chunk table, not ptab */
-    for (int64_t c = 0; c < b->nchunks; c++) {
-        const int64_t *ch = b->call + 3 * c;
-        if (ch[0] < 0 || ch[1] < 0 || ch[0] > b->n || ch[1] > b->n - ch[0] || ch[2] < 0 || ch[2] >= b->nparams) {
-            ptl_set_error(PTL_ERR_VALUE, "call: chunk %lld (start %lld, length %lld, parameter %lld) lies outside "
-                          "the flat buffer of %lld elements or the %lld parameters", (long long)c, (long long)ch[0],
-                          (long long)ch[1], (long long)ch[2], (long long)b->n, (long long)b->nparams);
+    if (maxrc > 0) {
+        x = malloc(es * (size_t)maxrc);
+        work = malloc(es * (size_t)(3 * maxr * maxr + maxrc));
+        if (!x || !work) {
+            ptl_set_error(PTL_ERR_MEMORY, "optimizer: out of memory");
             goto fail;
         }
     }
     PTL_CHECK(ptl_grad_stats_cpu(b, hp, &inv, &coef));
     if (scalar_get(b, PTL_OPT_S_FOUND_INF) == 0.0) {
         double step = scalar_get(b, PTL_OPT_S_STEP) + 1.0;
-        if (maxrc > 0) {
-            x = malloc(es * (size_t)maxrc);
-            work = malloc(es * (size_t)(3 * maxr * maxr + maxrc));
-            if (!x || !work) {
-                ptl_set_error(PTL_ERR_MEMORY, "optimizer: out of memory");
-                goto fail;
-            }
-        }
         for (int64_t pi = 0; pi < b->nparams; pi++) {
             const int64_t *row = b->ptab + pi * PTL_PT_NCOLS;
             int grp = (int)row[PTL_PT_GROUP], kind = hp->kind[grp];

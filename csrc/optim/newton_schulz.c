@@ -1,4 +1,4 @@
-/* Newton-Schulz quintic orthogonalisation (spec §4.4), CPU reference.
+/* Newton-Schulz quintic orthogonalisation (8.4.190's zeropower_via_newtonschulz5), CPU reference.
  * Works in the wide orientation (rows <= cols); callers transpose tall matrices. Precision follows the
  * buffers: float64 or float32 arithmetic, or (bf16 = 1) float32 products rounded to bfloat16 after every
  * stage, which is what the CUDA path (cuBLAS bf16 GEMMs with float32 accumulation) computes. */
@@ -78,29 +78,26 @@ void ptl_ns5_normalise_f64(double *x, int64_t n)
         x[i] /= den;
 }
 
+/* One quintic step as 8.4.190's zeropower_via_newtonschulz5: A = X X^T; Bm = baddbmm(A, A, A, beta=b,
+ * alpha=c) = b A + c (A A); X = baddbmm(X, Bm, X, beta=a) = a X + Bm X. In bfloat16 every product and
+ * each fused baddbmm is rounded once, from float32 (as torch's bf16 matmuls on CPU and CUDA). */
 void ptl_ns5_iterate_f32(float *x, int64_t r, int64_t c, int bf16, float *work)
 {
-    float *a = work, *ca = a + r * r, *aa = ca + r * r, *p = aa + r * r;
+    float *a = work, *aa = a + r * r, *bm = aa + r * r, *p = bm + r * r;
     const float ka = (float)PTL_NS_A, kb = (float)PTL_NS_B, kc = (float)PTL_NS_C;
     for (int it = 0; it < PTL_NS_STEPS; it++) {
         gram_f32(x, a, r, c);
         if (bf16)
             round_bf16_all(a, r * r);
-        for (int64_t i = 0; i < r * r; i++)
-            ca[i] = bf16 ? ptl_round_bf16(kc * a[i]) : kc * a[i];
-        mm_f32(ca, a, aa, r, r);
+        mm_f32(a, a, aa, r, r);
         for (int64_t i = 0; i < r * r; i++) {
-            if (bf16)
-                aa[i] = ptl_round_bf16(ptl_round_bf16(kb * a[i]) + ptl_round_bf16(aa[i]));
-            else
-                aa[i] = kb * a[i] + aa[i];
+            float v = PTL_FADD(PTL_FMUL(kc, aa[i]), PTL_FMUL(kb, a[i]));
+            bm[i] = bf16 ? ptl_round_bf16(v) : v;
         }
-        mm_f32(aa, x, p, r, c);
+        mm_f32(bm, x, p, r, c);
         for (int64_t i = 0; i < r * c; i++) {
-            if (bf16)
-                x[i] = ptl_round_bf16(ptl_round_bf16(ka * x[i]) + ptl_round_bf16(p[i]));
-            else
-                x[i] = ka * x[i] + p[i];
+            float v = PTL_FADD(p[i], PTL_FMUL(ka, x[i]));
+            x[i] = bf16 ? ptl_round_bf16(v) : v;
         }
     }
 }
@@ -108,17 +105,15 @@ void ptl_ns5_iterate_f32(float *x, int64_t r, int64_t c, int bf16, float *work)
 void ptl_ns5_iterate_f64(double *x, int64_t r, int64_t c, double *work)
 {
     double *a = work, *aa = a + r * r, *p = aa + r * r;
-    const double ca = PTL_NS_A, cb = PTL_NS_B, cc = PTL_NS_C;
+    const double ka = PTL_NS_A, kb = PTL_NS_B, kc = PTL_NS_C;
     for (int it = 0; it < PTL_NS_STEPS; it++) {
         gram_f64(x, a, r, c);
+        mm_f64(a, a, aa, r, r);
         for (int64_t i = 0; i < r * r; i++)
-            aa[i] = cc * a[i];
-        mm_f64(aa, a, p, r, r);
-        for (int64_t i = 0; i < r * r; i++)
-            aa[i] = cb * a[i] + p[i];
+            aa[i] = kc * aa[i] + kb * a[i];
         mm_f64(aa, x, p, r, c);
         for (int64_t i = 0; i < r * c; i++)
-            x[i] = ca * x[i] + p[i];
+            x[i] = p[i] + ka * x[i];
     }
 }
 

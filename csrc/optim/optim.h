@@ -11,9 +11,9 @@
  *   sgtab [S][7]             host: (rows, cols, count, x offset, a offset, x stride, a stride) per
  *                            same-shape batch of the Newton-Schulz work, in the wide orientation
  *                            (rows <= cols); offsets and strides are multiples of PTL_NS_ALIGN
- * The CUDA Newton-Schulz workspace holds five bfloat16 arenas (X, P: tx elements; A, cA, AA: ta
- * elements); each arena keeps every matrix of every batch contiguously, so each elementwise stage of
- * one iteration is one launch and each product one strided-batched GEMM per shape.
+ * The CUDA Newton-Schulz workspace holds four bfloat16 arenas (X, P: tx elements; A, Bm: ta elements);
+ * each arena keeps every matrix of every batch contiguously, so each product of one iteration is one
+ * strided-batched GEMM per shape.
  *
  * The scalar state lives in a small buffer `scalars` (dtype of the parameters, on their device), so the
  * found-inf flag, the clip coefficient and the scale update never leave the device. */
@@ -38,6 +38,16 @@ extern "C" {
 #define PTL_OPT_MAX_GROUPS 16
 
 enum { PTL_OPT_SGD = 0, PTL_OPT_MUON = 1, PTL_OPT_ADAMW = 2 };
+
+/* Defaults of the step's settings (spec §4-§6, §10); Python reads them from ptl._C (OPTIM_*). */
+#define PTL_OPT_MUON_W 0.2          /* MuSGD shares of the orthogonalised and the SGD update */
+#define PTL_OPT_SGD_W 1.0
+#define PTL_OPT_BETA2 0.999         /* AdamW */
+#define PTL_OPT_EPS 1e-8
+#define PTL_OPT_MAX_NORM 10.0       /* gradient clip */
+#define PTL_OPT_GROWTH_FACTOR 2.0   /* loss scaler */
+#define PTL_OPT_BACKOFF_FACTOR 0.5
+#define PTL_OPT_GROWTH_INTERVAL 2000
 
 /* Columns of ptab. */
 enum {
@@ -118,19 +128,20 @@ PTL_HD double ptl_muon_factor(int64_t d2, int64_t d1)
  * once for float64 (CPU reference only). Each float32 operation rounds like the matching torch CUDA op:
  * `x.add(y, alpha=a)`, addcdiv and lerp are one fused multiply-add there, mul_/add_ pairs are not. */
 
-/* Muon momentum: m <- lerp(m, g, 1 - mu); returns the direction u (nesterov: lerp(g, m, mu)). */
+/* Muon momentum as 8.4.190's muon_update: m <- m mu, then m += (1 - mu) g (one fused step); returns the
+ * direction u (nesterov: u = m mu, then u += (1 - mu) g). */
 PTL_HD float ptl_muon_momentum_f(float *m, float g, float one_minus_mu, float mu, int nesterov)
 {
-    float mm = ptl_lerpf(*m, g, one_minus_mu);
+    float mm = fmaf(one_minus_mu, g, PTL_FMUL(*m, mu));
     *m = mm;
-    return nesterov ? ptl_lerpf(g, mm, mu) : mm;
+    return nesterov ? fmaf(one_minus_mu, g, PTL_FMUL(mm, mu)) : mm;
 }
 
 PTL_HD double ptl_muon_momentum_d(double *m, double g, double one_minus_mu, double mu, int nesterov)
 {
-    double mm = ptl_lerpd(*m, g, one_minus_mu);
+    double mm = *m * mu + one_minus_mu * g;
     *m = mm;
-    return nesterov ? ptl_lerpd(g, mm, mu) : mm;
+    return nesterov ? mm * mu + one_minus_mu * g : mm;
 }
 
 /* SGD with momentum (decay folded into the gradient): g' = g + wd p; v <- mu v + g';
@@ -203,11 +214,8 @@ PTL_HD void ptl_adamw_elem_d(double *p, double *m, double *v, double g, const pt
 /* The gradient actually used: unscaled, then clipped (two roundings, as torch's unscale_ and clip). */
 PTL_HD float ptl_grad_used_f(float g, float inv_scale, float coef) { return PTL_FMUL(PTL_FMUL(g, inv_scale), coef); }
 
-/* EMA: e <- e d + m (1 - d) (two products, one sum). */
-PTL_HD float ptl_ema_elem_f(float e, float m, float d, float one_minus_d)
-{
-    return PTL_FADD(PTL_FMUL(e, d), PTL_FMUL(m, one_minus_d));
-}
+/* EMA as 8.4.190's ModelEMA: e <- lerp(e, m, 1 - d) (torch._foreach_lerp_). */
+PTL_HD float ptl_ema_elem_f(float e, float m, float one_minus_d) { return ptl_lerpf(e, m, one_minus_d); }
 
 /* The GradScaler update (torch's _amp_update_scale_), on float32 or float64 values held in doubles. */
 PTL_HD void ptl_scaler_update(double *scale, double *growth, int found_inf, double growth_factor,
@@ -235,13 +243,33 @@ typedef struct {
     const int64_t *ptab, *call, *cmuon, *sgtab;
     int64_t nparams, nchunks, nmuon_chunks, nsg, nmuon;
     int64_t tx, ta;           /* Newton-Schulz arena sizes (elements) */
-    void *ws_bf16;            /* CUDA: 2 tx + 3 ta bfloat16 */
+    void *ws_bf16;            /* CUDA: 2 tx + 2 ta bfloat16 */
     void *ws_f64;             /* CUDA: nchunks + nmuon_chunks + nmuon doubles */
 } ptl_optim_buffers;
 
-/* One optimizer step: unscale, clip, update (skipped on Inf/NaN with the scaler), scale update. */
+/* Replay of the Newton-Schulz work (whose shapes and buffers never change for one optimizer) from a CUDA
+ * graph: the first step runs eagerly (it loads cuBLAS's kernels), the second is captured, later ones
+ * replay. A capture that fails leaves the optimizer eager for good (state PTL_NSG_FAILED). */
+enum { PTL_NSG_EAGER = 0, PTL_NSG_REPLAY = 1, PTL_NSG_FAILED = 2 };
+typedef struct {
+    void *exec; /* cudaGraphExec_t */
+    int state, eager_runs;
+    char why[160];
+} ptl_ns_graph;
+
+struct ptl_cuda_ctx;
+/* The checks a step on `dev` runs first (settings, sizes, workspaces; on the CPU also the tables);
+ * -1 naming the argument. */
+int ptl_optim_check(const ptl_optim_buffers *b, const ptl_optim_hp *hp, ptl_device_type dev);
+/* One optimizer step on ctx's device (NULL: the CPU): unscale, clip, update (skipped on Inf/NaN with the
+ * scaler), scale update, zero the gradients. g: the Newton-Schulz replay slot (CUDA; may be NULL).
+ * After its checks pass, a step writes nothing before it can no longer fail (but by a device fault). */
+int ptl_optim_step(struct ptl_cuda_ctx *ctx, const ptl_optim_buffers *b, const ptl_optim_hp *hp, ptl_ns_graph *g);
+/* ema <- lerp(ema, model, 1 - d) over n elements on ctx's device (NULL: the CPU). */
+int ptl_ema_check(ptl_device_type dev, ptl_dtype dt, double decay);
+int ptl_ema_update(struct ptl_cuda_ctx *ctx, void *ema, const void *model, int64_t n, ptl_dtype dt, double decay);
+/* The backends of the two (called by them after the checks). */
 int ptl_optim_step_cpu(const ptl_optim_buffers *b, const ptl_optim_hp *hp);
-/* ema <- d * ema + (1 - d) * model over n elements. */
 int ptl_ema_update_cpu(void *ema, const void *model, int64_t n, ptl_dtype dt, double decay);
 /* Batched NS5 of float32 matrices x [batch][rows][cols] into out (same shape); bf16: round every stage. */
 int ptl_newton_schulz_cpu(const float *x, float *out, int64_t batch, int64_t rows, int64_t cols, int bf16);
@@ -253,15 +281,6 @@ void ptl_ns5_iterate_f64(double *x, int64_t r, int64_t c, double *work);
 /* Sum of squares and the clip/scale bookkeeping shared by the CPU step (grad_clip.c). */
 int ptl_grad_stats_cpu(const ptl_optim_buffers *b, const ptl_optim_hp *hp, double *inv_scale, double *coef);
 
-/* Replay of the Newton-Schulz work (whose shapes and buffers never change for one optimizer) from a CUDA
- * graph: the first step runs eagerly (it loads cuBLAS's kernels), the second is captured, later ones
- * replay. A capture that fails leaves the optimizer eager for good (state PTL_NSG_FAILED). */
-enum { PTL_NSG_EAGER = 0, PTL_NSG_REPLAY = 1, PTL_NSG_FAILED = 2 };
-typedef struct {
-    void *exec; /* cudaGraphExec_t */
-    int state, eager_runs;
-    char why[160];
-} ptl_ns_graph;
 
 #ifdef PTL_WITH_CUDA
 struct CUstream_st;
@@ -274,7 +293,7 @@ int ptl_ema_update_cuda(struct CUstream_st *stream, float *ema, const float *mod
 /* Runs NS5 in place on the X arena of ws (layout as in the file comment); sgtab on the host. */
 int ptl_newton_schulz_arena_cuda(struct CUstream_st *stream, struct cublasContext *cublas, uint16_t *ws,
                                  int64_t tx, int64_t ta, const int64_t *sgtab, int64_t nsg);
-/* Standalone batched NS5 of float32 matrices (tests, benchmarks); ws holds 2 tx + 3 ta bf16 with
+/* Standalone batched NS5 of float32 matrices (tests, benchmarks); ws holds 2 tx + 2 ta bf16 with
  * tx = batch * xs, ta = batch * as, xs and as = rows * cols and min(rows, cols)^2 rounded up to
  * PTL_NS_ALIGN; norms holds `batch` floats. */
 int ptl_newton_schulz_cuda(struct CUstream_st *stream, struct cublasContext *cublas, const float *x, float *out,

@@ -2,8 +2,7 @@
  * (tests and benchmarks). The tables are built and checked by ptl/optim.py. */
 #include <stdio.h>
 
-#include "../py.h"
-#include "optim.h"
+#include "py_optim.h"
 #ifdef PTL_WITH_CUDA
 #include "../cuda/device.h"
 #endif
@@ -49,25 +48,6 @@ static int parse_group_seq(PyObject *seq, const char *arg, int n, double *out, i
     return 0;
 }
 
-#ifdef PTL_WITH_CUDA
-/* The device's context, looked up with the GIL released (the first use creates it, which takes long);
- * the runtime pointer is read before, as PyModule_GetState is part of the Python API. NULL after raising. */
-static ptl_cuda_ctx *device_ctx(PyObject *module, int device)
-{
-    ptl_runtime *rt = ptl_state(module)->rt;
-    ptl_cuda_ctx *ctx = NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ptl_cuda_ctx_get(rt, device, &ctx);
-    Py_END_ALLOW_THREADS
-    if (rc != 0) {
-        ptl_raise(module);
-        return NULL;
-    }
-    return ctx;
-}
-#endif
-
 #define NS_GRAPH_NAME "ptl.optim.ns_graph"
 
 static void ns_graph_free(PyObject *cap)
@@ -103,59 +83,60 @@ static PyObject *py_optim_ns_graph_state(PyObject *module, PyObject *cap)
     return Py_BuildValue("iis", g->state, g->eager_runs, g->why);
 }
 
-PyObject *ptl_py_optim_step(PyObject *module, PyObject *args, PyObject *kw)
+/* The keywords of _optim_step as buffers, settings and replay slot (lrs, momenta, wds optional: a
+ * training-step plan gets them per step). Converts only; the step checks the values. */
+int ptl_py_optim_parse(PyObject *module, PyObject *args, PyObject *kw, ptl_optim_buffers *b, ptl_optim_hp *hp,
+                       ptl_ns_graph **graph, ptl_device *devp, int *have_rates)
 {
     static char *kwlist[] = {"params", "grads", "state1", "state2", "scalars", "ptab", "call", "cmuon", "sgtab",
                              "ws_bf16", "ws_f64", "tx", "ta", "nmuon", "kinds", "lrs", "momenta", "wds", "muon_w",
                              "sgd_w", "beta2", "eps", "nesterov", "max_norm", "scaler", "growth_factor",
                              "backoff_factor", "growth_interval", "ns_bf16", "zero_grad", "ns_graph", NULL};
-    PyObject *o_p, *o_g, *o_s1, *o_s2, *o_sc, *o_pt, *o_ca, *o_cm, *o_sg, *o_wb, *o_wf, *o_kinds, *o_lrs, *o_mom,
-        *o_wds, *o_graph = Py_None;
+    PyObject *o_p, *o_g, *o_s1, *o_s2, *o_sc, *o_pt, *o_ca, *o_cm, *o_sg, *o_wb, *o_wf, *o_kinds, *o_lrs = NULL,
+                                                                                             *o_mom = NULL,
+                                                                                             *o_wds = NULL,
+                                                                                             *o_graph = Py_None;
     long long tx, ta, nmuon;
-    ptl_optim_hp hp;
-    memset(&hp, 0, sizeof hp);
-    hp.muon_w = 0.2;
-    hp.sgd_w = 1.0;
-    hp.beta2 = 0.999;
-    hp.eps = 1e-8;
-    hp.nesterov = 1;
-    hp.max_norm = 10.0;
-    hp.growth_factor = 2.0;
-    hp.backoff_factor = 0.5;
-    hp.growth_interval = 2000;
-    hp.zero_grad = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOOOOLLLOOOO|ddddpdpddippO:_optim_step", kwlist, &o_p, &o_g,
+    memset(hp, 0, sizeof *hp);
+    hp->muon_w = PTL_OPT_MUON_W;
+    hp->sgd_w = PTL_OPT_SGD_W;
+    hp->beta2 = PTL_OPT_BETA2;
+    hp->eps = PTL_OPT_EPS;
+    hp->nesterov = 1;
+    hp->max_norm = PTL_OPT_MAX_NORM;
+    hp->growth_factor = PTL_OPT_GROWTH_FACTOR;
+    hp->backoff_factor = PTL_OPT_BACKOFF_FACTOR;
+    hp->growth_interval = PTL_OPT_GROWTH_INTERVAL;
+    hp->zero_grad = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOOOOLLLO|OOOddddpdpddippO:_optim_step", kwlist, &o_p, &o_g,
                                      &o_s1, &o_s2, &o_sc, &o_pt, &o_ca, &o_cm, &o_sg, &o_wb, &o_wf, &tx, &ta, &nmuon,
-                                     &o_kinds, &o_lrs, &o_mom, &o_wds, &hp.muon_w, &hp.sgd_w, &hp.beta2, &hp.eps,
-                                     &hp.nesterov, &hp.max_norm, &hp.scaler, &hp.growth_factor, &hp.backoff_factor,
-                                     &hp.growth_interval, &hp.ns_bf16, &hp.zero_grad, &o_graph))
-        return NULL;
-    ptl_ns_graph *graph = NULL;
-    if (o_graph != Py_None && !(graph = (ptl_ns_graph *)PyCapsule_GetPointer(o_graph, NS_GRAPH_NAME)))
-        return NULL;
+                                     &o_kinds, &o_lrs, &o_mom, &o_wds, &hp->muon_w, &hp->sgd_w, &hp->beta2, &hp->eps,
+                                     &hp->nesterov, &hp->max_norm, &hp->scaler, &hp->growth_factor,
+                                     &hp->backoff_factor, &hp->growth_interval, &hp->ns_bf16, &hp->zero_grad,
+                                     &o_graph))
+        return -1;
+    *graph = NULL;
+    if (o_graph != Py_None && !(*graph = (ptl_ns_graph *)PyCapsule_GetPointer(o_graph, NS_GRAPH_NAME)))
+        return -1;
     PtlTensor *p = ptl_tensor_arg(module, o_p, "params", -1, NULL, 1, NULL);
     if (!p)
-        return NULL;
-    if (p->dtype != PTL_FLOAT32 && p->dtype != PTL_FLOAT64) {
-        PyErr_Format(PyExc_TypeError, "params: expected float32 or float64, got %s", ptl_dtype_name(p->dtype));
-        return NULL;
-    }
+        return -1;
     ptl_device dev = p->storage->device;
     int64_t n = p->shape[0], shape1[1] = {n}, shape_sc[1] = {-1};
     PtlTensor *g = ptl_tensor_arg(module, o_g, "grads", p->dtype, &dev, 1, shape1);
     if (!g)
-        return NULL;
+        return -1;
     PtlTensor *s1 = NULL;
     if (o_s1 != Py_None && !(s1 = ptl_tensor_arg(module, o_s1, "state1", p->dtype, &dev, 1, shape1)))
-        return NULL;
+        return -1;
     PtlTensor *s2 = ptl_tensor_arg(module, o_s2, "state2", p->dtype, &dev, 1, shape1);
     PtlTensor *sc = s2 ? ptl_tensor_arg(module, o_sc, "scalars", p->dtype, &dev, 1, shape_sc) : NULL;
     if (!sc)
-        return NULL;
+        return -1;
     if (sc->shape[0] < PTL_OPT_S_N) {
         PyErr_Format(PyExc_ValueError, "scalars: expected at least %d entries, got %lld", PTL_OPT_S_N,
                      (long long)sc->shape[0]);
-        return NULL;
+        return -1;
     }
     PtlTensor *pt = table_arg(module, o_pt, "ptab", &dev, PTL_PT_NCOLS);
     PtlTensor *ca = pt ? table_arg(module, o_ca, "call", &dev, 3) : NULL;
@@ -163,33 +144,25 @@ PyObject *ptl_py_optim_step(PyObject *module, PyObject *args, PyObject *kw)
     ptl_device cpu = {PTL_CPU, 0};
     PtlTensor *sg = cm ? table_arg(module, o_sg, "sgtab", &cpu, 7) : NULL;
     if (!sg)
-        return NULL;
+        return -1;
     PtlTensor *wb = NULL, *wf = NULL;
     if (o_wb != Py_None && !(wb = ptl_tensor_arg(module, o_wb, "ws_bf16", PTL_BFLOAT16, &dev, 1, NULL)))
-        return NULL;
+        return -1;
     if (o_wf != Py_None && !(wf = ptl_tensor_arg(module, o_wf, "ws_f64", PTL_FLOAT64, &dev, 1, NULL)))
-        return NULL;
-    if (tx < 0 || ta < 0 || nmuon < 0) {
-        PyErr_Format(PyExc_ValueError, "tx, ta, nmuon: expected sizes >= 0, got %lld, %lld, %lld", tx, ta, nmuon);
-        return NULL;
+        return -1;
+    hp->ngroups = (int)PyObject_Length(o_kinds);
+    if (hp->ngroups < 0)
+        return -1;
+    if (hp->ngroups < 1 || hp->ngroups > PTL_OPT_MAX_GROUPS) {
+        PyErr_Format(PyExc_ValueError, "kinds: expected 1 to %d groups, got %d", PTL_OPT_MAX_GROUPS, hp->ngroups);
+        return -1;
     }
-    hp.ngroups = (int)PyObject_Length(o_kinds);
-    if (hp.ngroups < 0)
-        return NULL;
-    if (hp.ngroups < 1 || hp.ngroups > PTL_OPT_MAX_GROUPS) {
-        PyErr_Format(PyExc_ValueError, "kinds: expected 1 to %d groups, got %d", PTL_OPT_MAX_GROUPS, hp.ngroups);
-        return NULL;
-    }
-    if (parse_group_seq(o_kinds, "kinds", hp.ngroups, NULL, hp.kind) < 0 ||
-        parse_group_seq(o_lrs, "lrs", hp.ngroups, hp.lr, NULL) < 0 ||
-        parse_group_seq(o_mom, "momenta", hp.ngroups, hp.momentum, NULL) < 0 ||
-        parse_group_seq(o_wds, "wds", hp.ngroups, hp.wd, NULL) < 0)
-        return NULL;
-    if (hp.growth_interval < 1) {
-        PyErr_Format(PyExc_ValueError, "growth_interval: expected >= 1, got %d", hp.growth_interval);
-        return NULL;
-    }
-    ptl_optim_buffers b = {
+    if (parse_group_seq(o_kinds, "kinds", hp->ngroups, NULL, hp->kind) < 0)
+        return -1;
+    *have_rates = o_lrs && o_mom && o_wds;
+    if (*have_rates && (ptl_py_optim_rates(o_lrs, o_mom, o_wds, hp) < 0))
+        return -1;
+    *b = (ptl_optim_buffers){
         .params = ptl_tensor_data(p),
         .grads = ptl_tensor_data(g),
         .state1 = s1 ? ptl_tensor_data(s1) : NULL,
@@ -211,52 +184,53 @@ PyObject *ptl_py_optim_step(PyObject *module, PyObject *args, PyObject *kw)
         .ws_bf16 = wb ? ptl_tensor_data(wb) : NULL,
         .ws_f64 = wf ? ptl_tensor_data(wf) : NULL,
     };
-    int rc = 0;
-    if (dev.type == PTL_CPU) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = ptl_optim_step_cpu(&b, &hp);
-        Py_END_ALLOW_THREADS
-    } else {
-#ifdef PTL_WITH_CUDA
-        if (p->dtype != PTL_FLOAT32) {
-            PyErr_SetString(PyExc_TypeError, "params: CUDA buffers must be float32");
-            return NULL;
-        }
-        int need_ws = 0, need_s1 = 0;
-        for (int k = 0; k < hp.ngroups; k++) {
-            need_ws |= hp.kind[k] == PTL_OPT_MUON;
-            need_s1 |= hp.kind[k] != PTL_OPT_SGD;
-        }
-        if (!wf || wf->shape[0] < b.nchunks + b.nmuon_chunks + b.nmuon) {
-            PyErr_SetString(PyExc_ValueError, "ws_f64: missing or smaller than the chunk tables need");
-            return NULL;
-        }
-        if (need_ws && (!wb || wb->shape[0] < 2 * tx + 3 * ta)) {
-            PyErr_SetString(PyExc_ValueError, "ws_bf16: missing or smaller than 2 tx + 3 ta");
-            return NULL;
-        }
-        if (!s1 && need_s1) {
-            PyErr_SetString(PyExc_ValueError, "state1: required for Muon and AdamW groups");
-            return NULL;
-        }
-        ptl_cuda_ctx *ctx = device_ctx(module, dev.index);
-        if (!ctx)
-            return NULL;
-        Py_BEGIN_ALLOW_THREADS
-        rc = ptl_optim_step_cuda(ctx->stream, ctx->cublas, &b, &hp, graph);
-        Py_END_ALLOW_THREADS
-#else
-        PyErr_SetString(PyExc_RuntimeError, "params: this build has no CUDA support");
-        return NULL;
-#endif
+    if (wf && wf->shape[0] < b->nchunks + b->nmuon_chunks + b->nmuon) {
+        PyErr_SetString(PyExc_ValueError, "ws_f64: smaller than the chunk tables need");
+        return -1;
     }
+    if (wb && tx >= 0 && ta >= 0 && wb->shape[0] < 2 * tx + 2 * ta) {
+        PyErr_SetString(PyExc_ValueError, "ws_bf16: smaller than 2 tx + 2 ta");
+        return -1;
+    }
+    *devp = dev;
+    return 0;
+}
+
+int ptl_py_optim_rates(PyObject *lrs, PyObject *momenta, PyObject *wds, ptl_optim_hp *hp)
+{
+    if (parse_group_seq(lrs, "lrs", hp->ngroups, hp->lr, NULL) < 0 ||
+        parse_group_seq(momenta, "momenta", hp->ngroups, hp->momentum, NULL) < 0 ||
+        parse_group_seq(wds, "wds", hp->ngroups, hp->wd, NULL) < 0)
+        return -1;
+    return 0;
+}
+
+static PyObject *py_optim_step(PyObject *module, PyObject *args, PyObject *kw)
+{
+    ptl_optim_buffers b;
+    ptl_optim_hp hp;
+    ptl_ns_graph *graph;
+    ptl_device dev;
+    int have_rates, rc;
+    if (ptl_py_optim_parse(module, args, kw, &b, &hp, &graph, &dev, &have_rates) < 0)
+        return NULL;
+    if (!have_rates) {
+        PyErr_SetString(PyExc_TypeError, "_optim_step: lrs, momenta and wds are required");
+        return NULL;
+    }
+    struct ptl_cuda_ctx *ctx;
+    if (ptl_py_exec_ctx(module, dev, &ctx) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ptl_optim_step(ctx, &b, &hp, graph);
+    Py_END_ALLOW_THREADS
     if (rc != 0)
         return ptl_raise(module);
     Py_RETURN_NONE;
 }
 
-/* _optim_ema(ema, model, decay): ema <- decay * ema + (1 - decay) * model, elementwise. */
-PyObject *ptl_py_optim_ema(PyObject *module, PyObject *args)
+/* _optim_ema(ema, model, decay): ema <- lerp(ema, model, 1 - decay), elementwise. */
+static PyObject *py_optim_ema(PyObject *module, PyObject *args)
 {
     PyObject *o_e, *o_m;
     double decay;
@@ -275,35 +249,15 @@ PyObject *ptl_py_optim_ema(PyObject *module, PyObject *args)
                      (long long)ptl_tensor_numel(m));
         return NULL;
     }
-    if (!(decay >= 0.0 && decay <= 1.0)) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "decay: expected a value in [0, 1], got %g", decay);
-        PyErr_SetString(PyExc_ValueError, msg);
+    struct ptl_cuda_ctx *ctx;
+    if (ptl_py_exec_ctx(module, dev, &ctx) < 0)
         return NULL;
-    }
-    int rc = 0;
-    if (dev.type == PTL_CPU) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = ptl_ema_update_cpu(ptl_tensor_data(e), ptl_tensor_data(m), n, e->dtype, decay);
-        Py_END_ALLOW_THREADS
-    } else {
-#ifdef PTL_WITH_CUDA
-        if (e->dtype != PTL_FLOAT32) {
-            PyErr_SetString(PyExc_TypeError, "ema: CUDA buffers must be float32");
-            return NULL;
-        }
-        ptl_cuda_ctx *ctx = device_ctx(module, dev.index);
-        if (!ctx)
-            return NULL;
-        Py_BEGIN_ALLOW_THREADS
-        rc = ptl_ema_update_cuda(ctx->stream, (float *)ptl_tensor_data(e), (const float *)ptl_tensor_data(m), n,
-                                 decay);
-        Py_END_ALLOW_THREADS
-#else
-        PyErr_SetString(PyExc_RuntimeError, "ema: this build has no CUDA support");
-        return NULL;
-#endif
-    }
+    int rc;
+    void *ed = ptl_tensor_data(e);
+    const void *md = ptl_tensor_data(m);
+    Py_BEGIN_ALLOW_THREADS
+    rc = ptl_ema_update(ctx, ed, md, n, e->dtype, decay);
+    Py_END_ALLOW_THREADS
     if (rc != 0)
         return ptl_raise(module);
     Py_RETURN_NONE;
@@ -338,12 +292,12 @@ static PyObject *py_optim_newton_schulz(PyObject *module, PyObject *args)
         Py_END_ALLOW_THREADS
     } else {
 #ifdef PTL_WITH_CUDA
-        ptl_cuda_ctx *ctx = device_ctx(module, dev.index);
-        if (!ctx)
+        ptl_cuda_ctx *ctx;
+        if (ptl_py_exec_ctx(module, dev, &ctx) < 0)
             return NULL;
         int64_t r = rows < cols ? rows : cols, al = PTL_NS_ALIGN;
         int64_t xs = (rows * cols + al - 1) / al * al, as = (r * r + al - 1) / al * al;
-        int64_t wsn[1] = {2 * bsz * xs + 3 * bsz * as}, nn[1] = {bsz > 0 ? bsz : 1};
+        int64_t wsn[1] = {2 * bsz * xs + 2 * bsz * as}, nn[1] = {bsz > 0 ? bsz : 1};
         PtlTensor *ws = ptl_tensor_empty(module, 1, wsn, PTL_BFLOAT16, dev);
         if (!ws)
             return NULL;
@@ -398,13 +352,50 @@ static PyObject *py_optim_copy(PyObject *module, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"_optim_copy", py_optim_copy, METH_VARARGS, "Copy src into the existing tensor dst."},
-    {"_optim_step", (PyCFunction)(void (*)(void))ptl_py_optim_step, METH_VARARGS | METH_KEYWORDS,
+    {"_optim_step", (PyCFunction)(void (*)(void))py_optim_step, METH_VARARGS | METH_KEYWORDS,
      "One optimizer step over flat buffers (see ptl/optim.py)."},
     {"_optim_ns_graph", py_optim_ns_graph, METH_NOARGS, "A replay slot for the Newton-Schulz work."},
     {"_optim_ns_graph_state", py_optim_ns_graph_state, METH_O, "(state, eager_runs, why) of a replay slot."},
-    {"_optim_ema", ptl_py_optim_ema, METH_VARARGS, "ema <- decay * ema + (1 - decay) * model."},
+    {"_optim_ema", py_optim_ema, METH_VARARGS, "ema <- lerp(ema, model, 1 - decay)."},
     {"_optim_newton_schulz", py_optim_newton_schulz, METH_VARARGS, "Batched NS5 orthogonalisation."},
     {NULL, NULL, 0, NULL},
 };
 
-int ptl_register_optim(PyObject *module) { return PyModule_AddFunctions(module, methods); }
+/* The layouts and defaults of optim.h, by name, for ptl/optim.py (one source: this header). */
+static const char *const table_columns[] = {"off",  "numel", "rows", "cols", "group", "xoff",
+                                            "tall", "midx",  "d2",   "d1",   "cfirst", "ccount"};
+static const char *const scalar_slots[] = {"scale", "growth", "found_inf", "norm", "coef", "step", "skipped"};
+_Static_assert(sizeof table_columns / sizeof *table_columns == PTL_PT_NCOLS, "optim.h: ptab columns");
+_Static_assert(sizeof scalar_slots / sizeof *scalar_slots == PTL_OPT_S_SKIPPED + 1, "optim.h: scalar slots");
+
+static PyObject *names(const char *const *v, int n)
+{
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t && i < n; i++) {
+        PyObject *s = PyUnicode_FromString(v[i]);
+        if (!s) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, s);
+    }
+    return t;
+}
+
+int ptl_register_optim(PyObject *module)
+{
+    if (PyModule_AddFunctions(module, methods) < 0)
+        return -1;
+    PyObject *defaults = Py_BuildValue(
+        "{s:i,s:i,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:i,s:(ddd),s:i,s:{s:i,s:i,s:i}}", "chunk", PTL_OPT_CHUNK, "ns_align",
+        PTL_NS_ALIGN, "muon_w", PTL_OPT_MUON_W, "sgd_w", PTL_OPT_SGD_W, "beta2", PTL_OPT_BETA2, "eps", PTL_OPT_EPS,
+        "max_norm", PTL_OPT_MAX_NORM, "growth_factor", PTL_OPT_GROWTH_FACTOR, "backoff_factor",
+        PTL_OPT_BACKOFF_FACTOR, "growth_interval", PTL_OPT_GROWTH_INTERVAL, "ns_coeffs", PTL_NS_A, PTL_NS_B, PTL_NS_C,
+        "max_groups", PTL_OPT_MAX_GROUPS, "kinds", "sgd", PTL_OPT_SGD, "muon", PTL_OPT_MUON, "adamw", PTL_OPT_ADAMW);
+    if (ptl_py_add(module, "OPTIM_DEFAULTS", defaults) < 0 ||
+        ptl_py_add(module, "OPTIM_TABLE_COLUMNS", names(table_columns, PTL_PT_NCOLS)) < 0 ||
+        ptl_py_add(module, "OPTIM_SCALARS", names(scalar_slots, PTL_OPT_S_SKIPPED + 1)) < 0 ||
+        PyModule_AddIntConstant(module, "OPTIM_NUM_SCALARS", PTL_OPT_S_N) < 0)
+        return -1;
+    return 0;
+}

@@ -1,285 +1,232 @@
-/* One training step in one call from Python (ARCHITECTURE.md §1): upload and normalise the batch,
- * forward, objective, backward and, when the step is due, the optimizer step and the EMA update. Python
- * computes the step's scalars (learning rates, momenta, EMA decay, o2m weight) and runs callbacks
- * between steps. Each stage is the code its own binding runs (the network through its C API, the rest
- * through the same argument checks as from Python), so a fused step and the separate calls compute the
- * same bits.
- *
- * On CUDA with a recording (network_cuda_record), the forward and the backward are the recorded graphs
- * (the objective runs eagerly between them); with plan["record"] set and no recording yet, the step
- * runs eagerly and then records its forward and backward (the warm-up, ARCHITECTURE.md §3 rule 2). */
+/* Python bindings of the training step (train_step.h): a plan made once per batch shape from a dict
+ * (see ptl/engine.py Engine._plan), and the per-step call, which converts its arguments, runs the whole
+ * step in C with the GIL released and returns the losses tensor (the only object it makes). */
 #include "../py.h"
 
-#include "../nn/network.h"
-#include "../objective/objective.h"
-#ifdef PTL_WITH_CUDA
-#include "../cuda/network_cuda.h"
-#endif
+#include "../fault.h"
+#include "../nn/py_network.h"
+#include "../optim/py_optim.h"
+#include "train_step.h"
 
-#define NET_CPU_CAPSULE "ptl.network"   /* csrc/nn/py_nn.c */
-#define NET_CUDA_CAPSULE "ptl.network_cuda" /* csrc/cuda/py_network_cuda.c */
+#define PLAN_CAPSULE "ptl.train_step_plan"
 
-/* plan[key], a borrowed reference; KeyError naming the key when missing. */
-static PyObject *plan_item(PyObject *plan, const char *key)
+static void plan_free(PyObject *cap)
 {
-    PyObject *v = PyDict_GetItemString(plan, key);
-    if (!v)
-        PyErr_Format(PyExc_KeyError, "plan: missing '%s'", key);
-    return v;
+    PyMem_Free(PyCapsule_GetPointer(cap, PLAN_CAPSULE));
+    Py_XDECREF((PyObject *)PyCapsule_GetContext(cap));
 }
 
-/* Calls a binding with a new argument tuple (stolen) and optional keywords; returns 0 or -1. */
-static int call_binding(PyObject *(*fn)(PyObject *, PyObject *), PyObject *module, PyObject *args)
+static int convert_plan(PyObject *module, PyObject *d, ptl_step_plan *p)
 {
-    if (!args)
+    static char *keys[] = {"net", "input", "staging", "grads", "gains", "scale_from", "optim", "ema", "record", NULL};
+    PyObject *net, *input, *staging, *grads, *scale, *optim, *ema, *none = PyTuple_New(0);
+    const int ok = none && PyArg_ParseTupleAndKeywords(none, d, "OOOO(ddd)OO!Op:train_step_plan", keys, &net, &input,
+                                                       &staging, &grads, &p->gains[0], &p->gains[1], &p->gains[2],
+                                                       &scale, &PyDict_Type, &optim, &ema, &p->record);
+    Py_XDECREF(none);
+    if (!ok || !(p->net = ptl_py_executor(net)))
         return -1;
-    PyObject *r = fn(module, args);
-    Py_DECREF(args);
-    if (!r)
+    const ptl_net_exec *x = p->net;
+    PtlTensor *in = ptl_tensor_arg(module, input, "plan['input']", (int)x->cdt, &x->device, 4, NULL);
+    if (!in)
         return -1;
-    Py_DECREF(r);
-    return 0;
-}
-
-static int call_binding_kw(PyObject *(*fn)(PyObject *, PyObject *, PyObject *), PyObject *module, PyObject *args,
-                           PyObject *kw)
-{
-    if (!args)
-        return -1;
-    PyObject *r = fn(module, args, kw);
-    Py_DECREF(args);
-    if (!r)
-        return -1;
-    Py_DECREF(r);
-    return 0;
-}
-
-/* The network of a plan: exactly one of *cpu / *gpu is set. */
-static int plan_network(PyObject *cap, ptl_network **cpu, void **gpu)
-{
-    *cpu = NULL;
-    *gpu = NULL;
-    if (PyCapsule_IsValid(cap, NET_CPU_CAPSULE)) {
-        *cpu = (ptl_network *)PyCapsule_GetPointer(cap, NET_CPU_CAPSULE);
-        return 0;
+    p->B = (int)in->shape[0];
+    p->H = (int)in->shape[1];
+    p->W = (int)in->shape[2];
+    p->input = ptl_tensor_data(in);
+    const int64_t n = (int64_t)p->B * p->H * p->W * 3, A = ptl_obj_num_anchors(p->H, p->W);
+    if (A < 0)
+        return ptl_raise_int(module);
+    if (staging != Py_None) {
+        PtlTensor *st = ptl_tensor_arg(module, staging, "plan['staging']", PTL_UINT8, &x->device, 1, &n);
+        if (!st)
+            return -1;
+        p->staging = ptl_tensor_data(st);
     }
-#ifdef PTL_WITH_CUDA
-    if (PyCapsule_IsValid(cap, NET_CUDA_CAPSULE)) {
-        *gpu = PyCapsule_GetPointer(cap, NET_CUDA_CAPSULE);
-        return 0;
-    }
-#endif
-    PyErr_SetString(PyExc_TypeError, "plan['net']: expected a network handle (network_create / network_cuda_create)");
-    return -1;
-}
-
-/* The four head outputs as tensors over the network's own buffers (the capsule keeps them alive). */
-static PyObject *head_outputs(PyObject *module, PyObject *cap, ptl_network *cpu, void *gpu, int B)
-{
-    PyObject *o[4] = {NULL, NULL, NULL, NULL};
-    int64_t A, nc;
-    ptl_device dev = {PTL_CPU, 0};
-    ptl_dtype dt = PTL_FLOAT32;
-    void *ptr[4];
-    if (cpu) {
-        A = cpu->A;
-        nc = cpu->nc;
-        dt = cpu->dtype;
-        for (int i = 0; i < 4; i++)
-            ptr[i] = cpu->out[i / 2][i % 2];
-    } else {
-#ifdef PTL_WITH_CUDA
-        ptl_network_cuda *g = (ptl_network_cuda *)gpu;
-        int b, h, w;
-        ptl_network_cuda_shape(g, &b, &h, &w, &A);
-        nc = ptl_network_cuda_num_classes(g);
-        dev = (ptl_device){PTL_CUDA, ptl_network_cuda_device(g)};
-        for (int i = 0; i < 4; i++)
-            ptr[i] = ptl_network_cuda_output(g, i / 2, i % 2);
-#else
-        (void)gpu;
-        return NULL;
-#endif
+    if (!PyTuple_Check(grads) || PyTuple_GET_SIZE(grads) != 4) {
+        PyErr_SetString(PyExc_TypeError, "plan['grads']: expected a tuple of four tensors");
+        return -1;
     }
     for (int i = 0; i < 4; i++) {
-        int64_t shape[3] = {B, A, i % 2 ? nc : 4};
-        o[i] = (PyObject *)ptl_tensor_wrap(module, ptr[i], dev, 3, shape, dt, cap);
-        if (!o[i]) {
-            for (int j = 0; j < i; j++)
-                Py_DECREF(o[j]);
-            return NULL;
-        }
+        const int64_t shape[3] = {p->B, A, i % 2 ? x->net->nc : 4};
+        PtlTensor *g = ptl_tensor_arg(module, PyTuple_GET_ITEM(grads, i), "plan['grads']", (int)x->mdt, &x->device,
+                                      3, shape);
+        if (!g)
+            return -1;
+        p->grads[i / 2][i % 2] = ptl_tensor_data(g);
     }
-    return Py_BuildValue("(NNNN)", o[0], o[1], o[2], o[3]);
+    if (scale != Py_None) {
+        PyObject *t;
+        Py_ssize_t k;
+        if (!PyArg_ParseTuple(scale, "On;plan['scale_from']: expected (tensor, index)", &t, &k))
+            return -1;
+        PtlTensor *st = ptl_tensor_arg(module, t, "plan['scale_from']", PTL_FLOAT32, &x->device, 1, NULL);
+        if (!st)
+            return -1;
+        if (k < 0 || k >= st->shape[0]) {
+            PyErr_Format(PyExc_IndexError, "plan['scale_from']: index %zd out of range", k);
+            return -1;
+        }
+        p->scale_dev = (const float *)ptl_tensor_data(st) + k;
+    }
+    ptl_device odev;
+    int have_rates;
+    PyObject *empty = PyTuple_New(0);
+    const int rc = empty ? ptl_py_optim_parse(module, empty, optim, &p->opt, &p->hp, &p->ns_graph, &odev, &have_rates)
+                         : -1;
+    Py_XDECREF(empty);
+    if (rc < 0)
+        return -1;
+    if (odev.type != x->device.type || odev.index != x->device.index) {
+        PyErr_SetString(PyExc_ValueError, "plan['optim']: the optimizer's buffers must live where the network does");
+        return -1;
+    }
+    if (ema != Py_None) {
+        PyObject *fast = PySequence_Fast(ema, "plan['ema']: expected (ema, live) tensor pairs");
+        if (!fast)
+            return -1;
+        p->nema = (int)PySequence_Fast_GET_SIZE(fast);
+        for (int i = 0; i < p->nema && i < PTL_STEP_MAX_EMA; i++) {
+            PyObject *e, *l;
+            PtlTensor *te, *tl = NULL;
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "OO;plan['ema']: expected (ema, live) pairs", &e,
+                                  &l) ||
+                !(te = ptl_tensor_arg(module, e, "plan['ema']", (int)x->mdt, &x->device, -1, NULL)) ||
+                !(tl = ptl_tensor_arg(module, l, "plan['ema']", (int)x->mdt, &x->device, -1, NULL)) ||
+                ptl_tensor_numel(te) != ptl_tensor_numel(tl)) {
+                if (tl && !PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "plan['ema']: a pair's tensors differ in size");
+                Py_DECREF(fast);
+                return -1;
+            }
+            p->ema[i] = (ptl_step_ema){ptl_tensor_data(te), ptl_tensor_data(tl), ptl_tensor_numel(te)};
+        }
+        Py_DECREF(fast);
+    }
+    return ptl_step_plan_check(p) ? ptl_raise_int(module) : 0;
+}
+
+PyDoc_STRVAR(plan_doc, "train_step_plan(plan) -> handle\n--\n\n"
+                       "The fixed arguments of train_step for one batch shape, from a dict: net (executor handle),\n"
+                       "input (tensor (B, H, W, 3) in the compute dtype on the network's device), staging (CUDA\n"
+                       "uint8 tensor of B*H*W*3 elements, or None), grads (four tensors shaped like the head\n"
+                       "outputs), gains, scale_from ((tensor, index) or None), optim (the _optim_step keywords but\n"
+                       "lrs/momenta/wds), ema (pairs (ema, live) of tensors, or None), record (CUDA: record the\n"
+                       "network after the first eager step). The handle keeps the dict alive.");
+
+static PyObject *py_train_step_plan(PyObject *module, PyObject *dict)
+{
+    if (!PyDict_Check(dict))
+        return PyErr_Format(PyExc_TypeError, "plan: expected a dict, got %.100s", Py_TYPE(dict)->tp_name);
+    ptl_step_plan *p = PyMem_Calloc(1, sizeof *p);
+    if (!p)
+        return PyErr_NoMemory();
+    PyObject *cap = NULL;
+    if (convert_plan(module, dict, p) < 0 || !(cap = PyCapsule_New(p, PLAN_CAPSULE, plan_free))) {
+        PyMem_Free(p);
+        return NULL;
+    }
+    Py_INCREF(dict);
+    if (PyCapsule_SetContext(cap, dict) < 0) {
+        Py_DECREF(dict);
+        Py_DECREF(cap);
+        return NULL;
+    }
+    return cap;
+}
+
+/* Ctrl-C between stages: the step runs without the GIL, so this takes it just to look. */
+static int check_signals(void *arg)
+{
+    (void)arg;
+    PyGILState_STATE g = PyGILState_Ensure();
+    const int rc = PyErr_CheckSignals();
+    PyGILState_Release(g);
+    return rc < 0 ? ptl_set_error(PTL_ERR_RUNTIME, "train_step: interrupted") : 0;
 }
 
 PyDoc_STRVAR(train_step_doc,
              "train_step(plan, images, targets, o2m_weight, optimize, lrs, momenta, wds, ema_decay) -> losses\n--\n\n"
-             "One training step (csrc/train/py_train_step.c). plan (a dict made once per batch shape): net (network\n"
-             "handle), input (device or CPU tensor (B, H, W, 3) in the compute dtype), staging (CUDA uint8 tensor or\n"
-             "None), grads (four tensors shaped like the head outputs), img_h, img_w, gains, scale_from (or None),\n"
-             "optim (the _optim_step keywords but lrs/momenta/wds), ema (pairs (ema, live) of tensors, or None),\n"
-             "record (CUDA: record the network after this step when not recorded yet). images: the loader's uint8\n"
-             "batch; targets: (n, 6) float32. Returns the objective's (10,) losses on the step's device.");
+             "One training step (csrc/train/train_step.h) with a plan from train_step_plan. images: the loader's\n"
+             "uint8 batch (B, H, W, 3); targets: a CPU float32 tensor (n, 6). Returns the objective's losses on\n"
+             "the step's device (ptl.objective.LOSSES names the entries).");
 
 static PyObject *py_train_step(PyObject *module, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"plan", "images", "targets", "o2m_weight", "optimize", "lrs", "momenta", "wds",
                              "ema_decay", NULL};
-    PyObject *plan, *images, *targets, *lrs, *moms, *wds;
-    double o2m, ema_decay;
-    int optimize;
-    PyObject *losses = NULL, *outs = NULL, *okw = NULL, *skw = NULL;
-    int rc;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOdpOOOd:train_step", kwlist, &PyDict_Type, &plan, &images,
-                                     &targets, &o2m, &optimize, &lrs, &moms, &wds, &ema_decay))
+    PyObject *cap, *images, *targets, *lrs, *moms, *wds;
+    ptl_step_args a = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOdpOOOd:train_step", kwlist, &cap, &images, &targets,
+                                     &a.o2m_weight, &a.optimize, &lrs, &moms, &wds, &a.ema_decay))
         return NULL;
-    PyObject *cap = plan_item(plan, "net"), *input = plan_item(plan, "input"), *staging = plan_item(plan, "staging"),
-             *grads = plan_item(plan, "grads"), *gains = plan_item(plan, "gains"),
-             *scale_from = plan_item(plan, "scale_from"), *optim = plan_item(plan, "optim"),
-             *ema = plan_item(plan, "ema"), *rec = plan_item(plan, "record");
-    if (!cap || !input || !staging || !grads || !gains || !scale_from || !optim || !ema || !rec)
-        return NULL;
-    ptl_network *cpu;
-    void *gpu;
-    if (plan_network(cap, &cpu, &gpu) < 0)
-        return NULL;
-    PtlTensor *in = ptl_tensor_arg(module, input, "plan['input']", -1, NULL, 4, NULL);
-    if (!in)
-        return NULL;
-    int B = (int)in->shape[0], H = (int)in->shape[1], W = (int)in->shape[2];
-    ptl_device dev = in->storage->device;
-    if ((cpu != NULL) != (dev.type == PTL_CPU)) {
-        PyErr_SetString(PyExc_ValueError, "plan['input']: must live where the network does");
+    const ptl_step_plan *p = PyCapsule_IsValid(cap, PLAN_CAPSULE) ? PyCapsule_GetPointer(cap, PLAN_CAPSULE) : NULL;
+    if (!p) {
+        PyErr_SetString(PyExc_TypeError, "plan: expected a handle from train_step_plan");
         return NULL;
     }
-    const void *d_out[2][2];
-    if (!PyTuple_Check(grads) || PyTuple_GET_SIZE(grads) != 4) {
-        PyErr_SetString(PyExc_TypeError, "plan['grads']: expected a tuple of four tensors");
+    int64_t n;
+    if (ptl_py_batch_images(images, &a.images, &n, &a.loader, &a.slot) < 0)
+        return NULL;
+    if (n != (int64_t)p->B * p->H * p->W * 3) {
+        PyErr_Format(PyExc_ValueError, "images: expected the plan's (%d, %d, %d, 3) batch, got %lld bytes", p->B, p->H,
+                     p->W, (long long)n);
         return NULL;
     }
-    for (int i = 0; i < 4; i++) {
-        PtlTensor *g = ptl_tensor_arg(module, PyTuple_GET_ITEM(grads, i), "plan['grads']", -1, &dev, 3, NULL);
-        if (!g)
-            return NULL;
-        d_out[i / 2][i % 2] = ptl_tensor_data(g);
-    }
-    const int want_record = PyObject_IsTrue(rec);
-    if (want_record < 0)
+    const ptl_device cpu = {PTL_CPU, 0};
+    const int64_t tshape[2] = {-1, 6};
+    PtlTensor *t = ptl_tensor_arg(module, targets, "targets", PTL_FLOAT32, &cpu, 2, tshape);
+    if (!t)
         return NULL;
-
-    /* upload + normalise */
-    if (call_binding(ptl_py_data_upload, module, Py_BuildValue("(OOO)", images, input, staging)) < 0)
+    a.targets = ptl_tensor_data(t);
+    a.ntargets = t->shape[0];
+    ptl_optim_hp rates = p->hp;
+    if (a.optimize && ptl_py_optim_rates(lrs, moms, wds, &rates) < 0)
         return NULL;
-
-    /* forward */
-    int replay = 0;
-#ifndef PTL_WITH_CUDA
-    (void)replay;
-    (void)want_record;
-#endif
-    const void *img = ptl_tensor_data(in);
-    Py_BEGIN_ALLOW_THREADS;
-    if (cpu) {
-        rc = ptl_network_forward(cpu, img, B, H, W);
-    } else {
-#ifdef PTL_WITH_CUDA
-        ptl_network_cuda *g = (ptl_network_cuda *)gpu;
-        /* the shape's slot first (a partial batch in between keeps the full shape's recording) */
-        rc = ptl_network_cuda_prepare(g, B, H, W);
-        replay = rc == 0 && ptl_network_cuda_recorded(g);
-        if (rc == 0)
-            rc = replay ? ptl_network_cuda_replay(g, PTL_REPLAY_FORWARD) : ptl_network_cuda_forward(g, img, B, H, W);
-#else
-        rc = -1;
-#endif
-    }
-    Py_END_ALLOW_THREADS;
-    if (rc)
-        return ptl_raise(module);
-    /* Ctrl-C between stages (a CPU step can take seconds), never between the optimizer and the EMA */
-    if (PyErr_CheckSignals() < 0)
-        return NULL;
-
-    /* objective: d total / d outputs into the plan's gradient tensors */
-    if (!(outs = head_outputs(module, cap, cpu, gpu, B)))
-        goto fail;
+    a.lr = rates.lr;
+    a.momentum = rates.momentum;
+    a.wd = rates.wd;
+    a.interrupted = check_signals;
     const int64_t lshape[1] = {PTL_OBJ_NUM_LOSSES};
-    if (!(losses = (PyObject *)ptl_tensor_empty(module, 1, lshape, PTL_FLOAT32, dev)))
-        goto fail;
-    if (!(okw = Py_BuildValue("{s:O}", "gains", gains)))
-        goto fail;
-    if (scale_from != Py_None && PyDict_SetItemString(okw, "scale_from", scale_from) < 0)
-        goto fail;
-    if (call_binding_kw(ptl_py_objective, module,
-                        Py_BuildValue("(OOiidOO)", outs, targets, H, W, o2m, losses, grads), okw) < 0)
-        goto fail;
-
-    /* backward */
+    PtlTensor *losses = ptl_tensor_empty(module, 1, lshape, PTL_FLOAT32, p->net->device);
+    if (!losses)
+        return NULL;
+    float *ld = ptl_tensor_data(losses);
+    int rc;
     Py_BEGIN_ALLOW_THREADS;
-    if (cpu) {
-        rc = ptl_network_backward(cpu, d_out, NULL);
-    } else {
-#ifdef PTL_WITH_CUDA
-        ptl_network_cuda *g = (ptl_network_cuda *)gpu;
-        rc = replay ? ptl_network_cuda_replay(g, PTL_REPLAY_BACKWARD) : ptl_network_cuda_backward(g, d_out, NULL);
-        if (rc == 0 && !replay && want_record)
-            rc = ptl_network_cuda_record(g, img, B, H, W, d_out);
-#else
-        rc = -1;
-#endif
-    }
+    rc = ptl_train_step(p, &a, ld);
     Py_END_ALLOW_THREADS;
     if (rc) {
-        ptl_raise(module);
-        goto fail;
+        Py_DECREF(losses);
+        return PyErr_Occurred() ? NULL : ptl_raise(module);
     }
-    if (PyErr_CheckSignals() < 0)
-        goto fail;
+    return (PyObject *)losses;
+}
 
-    /* optimizer step (clip, update, scaler, zero the gradients) and EMA, when due */
-    if (optimize) {
-        if (!PyDict_Check(optim)) {
-            PyErr_SetString(PyExc_TypeError, "plan['optim']: expected the _optim_step keywords");
-            goto fail;
-        }
-        if (!(skw = PyDict_Copy(optim)) || PyDict_SetItemString(skw, "lrs", lrs) < 0 ||
-            PyDict_SetItemString(skw, "momenta", moms) < 0 || PyDict_SetItemString(skw, "wds", wds) < 0)
-            goto fail;
-        if (call_binding_kw(ptl_py_optim_step, module, PyTuple_New(0), skw) < 0)
-            goto fail;
-        if (ema != Py_None) {
-            Py_ssize_t n = PySequence_Length(ema);
-            if (n < 0)
-                goto fail;
-            for (Py_ssize_t i = 0; i < n; i++) {
-                PyObject *pair = PySequence_GetItem(ema, i), *a = NULL;
-                if (!pair)
-                    goto fail;
-                if (PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2)
-                    a = Py_BuildValue("(OOd)", PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1), ema_decay);
-                else
-                    PyErr_SetString(PyExc_TypeError, "plan['ema']: expected (ema, live) tensor tuples");
-                Py_DECREF(pair);
-                if (call_binding(ptl_py_optim_ema, module, a) < 0)
-                    goto fail;
-            }
-        }
+/* _fault_inject(stage): arms a test failure at the next step's `stage` ('upload', 'forward', 'objective',
+ * 'backward', 'optimizer', 'ema'; None disarms). */
+static PyObject *py_fault_inject(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    if (arg == Py_None) {
+        ptl_fault_arm(PTL_FAULT_NONE);
+        Py_RETURN_NONE;
     }
-    Py_DECREF(outs);
-    Py_DECREF(okw);
-    Py_XDECREF(skw);
-    return losses;
-fail:
-    Py_XDECREF(outs);
-    Py_XDECREF(losses);
-    Py_XDECREF(okw);
-    Py_XDECREF(skw);
-    return NULL;
+    const char *name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    for (int s = PTL_FAULT_NONE + 1; name && s < PTL_FAULT_NUM; s++)
+        if (!strcmp(name, ptl_fault_name((ptl_fault_stage)s))) {
+            ptl_fault_arm((ptl_fault_stage)s);
+            Py_RETURN_NONE;
+        }
+    return PyErr_Format(PyExc_ValueError, "stage: expected one of upload, forward, objective, backward, optimizer, "
+                                          "ema or None, got %R",
+                        arg);
 }
 
 static PyMethodDef methods[] = {
+    {"train_step_plan", py_train_step_plan, METH_O, plan_doc},
     {"train_step", (PyCFunction)(void (*)(void))py_train_step, METH_VARARGS | METH_KEYWORDS, train_step_doc},
+    {"_fault_inject", py_fault_inject, METH_O, "Arms a test failure at a stage of the next training step."},
     {NULL, NULL, 0, NULL},
 };
 

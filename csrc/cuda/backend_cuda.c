@@ -1,0 +1,148 @@
+/* The executor's CUDA backend (../nn/executor.h): the device context's allocator and stream, cuDNN /
+ * cuBLAS conv plans from the device's plan cache, the CUDA layer kernels, and the graph recorder. */
+#include "../nn/attention.h"
+#include "../nn/batchnorm.h"
+#include "../nn/concat.h"
+#include "../nn/elementwise.h"
+#include "../nn/executor.h"
+#include "../nn/maxpool.h"
+#include "../nn/upsample.h"
+#include "../nn/weight_cast.h"
+#include "conv2d.h"
+#include "device.h"
+#include "layer_scratch.h"
+#include "recorder.h"
+
+static int cuda_activate(ptl_cuda_ctx *ctx)
+{
+    if (cudaSetDevice(ctx->device) != cudaSuccess)
+        return ptl_cuda_fail("cudaSetDevice", cudaGetLastError());
+    return 0;
+}
+
+static int cuda_alloc(ptl_cuda_ctx *ctx, size_t bytes, ptl_net_buf *b)
+{
+    return ptl_alloc_malloc(ctx->alloc, 0, bytes, &b->ptr, &b->block);
+}
+
+static void cuda_release(ptl_cuda_ctx *ctx, ptl_net_buf *b) { ptl_alloc_free(ctx->alloc, b->block); }
+
+static int cuda_zero(ptl_cuda_ctx *ctx, void *p, size_t bytes)
+{
+    PTL_CUDA_TRY(cudaMemsetAsync(p, 0, bytes, ctx->stream));
+    return 0;
+fail:
+    return -1;
+}
+
+static int cuda_copy(ptl_cuda_ctx *ctx, void *dst, const void *src, size_t bytes)
+{
+    PTL_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream));
+    return 0;
+fail:
+    return -1;
+}
+
+static int cuda_upload(ptl_cuda_ctx *ctx, void *dst, const void *host, size_t bytes)
+{
+    PTL_CUDA_TRY(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, ctx->stream));
+    PTL_CUDA_TRY(cudaStreamSynchronize(ctx->stream));
+    return 0;
+fail:
+    return -1;
+}
+
+static int cuda_download(ptl_cuda_ctx *ctx, void *host, const void *src, size_t bytes)
+{
+    PTL_CUDA_TRY(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, ctx->stream));
+    PTL_CUDA_TRY(cudaStreamSynchronize(ctx->stream));
+    return 0;
+fail:
+    return -1;
+}
+
+/* ------------------------------------------------------------------------- conv plans */
+
+static int cuda_conv_plan(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt, const ptl_net_conv_opts *o,
+                          void **plan)
+{
+    ptl_conv2d_plan_opts po = ptl_conv2d_plan_opts_default();
+    po.deterministic = o->deterministic;
+    po.allow_tf32 = o->allow_tf32;
+    po.find = o->find;
+    ptl_conv2d_plan *p = NULL;
+    if (ptl_conv2d_plan_acquire(ctx, d, dt, &po, &p))
+        return -1;
+    *plan = p;
+    return 0;
+}
+
+static void cuda_conv_plan_free(void *plan) { ptl_conv2d_plan_destroy((ptl_conv2d_plan *)plan); }
+
+static size_t cuda_conv_workspace(const void *plan) { return ptl_conv2d_plan_workspace((const ptl_conv2d_plan *)plan); }
+
+static int cuda_conv_forward(ptl_cuda_ctx *ctx, const void *plan, const void *x, const void *w, const void *bias,
+                             void *y, void *ws, size_t ws_bytes)
+{
+    return ptl_conv2d_forward_cuda(ctx, (const ptl_conv2d_plan *)plan, x, w, bias, y, ws, ws_bytes);
+}
+
+static int cuda_conv_backward_input(ptl_cuda_ctx *ctx, const void *plan, const void *dy, const void *w, void *dx,
+                                    void *ws, size_t ws_bytes)
+{
+    return ptl_conv2d_backward_input_cuda(ctx, (const ptl_conv2d_plan *)plan, dy, w, dx, ws, ws_bytes);
+}
+
+static int cuda_conv_backward_weight(ptl_cuda_ctx *ctx, const void *plan, const void *x, const void *dy, void *dw,
+                                     void *ws, size_t ws_bytes)
+{
+    return ptl_conv2d_backward_weight_cuda(ctx, (const ptl_conv2d_plan *)plan, x, dy, dw, ws, ws_bytes);
+}
+
+static int cuda_conv_backward_bias(ptl_cuda_ctx *ctx, const void *plan, const void *dy, void *db, void *ws,
+                                   size_t ws_bytes)
+{
+    return ptl_conv2d_backward_bias_cuda(ctx, (const ptl_conv2d_plan *)plan, dy, db, ws, ws_bytes);
+}
+
+const ptl_net_backend ptl_net_backend_cuda = {
+    .name = "cuda",
+    .device = PTL_CUDA,
+    .cast_biases = 1,
+    .activate = cuda_activate,
+    .alloc = cuda_alloc,
+    .release = cuda_release,
+    .zero = cuda_zero,
+    .copy = cuda_copy,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .conv_plan = cuda_conv_plan,
+    .conv_plan_free = cuda_conv_plan_free,
+    .conv_workspace = cuda_conv_workspace,
+    .bn_scratch_bytes = ptl_batchnorm_cuda_scratch_bytes,
+    .attn_scratch_bytes = ptl_attention_cuda_scratch_bytes,
+    .reserve_scratch = ptl_layers_cuda_reserve,
+    .weight_cast = ptl_net_weight_cast_cuda,
+    .weight_grad = ptl_net_weight_grad_cuda,
+    .conv_forward = cuda_conv_forward,
+    .conv_backward_input = cuda_conv_backward_input,
+    .conv_backward_weight = cuda_conv_backward_weight,
+    .conv_backward_bias = cuda_conv_backward_bias,
+    .batchnorm_forward = ptl_batchnorm_forward_cuda,
+    .batchnorm_backward = ptl_batchnorm_backward_cuda,
+    .add = ptl_add_cuda,
+    .accumulate = ptl_accumulate_cuda,
+    .channel_copy = ptl_channel_copy_cuda,
+    .maxpool_forward = ptl_maxpool5_forward_cuda,
+    .maxpool_backward = ptl_maxpool5_backward_cuda,
+    .upsample_forward = ptl_upsample2x_forward_cuda,
+    .upsample_backward = ptl_upsample2x_backward_cuda,
+    .attention_forward = ptl_attention_forward_cuda,
+    .attention_backward = ptl_attention_backward_cuda,
+    .head_out = ptl_net_head_out_cuda,
+    .head_grad = ptl_net_head_grad_cuda,
+    .record = ptl_net_cuda_record,
+    .replay = ptl_net_cuda_replay,
+    .recorded = ptl_net_cuda_recorded,
+    .recording_free = ptl_net_cuda_recording_free,
+};

@@ -1,0 +1,166 @@
+/* The executor's CPU backend (executor.h): host memory and the CPU reference kernels of this folder.
+ * The execution context is unused (NULL). New blocks are filled with NaN bytes, so anything the
+ * executor reads before writing shows in its results instead of passing silently. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "batchnorm.h"
+#include "concat.h"
+#include "elementwise.h"
+#include "executor.h"
+#include "maxpool.h"
+#include "upsample.h"
+#include "weight_cast.h"
+
+static atomic_long live_blocks;
+
+long ptl_net_cpu_live_blocks(void) { return atomic_load(&live_blocks); }
+
+static int cpu_alloc(ptl_exec_ctx *ctx, size_t bytes, ptl_net_buf *b)
+{
+    (void)ctx;
+    b->ptr = b->block = malloc(bytes);
+    if (!b->ptr)
+        return ptl_set_error(PTL_ERR_MEMORY, "network: out of host memory for %zu bytes", bytes);
+    memset(b->ptr, 0xff, bytes);
+    atomic_fetch_add(&live_blocks, 1);
+    return 0;
+}
+
+static void cpu_release(ptl_exec_ctx *ctx, ptl_net_buf *b)
+{
+    (void)ctx;
+    free(b->block);
+    atomic_fetch_sub(&live_blocks, 1);
+}
+
+static int cpu_zero(ptl_exec_ctx *ctx, void *p, size_t bytes)
+{
+    (void)ctx;
+    memset(p, 0, bytes);
+    return 0;
+}
+
+static int cpu_copy(ptl_exec_ctx *ctx, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- conv plans */
+
+typedef struct {
+    ptl_conv2d_desc d;
+    ptl_dtype dt;
+} cpu_plan;
+
+static int cpu_conv_plan(ptl_exec_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt, const ptl_net_conv_opts *o,
+                         void **plan)
+{
+    (void)ctx;
+    (void)o;
+    cpu_plan *p = malloc(sizeof *p);
+    if (!p)
+        return ptl_set_error(PTL_ERR_MEMORY, "network: out of host memory");
+    p->d = *d;
+    p->dt = dt;
+    *plan = p;
+    return 0;
+}
+
+static void cpu_conv_plan_free(void *plan) { free(plan); }
+
+static size_t cpu_conv_workspace(const void *plan)
+{
+    (void)plan;
+    return 0;
+}
+
+/* The CPU kernels take no context: each entry below drops it. */
+#define WITHOUT_CTX(name, call, ...)                                                                         \
+    static int name(ptl_exec_ctx *ctx, __VA_ARGS__)                                                          \
+    {                                                                                                        \
+        (void)ctx;                                                                                           \
+        return call;                                                                                         \
+    }
+#define PLAN(p) (&((const cpu_plan *)(p))->d), ((const cpu_plan *)(p))->dt
+
+WITHOUT_CTX(cpu_conv_forward, ((void)ws, (void)wsb, ptl_conv2d_forward(PLAN(p), x, w, bias, y)), const void *p,
+            const void *x, const void *w, const void *bias, void *y, void *ws, size_t wsb)
+WITHOUT_CTX(cpu_conv_backward_input, ((void)ws, (void)wsb, ptl_conv2d_backward_input(PLAN(p), dy, w, dx)),
+            const void *p, const void *dy, const void *w, void *dx, void *ws, size_t wsb)
+WITHOUT_CTX(cpu_conv_backward_weight, ((void)ws, (void)wsb, ptl_conv2d_backward_weight(PLAN(p), x, dy, dw)),
+            const void *p, const void *x, const void *dy, void *dw, void *ws, size_t wsb)
+WITHOUT_CTX(cpu_conv_backward_bias, ((void)ws, (void)wsb, ptl_conv2d_backward_bias(PLAN(p), dy, db)), const void *p,
+            const void *dy, void *db, void *ws, size_t wsb)
+
+/* ------------------------------------------------------------------------- weights, layers */
+
+WITHOUT_CTX(cpu_weight_cast, ((void)total, ptl_net_weight_cast(dt, tab, n, params, wc)), ptl_dtype dt,
+            const ptl_wcast_entry *tab, int n, int64_t total, const void *params, void *wc)
+WITHOUT_CTX(cpu_weight_grad, ((void)total, ptl_net_weight_grad(dt, tab, n, wgc, grads)), ptl_dtype dt,
+            const ptl_wcast_entry *tab, int n, int64_t total, const void *wgc, void *grads)
+WITHOUT_CTX(cpu_batchnorm_forward, ptl_batchnorm_forward(dt, m, c, x, g, b, rm, rv, tr, act, sm, si, y), ptl_dtype dt,
+            int64_t m, int c, const void *x, const void *g, const void *b, void *rm, void *rv, int tr, ptl_act act,
+            void *sm, void *si, void *y)
+WITHOUT_CTX(cpu_batchnorm_backward, ptl_batchnorm_backward(dt, m, c, x, dy, g, b, sm, si, tr, act, dx, dg, db),
+            ptl_dtype dt, int64_t m, int c, const void *x, const void *dy, const void *g, const void *b,
+            const void *sm, const void *si, int tr, ptl_act act, void *dx, void *dg, void *db)
+WITHOUT_CTX(cpu_add, ptl_add(dt, n, a, b, y), ptl_dtype dt, int64_t n, const void *a, const void *b, void *y)
+WITHOUT_CTX(cpu_accumulate, ptl_accumulate(dt, n, x, y), ptl_dtype dt, int64_t n, const void *x, void *y)
+WITHOUT_CTX(cpu_channel_copy, ptl_channel_copy(dt, m, c, src, sc, so, dst, dc, dof, acc), ptl_dtype dt, int64_t m,
+            int c, const void *src, int sc, int so, void *dst, int dc, int dof, int acc)
+WITHOUT_CTX(cpu_maxpool_forward, ptl_maxpool5_forward(dt, n, h, w, c, x, y), ptl_dtype dt, int n, int h, int w, int c,
+            const void *x, void *y)
+WITHOUT_CTX(cpu_maxpool_backward, ptl_maxpool5_backward(dt, n, h, w, c, x, dy, dx, acc), ptl_dtype dt, int n, int h,
+            int w, int c, const void *x, const void *dy, void *dx, int acc)
+WITHOUT_CTX(cpu_upsample_forward, ptl_upsample2x_forward(dt, n, h, w, c, x, y), ptl_dtype dt, int n, int h, int w,
+            int c, const void *x, void *y)
+WITHOUT_CTX(cpu_upsample_backward, ptl_upsample2x_backward(dt, n, h, w, c, dy, dx, acc), ptl_dtype dt, int n, int h,
+            int w, int c, const void *dy, void *dx, int acc)
+WITHOUT_CTX(cpu_attention_forward, ptl_attention_forward(dt, b, n, heads, kd, hd, qkv, attn, o, v), ptl_dtype dt,
+            int b, int n, int heads, int kd, int hd, const void *qkv, void *attn, void *o, void *v)
+WITHOUT_CTX(cpu_attention_backward, ptl_attention_backward(dt, b, n, heads, kd, hd, qkv, attn, d_o, dv, dqkv),
+            ptl_dtype dt, int b, int n, int heads, int kd, int hd, const void *qkv, const void *attn, const void *d_o,
+            const void *dv, void *dqkv)
+WITHOUT_CTX(cpu_head_out, ptl_net_head_out(dt, B, hw, C, A, a0, map, out), ptl_dtype dt, int B, int64_t hw, int C,
+            int64_t A, int64_t a0, const void *map, void *out)
+WITHOUT_CTX(cpu_head_grad, ptl_net_head_grad(dt, B, hw, C, A, a0, d, gmap, acc), ptl_dtype dt, int B, int64_t hw,
+            int C, int64_t A, int64_t a0, const void *d, void *gmap, int acc)
+
+const ptl_net_backend ptl_net_backend_cpu = {
+    .name = "cpu",
+    .device = PTL_CPU,
+    .cast_biases = 0,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .zero = cpu_zero,
+    .copy = cpu_copy,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .conv_plan = cpu_conv_plan,
+    .conv_plan_free = cpu_conv_plan_free,
+    .conv_workspace = cpu_conv_workspace,
+    .weight_cast = cpu_weight_cast,
+    .weight_grad = cpu_weight_grad,
+    .conv_forward = cpu_conv_forward,
+    .conv_backward_input = cpu_conv_backward_input,
+    .conv_backward_weight = cpu_conv_backward_weight,
+    .conv_backward_bias = cpu_conv_backward_bias,
+    .batchnorm_forward = cpu_batchnorm_forward,
+    .batchnorm_backward = cpu_batchnorm_backward,
+    .add = cpu_add,
+    .accumulate = cpu_accumulate,
+    .channel_copy = cpu_channel_copy,
+    .maxpool_forward = cpu_maxpool_forward,
+    .maxpool_backward = cpu_maxpool_backward,
+    .upsample_forward = cpu_upsample_forward,
+    .upsample_backward = cpu_upsample_backward,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .head_out = cpu_head_out,
+    .head_grad = cpu_head_grad,
+};

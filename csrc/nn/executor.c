@@ -1,0 +1,562 @@
+/* The network executor (executor.h): master storage, shape slots, and the forward and backward of the
+ * description's op list over a backend table. */
+#include "executor.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int is_conv(const ptl_net_op *op) { return op->kind == PTL_OP_CONV || op->kind == PTL_OP_CONV_BIAS; }
+
+static int oom(void) { return ptl_set_error(PTL_ERR_MEMORY, "network executor: out of host memory"); }
+
+static int activate(const ptl_net_backend *be, ptl_exec_ctx *ctx) { return be->activate ? be->activate(ctx) : 0; }
+
+static int balloc(ptl_net_exec *x, size_t bytes, ptl_net_buf *b)
+{
+    b->ptr = b->block = NULL;
+    return x->be->alloc(x->ctx, bytes ? bytes : 1, b);
+}
+
+static void bfree(ptl_net_exec *x, ptl_net_buf *b)
+{
+    if (b->block)
+        x->be->release(x->ctx, b);
+    b->ptr = b->block = NULL;
+}
+
+/* ----------------------------------------------------------------------------------- slots */
+
+static void retire_slot(ptl_net_exec *x, ptl_net_slot *s)
+{
+    if (s->rec && x->be->recording_free)
+        x->be->recording_free(s->rec);
+    s->rec = NULL;
+}
+
+int ptl_net_record(ptl_net_exec *x, const void *images, int B, int H, int W, const void *const d_out[2][2])
+{
+    if (!x->be->record)
+        return ptl_set_error(PTL_ERR_RUNTIME, "network record: the %s backend has no graph recorder", x->be->name);
+    return x->be->record(x, images, B, H, W, d_out);
+}
+
+int ptl_net_replay(ptl_net_exec *x, int part)
+{
+    if (!x->be->replay)
+        return ptl_set_error(PTL_ERR_RUNTIME, "network replay: the %s backend has no graph recorder", x->be->name);
+    return x->be->replay(x, part);
+}
+
+int ptl_net_recorded(ptl_net_exec *x) { return x->be->recorded ? x->be->recorded(x) : 0; }
+
+void ptl_net_exec_retire(ptl_net_exec *x)
+{
+    for (int k = 0; k < PTL_NET_SHAPES; k++)
+        retire_slot(x, &x->slot[k]);
+}
+
+static void free_slot(ptl_net_exec *x, ptl_net_slot *s)
+{
+    retire_slot(x, s);
+    if (s->plans)
+        for (int i = 0; i < x->net->nops; i++) {
+            if (s->plans[i])
+                x->be->conv_plan_free(s->plans[i]);
+            s->plans[i] = NULL;
+        }
+    bfree(x, &s->act);
+    bfree(x, &s->gact);
+    bfree(x, &s->attn);
+    bfree(x, &s->scratch);
+    bfree(x, &s->ws);
+    for (int b = 0; b < 2; b++)
+        for (int j = 0; j < 2; j++)
+            bfree(x, &s->out[b][j]);
+    s->ws_bytes = 0;
+    s->L.B = s->L.H = s->L.W = 0;
+    s->L.A = 0;
+    if (s == x->cur)
+        x->have_forward = 0;
+}
+
+/* Allocates slot s's buffers and plans for its layout. */
+static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
+{
+    const ptl_network *net = x->net;
+    const ptl_net_layout *L = &s->L;
+    size_t layer_scratch = 0, ws = 0;
+    for (int i = 0; i < net->nops; i++) {
+        const ptl_net_op *op = &net->ops[i];
+        if (op->kind == PTL_OP_ATTN && x->be->attn_scratch_bytes) {
+            const ptl_net_dims d = ptl_net_value_dims(net, L, op->in);
+            const size_t b = x->be->attn_scratch_bytes(x->cdt, d.h * d.w, op->heads);
+            layer_scratch = b > layer_scratch ? b : layer_scratch;
+        }
+        if (op->kind == PTL_OP_CONV && x->be->bn_scratch_bytes) {
+            const size_t b = x->be->bn_scratch_bytes(ptl_net_value_dims(net, L, op->out).m, op->cout);
+            layer_scratch = b > layer_scratch ? b : layer_scratch;
+        }
+        if (is_conv(op)) {
+            ptl_conv2d_desc d;
+            const ptl_net_dims di = ptl_net_value_dims(net, L, op->in);
+            PTL_CHECK(ptl_conv2d_init(&d, L->B, di.h, di.w, op->cin, op->cout, op->k, op->s, op->g));
+            PTL_CHECK(x->be->conv_plan(x->ctx, &d, x->cdt, &x->opts, &s->plans[i]));
+            const size_t b = x->be->conv_workspace(s->plans[i]);
+            ws = b > ws ? b : ws;
+        }
+    }
+    if (x->be->reserve_scratch)
+        PTL_CHECK(x->be->reserve_scratch(x->ctx, layer_scratch));
+    PTL_CHECK(balloc(x, (size_t)L->act_numel * x->csz, &s->act));
+    PTL_CHECK(balloc(x, (size_t)L->gact_numel * x->csz, &s->gact));
+    PTL_CHECK(balloc(x, (size_t)L->attn_numel * x->csz, &s->attn));
+    PTL_CHECK(balloc(x, (size_t)L->scratch_numel * x->csz, &s->scratch));
+    PTL_CHECK(balloc(x, ws, &s->ws));
+    s->ws_bytes = ws;
+    for (int b = 0; b < 2; b++) {
+        PTL_CHECK(balloc(x, (size_t)L->B * L->A * 4 * x->msz, &s->out[b][0]));
+        PTL_CHECK(balloc(x, (size_t)L->B * L->A * net->nc * x->msz, &s->out[b][1]));
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+int ptl_net_exec_prepare(ptl_net_exec *x, int B, int H, int W)
+{
+    if (B < 1)
+        return ptl_set_error(PTL_ERR_VALUE, "images: batch size must be >= 1 (got %d)", B);
+    if (H < 32 || W < 32 || H % 32 || W % 32)
+        return ptl_set_error(PTL_ERR_VALUE, "images: height and width must be positive multiples of 32 (got %dx%d)",
+                             H, W);
+    /* the current mode's slots: a slot that holds the shape already is switched to (plans, buffers and
+     * recording as they were), else an empty one, or the least recently used one, is filled */
+    const int first = x->training ? 0 : PTL_NET_TRAIN_SHAPES;
+    const int end = x->training ? PTL_NET_TRAIN_SHAPES : PTL_NET_SHAPES;
+    ptl_net_slot *victim = &x->slot[first];
+    for (int k = first; k < end; k++) {
+        ptl_net_slot *s = &x->slot[k];
+        if (s->L.B == B && s->L.H == H && s->L.W == W) {
+            if (s != x->cur) {
+                x->have_forward = 0;
+                x->cur = s;
+                s->last_use = ++x->clock;
+            }
+            return 0;
+        }
+        if (victim->L.B != 0 && (s->L.B == 0 || s->last_use < victim->last_use))
+            victim = s;
+    }
+    if (activate(x->be, x->ctx))
+        return -1;
+    x->have_forward = 0;
+    free_slot(x, victim);
+    x->cur = victim;
+    victim->last_use = ++x->clock;
+    if (ptl_net_layout_build(x->net, &x->gp, B, H, W, x->share_grads, &victim->L) || fill_slot(x, victim)) {
+        free_slot(x, victim);
+        return -1;
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------------------------- lifecycle */
+
+void ptl_net_exec_free(ptl_net_exec *x)
+{
+    if (!x)
+        return;
+    (void)activate(x->be, x->ctx);
+    for (int k = 0; k < PTL_NET_SHAPES; k++) {
+        free_slot(x, &x->slot[k]);
+        free(x->slot[k].plans);
+        ptl_net_layout_free(&x->slot[k].L);
+    }
+    for (int i = 0; i < 4; i++)
+        bfree(x, &x->own[i]);
+    bfree(x, &x->wc);
+    bfree(x, &x->wgc);
+    bfree(x, &x->wtab);
+    ptl_net_grad_plan_free(&x->gp);
+    ptl_net_wtab_free(&x->wt);
+    free(x);
+}
+
+int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_exec_ctx *ctx, ptl_runtime *rt,
+                        ptl_device device, ptl_dtype compute, int alias_host, ptl_net_exec **out)
+{
+    *out = NULL;
+    if (be->device == PTL_CPU && compute != net->dtype)
+        return ptl_set_error(PTL_ERR_VALUE, "dtype: the CPU network computes in its own dtype %s, got %s",
+                             ptl_dtype_name(net->dtype), ptl_dtype_name(compute));
+    if (be->device == PTL_CUDA && compute != PTL_FLOAT32 && compute != PTL_BFLOAT16 && compute != PTL_FLOAT16)
+        return ptl_set_error(PTL_ERR_VALUE, "dtype: the CUDA network computes in float32, bfloat16 or float16, got %s",
+                             ptl_dtype_name(compute));
+    if (!alias_host && net->dtype != PTL_FLOAT32)
+        return ptl_set_error(PTL_ERR_VALUE, "a %s network stays on the CPU (float64 is for gradient checks)",
+                             ptl_dtype_name(net->dtype));
+    if (alias_host && be->device != PTL_CPU)
+        return ptl_set_error(PTL_ERR_VALUE, "network executor: only the CPU backend runs on host storage");
+    if (activate(be, ctx))
+        return -1;
+    ptl_net_exec *x = calloc(1, sizeof *x);
+    if (!x)
+        return oom();
+    x->net = net;
+    x->be = be;
+    x->ctx = ctx;
+    x->rt = rt;
+    x->device = device;
+    x->mdt = alias_host ? net->dtype : PTL_FLOAT32;
+    x->cdt = compute;
+    x->msz = ptl_dtype_size(x->mdt);
+    x->csz = ptl_dtype_size(compute);
+    x->training = 1;
+    x->share_grads = 1;
+    x->opts = (ptl_net_conv_opts){1, 0, 0};
+    x->cur = &x->slot[0];
+    x->aliased = alias_host;
+    for (int k = 0; k < PTL_NET_SHAPES; k++) {
+        PTL_CHECK(ptl_net_layout_alloc(net, &x->slot[k].L));
+        if (!(x->slot[k].plans = calloc((size_t)net->nops, sizeof(void *)))) {
+            oom();
+            goto fail;
+        }
+    }
+    PTL_CHECK(ptl_net_grad_plan_build(net, &x->gp));
+    PTL_CHECK(ptl_net_wtab_build(net, be->cast_biases, &x->wt));
+    const int64_t sizes[4] = {net->nparams, net->nparams, net->nbuffers, net->nstats};
+    void **dst[4] = {&x->params, &x->grads, &x->buffers, &x->stats};
+    for (int i = 0; i < 4; i++) {
+        if (alias_host && i < 3) {
+            *dst[i] = i == 0 ? net->params : i == 1 ? net->grads : net->buffers;
+            continue;
+        }
+        PTL_CHECK(balloc(x, (size_t)sizes[i] * x->msz, &x->own[i]));
+        *dst[i] = x->own[i].ptr;
+        if (i != 2)
+            PTL_CHECK(be->zero(ctx, *dst[i], (size_t)sizes[i] * x->msz));
+    }
+    x->own_params = x->params;
+    x->own_buffers = x->buffers;
+    if (!alias_host) {
+        PTL_CHECK(ptl_net_exec_sync(x, "params", 1));
+        PTL_CHECK(ptl_net_exec_sync(x, "buffers", 1));
+    }
+    PTL_CHECK(balloc(x, (size_t)x->wt.n * sizeof(ptl_wcast_entry), &x->wtab));
+    PTL_CHECK(be->upload(ctx, x->wtab.ptr, x->wt.tab, (size_t)x->wt.n * sizeof(ptl_wcast_entry)));
+    PTL_CHECK(balloc(x, (size_t)x->wt.total * x->csz, &x->wc));
+    PTL_CHECK(balloc(x, (size_t)x->wt.total * x->csz, &x->wgc));
+    /* padding stays zero in both, so no stale bits are ever read as weights */
+    PTL_CHECK(be->zero(ctx, x->wc.ptr, (size_t)x->wt.total * x->csz));
+    PTL_CHECK(be->zero(ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz));
+    *out = x;
+    return 0;
+fail:
+    ptl_net_exec_free(x);
+    return -1;
+}
+
+int ptl_net_exec_sync(ptl_net_exec *x, const char *which, int to_device)
+{
+    const ptl_network *net = x->net;
+    void *host, *dev;
+    int64_t n;
+    if (!strcmp(which, "params")) {
+        host = net->params;
+        dev = x->own_params;
+        n = net->nparams;
+    } else if (!strcmp(which, "grads")) {
+        host = net->grads;
+        dev = x->grads;
+        n = net->nparams;
+    } else if (!strcmp(which, "buffers")) {
+        host = net->buffers;
+        dev = x->own_buffers;
+        n = net->nbuffers;
+    } else {
+        return ptl_set_error(PTL_ERR_VALUE, "which: expected 'params', 'grads' or 'buffers', got '%s'", which);
+    }
+    if (x->aliased || n == 0)
+        return 0;
+    if (activate(x->be, x->ctx))
+        return -1;
+    const size_t bytes = (size_t)n * x->msz;
+    return to_device ? x->be->upload(x->ctx, dev, host, bytes) : x->be->download(x->ctx, host, dev, bytes);
+}
+
+void ptl_net_exec_set_training(ptl_net_exec *x, int training) { x->training = !!training; }
+
+void ptl_net_exec_use_weights(ptl_net_exec *x, void *params, void *buffers)
+{
+    x->params = params ? params : x->own_params;
+    x->buffers = buffers ? buffers : x->own_buffers;
+    x->have_forward = 0;
+}
+
+static void drop_slots(ptl_net_exec *x)
+{
+    for (int k = 0; k < PTL_NET_SHAPES; k++)
+        free_slot(x, &x->slot[k]);
+    x->have_forward = 0;
+}
+
+void ptl_net_exec_set_conv_options(ptl_net_exec *x, const ptl_net_conv_opts *o)
+{
+    x->opts = *o;
+    drop_slots(x);
+}
+
+void ptl_net_exec_set_share_gradients(ptl_net_exec *x, int share)
+{
+    x->share_grads = !!share;
+    drop_slots(x);
+}
+
+int ptl_net_exec_zero_grad(ptl_net_exec *x)
+{
+    if (activate(x->be, x->ctx))
+        return -1;
+    return x->be->zero(x->ctx, x->grads, (size_t)x->net->nparams * x->msz);
+}
+
+void *ptl_net_exec_output(ptl_net_exec *x, int branch, int which) { return x->cur->out[branch & 1][which & 1].ptr; }
+
+void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *shape_bytes)
+{
+    const ptl_network *net = x->net;
+    int64_t fixed = 2 * x->wt.total * (int64_t)x->csz + x->wt.n * (int64_t)sizeof(ptl_wcast_entry);
+    const int64_t sizes[4] = {net->nparams, net->nparams, net->nbuffers, net->nstats};
+    for (int i = 0; i < 4; i++)
+        fixed += x->own[i].block ? sizes[i] * (int64_t)x->msz : 0;
+    int64_t shape = 0;
+    for (int k = 0; k < PTL_NET_SHAPES; k++) {
+        const ptl_net_slot *s = &x->slot[k];
+        if (s->L.B)
+            shape += (s->L.act_numel + s->L.gact_numel + s->L.attn_numel + s->L.scratch_numel) * (int64_t)x->csz +
+                     (int64_t)s->ws_bytes + 2 * (int64_t)s->L.B * s->L.A * (4 + net->nc) * (int64_t)x->msz;
+    }
+    *fixed_bytes = fixed;
+    *shape_bytes = shape;
+}
+
+/* ------------------------------------------------------------------------------ execution */
+
+#define AT(base, off) ((char *)(base) + (size_t)(off) * x->csz)  /* compute dtype */
+#define PAR(base, off) ((char *)(base) + (size_t)(off) * x->msz) /* master dtype */
+
+static ptl_net_dims dims(const ptl_net_exec *x, int v) { return ptl_net_value_dims(x->net, &x->cur->L, v); }
+
+static int forward_op(ptl_net_exec *x, int i)
+{
+    const ptl_net_backend *be = x->be;
+    ptl_net_slot *const S = x->cur;
+    const ptl_net_op *op = &x->net->ops[i];
+    const ptl_net_value *V = x->net->values;
+    const int64_t *vo = S->L.voff;
+    const ptl_dtype dt = x->cdt;
+    void *act = S->act.ptr;
+    switch (op->kind) {
+    case PTL_OP_CONV:
+    case PTL_OP_CONV_BIAS: {
+        const void *w = AT(x->wc.ptr, x->wt.op_w[i]);
+        if (op->kind == PTL_OP_CONV_BIAS) {
+            const void *bias = x->wt.op_b[i] >= 0 ? AT(x->wc.ptr, x->wt.op_b[i]) : PAR(x->params, op->bias_off);
+            return be->conv_forward(x->ctx, S->plans[i], AT(act, vo[op->in]), w, bias, AT(act, vo[op->out]), S->ws.ptr,
+                                    S->ws_bytes);
+        }
+        PTL_CHECK(be->conv_forward(x->ctx, S->plans[i], AT(act, vo[op->in]), w, NULL, AT(act, vo[op->z]), S->ws.ptr,
+                                   S->ws_bytes));
+        return be->batchnorm_forward(x->ctx, dt, dims(x, op->out).m, op->cout, AT(act, vo[op->z]),
+                                     PAR(x->params, op->gamma_off), PAR(x->params, op->beta_off),
+                                     PAR(x->buffers, op->rmean_off), PAR(x->buffers, op->rvar_off), x->training,
+                                     op->act ? PTL_ACT_SILU : PTL_ACT_NONE, PAR(x->stats, op->stat_off),
+                                     PAR(x->stats, op->stat_off + op->cout), AT(act, vo[op->out]));
+    }
+    case PTL_OP_ADD:
+        return be->add(x->ctx, dt, dims(x, op->out).m * V[op->out].C, AT(act, vo[op->in]), AT(act, vo[op->in2]),
+                       AT(act, vo[op->out]));
+    case PTL_OP_CAT: {
+        const int64_t m = dims(x, op->out).m;
+        int dst = 0;
+        for (int p = 0; p < op->nparts; p++) {
+            const ptl_net_part *pt = &op->parts[p];
+            PTL_CHECK(be->channel_copy(x->ctx, dt, m, pt->nc, AT(act, vo[pt->value]), V[pt->value].C, pt->c0,
+                                       AT(act, vo[op->out]), V[op->out].C, dst, 0));
+            dst += pt->nc;
+        }
+        return 0;
+    }
+    case PTL_OP_POOL: {
+        const ptl_net_dims d = dims(x, op->in);
+        return be->maxpool_forward(x->ctx, dt, S->L.B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
+                                   AT(act, vo[op->out]));
+    }
+    case PTL_OP_UP: {
+        const ptl_net_dims d = dims(x, op->in);
+        return be->upsample_forward(x->ctx, dt, S->L.B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
+                                    AT(act, vo[op->out]));
+    }
+    case PTL_OP_ATTN: {
+        const ptl_net_dims d = dims(x, op->in);
+        return be->attention_forward(x->ctx, dt, S->L.B, d.h * d.w, op->heads, op->kd, op->hd, AT(act, vo[op->in]),
+                                     AT(S->attn.ptr, S->L.attn_off[i]), AT(act, vo[op->out]),
+                                     op->out2 >= 0 ? AT(act, vo[op->out2]) : NULL);
+    }
+    case PTL_OP_HEAD: {
+        const ptl_net_dims d = dims(x, op->in);
+        return be->head_out(x->ctx, dt, S->L.B, (int64_t)d.h * d.w, V[op->in].C, S->L.A, S->L.level_off[op->level],
+                            AT(act, vo[op->in]), S->out[op->branch][op->box ? 0 : 1].ptr);
+    }
+    }
+fail:
+    return -1;
+}
+
+/* Conv backward from dy: bias and weight gradients, then dx into grad(in): written directly by the
+ * first writer of that gradient, else through scratch and added. */
+static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_grad)
+{
+    const ptl_net_backend *be = x->be;
+    ptl_net_slot *const S = x->cur;
+    const ptl_net_op *op = &x->net->ops[i];
+    const void *p = S->plans[i];
+    if (op->kind == PTL_OP_CONV_BIAS) {
+        void *db = x->wt.op_b[i] >= 0 ? AT(x->wgc.ptr, x->wt.op_b[i]) : PAR(x->grads, op->bias_off);
+        PTL_CHECK(be->conv_backward_bias(x->ctx, p, dy, db, S->ws.ptr, S->ws_bytes));
+    }
+    PTL_CHECK(be->conv_backward_weight(x->ctx, p, AT(S->act.ptr, S->L.voff[op->in]), dy,
+                                       AT(x->wgc.ptr, x->wt.op_w[i]), S->ws.ptr, S->ws_bytes));
+    /* the image gradient is computed only when the caller asks for it */
+    if (op->no_dx || (op->in == x->net->input && !want_input_grad))
+        return 0;
+    void *gin = AT(S->gact.ptr, S->L.goff[op->in]);
+    const void *w = AT(x->wc.ptr, x->wt.op_w[i]);
+    if (x->gp.first[i] & 1u)
+        return be->conv_backward_input(x->ctx, p, dy, w, gin, S->ws.ptr, S->ws_bytes);
+    PTL_CHECK(be->conv_backward_input(x->ctx, p, dy, w, S->scratch.ptr, S->ws.ptr, S->ws_bytes));
+    return be->accumulate(x->ctx, x->cdt, dims(x, op->in).m * op->cin, S->scratch.ptr, gin);
+fail:
+    return -1;
+}
+
+/* grad(dst) = grad(src) for dst's first writer, else grad(dst) += grad(src). */
+static int pass_through(ptl_net_exec *x, int first, int64_t n, const void *src, void *dst)
+{
+    if (first)
+        return x->be->copy(x->ctx, dst, src, (size_t)n * x->csz);
+    return x->be->accumulate(x->ctx, x->cdt, n, src, dst);
+}
+
+static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], int want_input_grad)
+{
+    const ptl_net_backend *be = x->be;
+    ptl_net_slot *const S = x->cur;
+    const ptl_net_op *op = &x->net->ops[i];
+    const ptl_net_value *V = x->net->values;
+    const int64_t *vo = S->L.voff, *go = S->L.goff;
+    const ptl_dtype dt = x->cdt;
+    const uint32_t first = x->gp.first[i];
+    void *act = S->act.ptr, *g = S->gact.ptr;
+    switch (op->kind) {
+    case PTL_OP_CONV:
+        PTL_CHECK(be->batchnorm_backward(x->ctx, dt, dims(x, op->out).m, op->cout, AT(act, vo[op->z]),
+                                         AT(g, go[op->out]), PAR(x->params, op->gamma_off),
+                                         PAR(x->params, op->beta_off), PAR(x->stats, op->stat_off),
+                                         PAR(x->stats, op->stat_off + op->cout), x->fwd_training,
+                                         op->act ? PTL_ACT_SILU : PTL_ACT_NONE, AT(g, go[op->z]),
+                                         PAR(x->grads, op->gamma_off), PAR(x->grads, op->beta_off)));
+        return conv_backward(x, i, AT(g, go[op->z]), want_input_grad);
+    case PTL_OP_CONV_BIAS:
+        return conv_backward(x, i, AT(g, go[op->out]), want_input_grad);
+    case PTL_OP_ADD: {
+        const int64_t n = dims(x, op->out).m * V[op->out].C;
+        PTL_CHECK(pass_through(x, first & 1u, n, AT(g, go[op->out]), AT(g, go[op->in])));
+        return pass_through(x, first & 2u, n, AT(g, go[op->out]), AT(g, go[op->in2]));
+    }
+    case PTL_OP_CAT: {
+        const int64_t m = dims(x, op->out).m;
+        int src = 0;
+        for (int p = 0; p < op->nparts; p++) {
+            const ptl_net_part *pt = &op->parts[p];
+            /* a first writer of only some channels finds its slot zeroed (zero_op) and adds */
+            const int overwrite = (first >> (2 + p)) & 1u && x->gp.zero_op[pt->value] != i;
+            PTL_CHECK(be->channel_copy(x->ctx, dt, m, pt->nc, AT(g, go[op->out]), V[op->out].C, src,
+                                       AT(g, go[pt->value]), V[pt->value].C, pt->c0, !overwrite));
+            src += pt->nc;
+        }
+        return 0;
+    }
+    case PTL_OP_POOL: {
+        const ptl_net_dims d = dims(x, op->in);
+        return be->maxpool_backward(x->ctx, dt, S->L.B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
+                                    AT(g, go[op->out]), AT(g, go[op->in]), !(first & 1u));
+    }
+    case PTL_OP_UP: {
+        const ptl_net_dims d = dims(x, op->in);
+        return be->upsample_backward(x->ctx, dt, S->L.B, d.h, d.w, V[op->in].C, AT(g, go[op->out]),
+                                     AT(g, go[op->in]), !(first & 1u));
+    }
+    case PTL_OP_ATTN: {
+        const ptl_net_dims d = dims(x, op->in);
+        void *gin = AT(g, go[op->in]);
+        void *dst = first & 1u ? gin : S->scratch.ptr;
+        PTL_CHECK(be->attention_backward(x->ctx, dt, S->L.B, d.h * d.w, op->heads, op->kd, op->hd,
+                                         AT(act, vo[op->in]), AT(S->attn.ptr, S->L.attn_off[i]), AT(g, go[op->out]),
+                                         op->out2 >= 0 ? AT(g, go[op->out2]) : NULL, dst));
+        return first & 1u ? 0 : be->accumulate(x->ctx, dt, d.m * V[op->in].C, S->scratch.ptr, gin);
+    }
+    case PTL_OP_HEAD: {
+        const void *src = d_out[op->branch][op->box ? 0 : 1];
+        const ptl_net_dims d = dims(x, op->in);
+        if (!src)
+            return first & 1u ? be->zero(x->ctx, AT(g, go[op->in]), (size_t)d.m * V[op->in].C * x->csz) : 0;
+        return be->head_grad(x->ctx, dt, S->L.B, (int64_t)d.h * d.w, V[op->in].C, S->L.A, S->L.level_off[op->level],
+                             src, AT(g, go[op->in]), !(first & 1u));
+    }
+    }
+fail:
+    return -1;
+}
+
+int ptl_net_exec_forward(ptl_net_exec *x, const void *images, int B, int H, int W)
+{
+    if (ptl_net_exec_prepare(x, B, H, W) || activate(x->be, x->ctx))
+        return -1;
+    x->have_forward = 0;
+    x->fwd_training = x->training;
+    PTL_CHECK(x->be->weight_cast(x->ctx, x->cdt, x->wtab.ptr, x->wt.n, x->wt.total, x->params, x->wc.ptr));
+    PTL_CHECK(x->be->copy(x->ctx, AT(x->cur->act.ptr, x->cur->L.voff[x->net->input]), images,
+                          (size_t)B * H * W * 3 * x->csz));
+    for (int i = 0; i < x->net->nops; i++)
+        PTL_CHECK(forward_op(x, i));
+    x->have_forward = 1;
+    return 0;
+fail:
+    x->have_forward = 0;
+    return -1;
+}
+
+int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *d_images)
+{
+    ptl_net_slot *const S = x->cur;
+    if (!x->have_forward)
+        return ptl_set_error(PTL_ERR_RUNTIME, "network backward needs a successful forward of the same shape first");
+    PTL_CHECK(activate(x->be, x->ctx));
+    PTL_CHECK(x->be->zero(x->ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz));
+    for (int i = x->net->nops - 1; i >= 0; i--) {
+        for (int k = x->gp.zero_begin[i]; k < x->gp.zero_begin[i + 1]; k++) {
+            const int v = x->gp.zero_list[k];
+            PTL_CHECK(x->be->zero(x->ctx, AT(S->gact.ptr, S->L.goff[v]),
+                                  (size_t)dims(x, v).m * x->net->values[v].C * x->csz));
+        }
+        PTL_CHECK(backward_op(x, i, d_out, d_images != NULL));
+    }
+    PTL_CHECK(x->be->weight_grad(x->ctx, x->cdt, x->wtab.ptr, x->wt.n, x->wt.total, x->wgc.ptr, x->grads));
+    if (d_images)
+        PTL_CHECK(x->be->copy(x->ctx, d_images, AT(S->gact.ptr, S->L.goff[x->net->input]),
+                              (size_t)S->L.B * S->L.H * S->L.W * 3 * x->csz));
+    return 0;
+fail:
+    return -1;
+}

@@ -1,0 +1,268 @@
+/* The network executor: one forward/backward over the network description (network.h), run on a
+ * backend table filled by the CPU reference kernels (backend_cpu.c) or the CUDA kernels
+ * (../cuda/backend_cuda.c). Nothing here knows which backend it drives.
+ *
+ * Design, in the order the pieces are made:
+ *
+ *   description   (network.h, built once by the builder) the op list, the values (NHWC tensors at a
+ *                 fraction of the input resolution), the flat-storage layout of parameters and BN
+ *                 buffers. Backend independent; the float32/float64 host storage lives there.
+ *   plans         (net_plan.h, derived from the description once, for every backend)
+ *                 - the gradient plan: the backward visits the ops in reverse; the first op to write a
+ *                   value's gradient overwrites it, later writers add (so nothing is zeroed in bulk); a
+ *                   value whose first write covers only some channels, or that is read before anything
+ *                   writes it, has its slot zeroed right before that op; each gradient lives from its
+ *                   first write to the backward step of its producer;
+ *                 - the weight-cast table: where each conv weight (and, for a backend that casts
+ *                   biases, each bias) sits in the compute-dtype OHWI copy;
+ *                 - per batch shape, the memory layout: one activation slot per value, gradient slots
+ *                   shared by values whose lives in the backward do not overlap (first fit by birth),
+ *                   attention probabilities, the sizes of the scratch and of the conv workspace.
+ *   executor      (this file) one instance per (description, backend, device, compute dtype): master
+ *                 storage (params, grads, BN buffers, saved batch statistics) in the master dtype, the
+ *                 compute-dtype weight copy and weight-gradient buffer, and per-shape slots (the
+ *                 layout's buffers, the conv plans, a recording): two for the most recently used
+ *                 batch shapes in training mode (a fit's full batches and its partial last batch),
+ *                 least recently used evicted first, and one for eval mode (validation, prediction).
+ *   backend       (ptl_net_backend below) memory, conv plans and the layer kernels, each called with the
+ *                 one execution context of the device (`struct ptl_cuda_ctx`: stream, cuBLAS/cuDNN
+ *                 handles, allocator, layer scratch; NULL on the CPU, which needs none of them).
+ *   recorder      (../cuda/recorder.h) captures what the executor runs on the CUDA backend into graphs
+ *                 kept in the shape's slot.
+ *
+ * Precision. master dtype: parameters, gradients, BN statistics and head outputs (and their
+ * gradients): float32 on CUDA, the description's dtype (float32 or float64) on the CPU. compute
+ * dtype: activations and their gradients: float32, bfloat16 or float16 on CUDA, the master dtype on
+ * the CPU. Every forward starts with ONE cast of all conv weights (OIHW master) into the compute-dtype
+ * OHWI copy (on the CPU a plain layout copy); the backward adds conv weight gradients, computed in
+ * the compute dtype into the zeroed weight-gradient buffer, back into the master gradient in ONE pass
+ * at its end. A backend with cast_biases = 1 (CUDA) treats conv biases the same way; with 0 (CPU)
+ * biases are read from the master parameters and their gradients added there directly. BatchNorm
+ * gamma/beta gradients are always added to the master gradient directly.
+ *
+ * Order of additions. Every gradient element receives the same additions in the same order on every
+ * backend, so the CPU backend computes exactly what the CUDA executor's host logic prescribes, and a
+ * CPU run is bitwise reproducible whatever the slot sharing or the shape history.
+ *
+ * Hot path: forward and backward call backend kernels on preallocated memory only; every allocation
+ * and every conv plan is made by ptl_net_exec_prepare (a no-op for a shape held in a slot), so the
+ * work of a step keeps its addresses and can be captured. */
+#ifndef PTL_NN_EXECUTOR_H
+#define PTL_NN_EXECUTOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../ptl.h"
+#include "../runtime.h"
+#include "activation.h"
+#include "conv2d.h"
+#include "net_plan.h"
+#include "network.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ptl_cuda_ctx;
+typedef struct ptl_net_recording ptl_net_recording; /* ../cuda/recorder.h */
+
+/* Memory of one backend allocation: ptr to use, block to give back. */
+typedef struct {
+    void *ptr, *block;
+} ptl_net_buf;
+
+/* Convolution algorithm choice (CUDA plans; the CPU kernels have one algorithm). */
+typedef struct {
+    int deterministic, allow_tf32, find;
+} ptl_net_conv_opts;
+
+typedef struct ptl_cuda_ctx ptl_exec_ctx; /* the execution context every backend function takes */
+struct ptl_net_exec;
+
+/* The backend table. Activations are in the compute dtype `dt`; BatchNorm parameters, running and
+ * saved statistics, head outputs and output gradients in the master dtype. accumulate: 0 overwrites
+ * (the first writer of a gradient), 1 adds. */
+typedef struct ptl_net_backend {
+    const char *name;
+    ptl_device_type device;
+    int cast_biases; /* 1: conv biases go through the compute-dtype copy (see the file comment) */
+
+    /* makes ctx's device current for the calling thread (NULL: nothing to do) */
+    int (*activate)(ptl_exec_ctx *ctx);
+    /* memory: alloc hands out `bytes` (> 0) of device memory; copy is device to device and, like zero,
+     * queued on the context's stream; upload/download copy to/from the host and wait */
+    int (*alloc)(ptl_exec_ctx *ctx, size_t bytes, ptl_net_buf *b);
+    void (*release)(ptl_exec_ctx *ctx, ptl_net_buf *b);
+    int (*zero)(ptl_exec_ctx *ctx, void *p, size_t bytes);
+    int (*copy)(ptl_exec_ctx *ctx, void *dst, const void *src, size_t bytes);
+    int (*upload)(ptl_exec_ctx *ctx, void *dst, const void *host, size_t bytes);
+    int (*download)(ptl_exec_ctx *ctx, void *host, const void *src, size_t bytes);
+
+    /* per shape: a conv plan (desc + dtype + algorithm choice), its workspace, the layer scratch */
+    int (*conv_plan)(ptl_exec_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt, const ptl_net_conv_opts *o,
+                     void **plan);
+    void (*conv_plan_free)(void *plan);
+    size_t (*conv_workspace)(const void *plan);
+    size_t (*bn_scratch_bytes)(int64_t m, int c);                    /* NULL: none */
+    size_t (*attn_scratch_bytes)(ptl_dtype dt, int n, int heads);    /* NULL: none */
+    int (*reserve_scratch)(ptl_exec_ctx *ctx, size_t bytes);         /* NULL: nothing to reserve */
+
+    /* weights: wc[OHWI, dt] = params[OIHW] for every table entry; grads[OIHW] += wgc[OHWI] */
+    int (*weight_cast)(ptl_exec_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n, int64_t total,
+                       const void *params, void *wc);
+    int (*weight_grad)(ptl_exec_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n, int64_t total,
+                       const void *wgc, void *grads);
+
+    /* layers (the contracts of ../nn/<op>.h; dw and db add, dx overwrites) */
+    int (*conv_forward)(ptl_exec_ctx *ctx, const void *plan, const void *x, const void *w, const void *bias, void *y,
+                        void *ws, size_t ws_bytes);
+    int (*conv_backward_input)(ptl_exec_ctx *ctx, const void *plan, const void *dy, const void *w, void *dx,
+                               void *ws, size_t ws_bytes);
+    int (*conv_backward_weight)(ptl_exec_ctx *ctx, const void *plan, const void *x, const void *dy, void *dw,
+                                void *ws, size_t ws_bytes);
+    int (*conv_backward_bias)(ptl_exec_ctx *ctx, const void *plan, const void *dy, void *db, void *ws,
+                              size_t ws_bytes);
+    int (*batchnorm_forward)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x, const void *gamma,
+                             const void *beta, void *running_mean, void *running_var, int training, ptl_act act,
+                             void *save_mean, void *save_invstd, void *y);
+    int (*batchnorm_backward)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x, const void *dy,
+                              const void *gamma, const void *beta, const void *save_mean, const void *save_invstd,
+                              int training, ptl_act act, void *dx, void *dgamma, void *dbeta);
+    int (*add)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t n, const void *a, const void *b, void *y);
+    int (*accumulate)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t n, const void *x, void *y);
+    int (*channel_copy)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *src, int src_c, int src_off,
+                        void *dst, int dst_c, int dst_off, int accumulate);
+    int (*maxpool_forward)(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x, void *y);
+    int (*maxpool_backward)(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x,
+                            const void *dy, void *dx, int accumulate);
+    int (*upsample_forward)(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x, void *y);
+    int (*upsample_backward)(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *dy, void *dx,
+                             int accumulate);
+    int (*attention_forward)(ptl_exec_ctx *ctx, ptl_dtype dt, int b, int n, int heads, int kd, int hd,
+                             const void *qkv, void *attn, void *o, void *v);
+    int (*attention_backward)(ptl_exec_ctx *ctx, ptl_dtype dt, int b, int n, int heads, int kd, int hd,
+                              const void *qkv, const void *attn, const void *d_o, const void *dv, void *dqkv);
+    /* a level's map (B, hw, C) (compute dtype) <-> rows [a0, a0 + hw) of a (B, A, C) head output */
+    int (*head_out)(ptl_exec_ctx *ctx, ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0,
+                    const void *map, void *out);
+    int (*head_grad)(ptl_exec_ctx *ctx, ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0,
+                     const void *d_out, void *gmap, int accumulate);
+
+    /* the recorder (../cuda/recorder.h; NULL: the backend records nothing) */
+    int (*record)(struct ptl_net_exec *x, const void *images, int B, int H, int W, const void *const d_out[2][2]);
+    int (*replay)(struct ptl_net_exec *x, int part);
+    int (*recorded)(struct ptl_net_exec *x);
+    void (*recording_free)(ptl_net_recording *rec);
+} ptl_net_backend;
+
+extern const ptl_net_backend ptl_net_backend_cpu;
+/* Blocks the CPU backend holds now, over all executors (tests check that nothing leaks). */
+long ptl_net_cpu_live_blocks(void);
+#ifdef PTL_WITH_CUDA
+extern const ptl_net_backend ptl_net_backend_cuda;
+#endif
+
+/* Shape slots: PTL_NET_TRAIN_SHAPES for training-mode forwards (a fit's full batches and its partial
+ * last batch), the rest for eval mode (validation's many shapes, prediction), so that validating never
+ * evicts the training shapes (or their recording). */
+#define PTL_NET_TRAIN_SHAPES 2
+#define PTL_NET_SHAPES 3
+
+/* The per-shape state of one slot. */
+typedef struct {
+    ptl_net_layout L;            /* B == 0: empty */
+    ptl_net_buf act, gact, attn, scratch, ws, out[2][2];
+    size_t ws_bytes;
+    void **plans;                /* per op (convs only) */
+    uint64_t last_use;
+    ptl_net_recording *rec;      /* the recorder's graphs for this shape, or NULL */
+} ptl_net_slot;
+
+typedef struct ptl_net_exec {
+    const ptl_network *net; /* the description; it must outlive the executor */
+    const ptl_net_backend *be;
+    ptl_exec_ctx *ctx;
+    ptl_runtime *rt;
+    ptl_device device;
+    ptl_dtype mdt, cdt; /* master and compute dtypes */
+    size_t msz, csz;
+    int training, fwd_training, have_forward;
+    int share_grads; /* 1: gradient slots share memory (the default; 0 for tests) */
+    ptl_net_conv_opts opts;
+    ptl_net_grad_plan gp;
+    ptl_net_wtab wt;
+
+    /* master storage (aliasing the description's host storage when `aliased`); params and buffers may
+     * point at other weights for a while (ptl_net_exec_use_weights), own_* are the executor's */
+    int aliased;
+    void *params, *grads, *buffers, *stats;
+    void *own_params, *own_buffers;
+    ptl_net_buf own[4]; /* params, grads, buffers, stats when allocated here */
+    ptl_net_buf wc, wgc, wtab;
+
+    ptl_net_slot slot[PTL_NET_SHAPES];
+    ptl_net_slot *cur; /* the current shape's slot */
+    uint64_t clock;
+} ptl_net_exec;
+
+/* An executor of `net` on backend `be` (ctx: the device's context, NULL on the CPU) computing in
+ * `compute`. alias_host: run on the description's own host storage (CPU, compute == net->dtype);
+ * else master storage is allocated on the device (float32) and the host storage is uploaded. */
+int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_exec_ctx *ctx, ptl_runtime *rt,
+                        ptl_device device, ptl_dtype compute, int alias_host, ptl_net_exec **out);
+void ptl_net_exec_free(ptl_net_exec *x);
+
+/* Copies "params", "grads" or "buffers" between the executor's master storage and the description's
+ * host storage (to_device 1: host -> executor); a no-op for aliased storage. Synchronous. */
+int ptl_net_exec_sync(ptl_net_exec *x, const char *which, int to_device);
+
+/* Makes (B, H, W) the current shape: switches to its slot among the current mode's, or fills the
+ * empty / least recently used one (buffers, conv plans, layer scratch reserved). A no-op for the
+ * current shape. H and W: positive multiples of 32. */
+int ptl_net_exec_prepare(ptl_net_exec *x, int B, int H, int W);
+
+/* Forward of images (B, H, W, 3) NHWC in the compute dtype on the executor's device; head outputs in
+ * ptl_net_exec_output. Training mode normalises with batch statistics and updates the running ones. */
+int ptl_net_exec_forward(ptl_net_exec *x, const void *images, int B, int H, int W);
+/* Backward after a forward of the current shape: d_out[branch][0 boxes | 1 scores] in the master dtype
+ * (NULL = zero). Parameter gradients add (+=) into the master gradient; d_images (compute dtype) is
+ * written when not NULL, else the image gradient is not computed. */
+int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *d_images);
+
+/* The BatchNorm mode of the next forward. A recording made in the other mode is kept, unused until
+ * the mode is back. */
+void ptl_net_exec_set_training(ptl_net_exec *x, int training);
+/* Runs the following forwards on other parameters and BN statistics of the same layout and device
+ * (the EMA's, for validation); NULL, NULL returns to the executor's own. A recording is kept, unused
+ * while the weights are not those it was made with. */
+void ptl_net_exec_use_weights(ptl_net_exec *x, void *params, void *buffers);
+/* Applies at the next prepare of each shape (slots are remade). */
+void ptl_net_exec_set_conv_options(ptl_net_exec *x, const ptl_net_conv_opts *o);
+/* Gradient slot sharing on (1) or off (0); slots are remade. */
+void ptl_net_exec_set_share_gradients(ptl_net_exec *x, int share);
+int ptl_net_exec_zero_grad(ptl_net_exec *x);
+/* The recorder of the backend (ARCHITECTURE.md §3; ../cuda/recorder.h): after an eager forward and
+ * backward of the current shape, record captures (without running) one forward of `images` and one
+ * backward of `d_out` into the shape's slot; replay runs the forward, the backward or both, one launch
+ * each, on the same pointers. recorded: 1 while the current shape's recording is usable: made in the
+ * current BN mode on the current weights (always 0 on a backend without a recorder, where record and
+ * replay fail). */
+enum { PTL_NET_REPLAY_BOTH = 0, PTL_NET_REPLAY_FORWARD = 1, PTL_NET_REPLAY_BACKWARD = 2 };
+int ptl_net_record(ptl_net_exec *x, const void *images, int B, int H, int W, const void *const d_out[2][2]);
+int ptl_net_replay(ptl_net_exec *x, int part);
+int ptl_net_recorded(ptl_net_exec *x);
+/* Drops every slot's recording. */
+void ptl_net_exec_retire(ptl_net_exec *x);
+
+/* The head output (branch 0 o2m, 1 o2o; which 0 boxes (B, A, 4), 1 scores (B, A, nc)) of the last
+ * forward, master dtype, valid until the next forward of the shape or its slot's eviction. */
+void *ptl_net_exec_output(ptl_net_exec *x, int branch, int which);
+/* Bytes held: master storage, weight copies, tables; the per-shape slots. */
+void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *shape_bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,292 @@
+/* Plans derived from the network description (net_plan.h): the gradient plan, the weight-cast table
+ * and the per-shape memory layout. */
+#include "net_plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int64_t align_up(int64_t n) { return (n + PTL_NET_ALIGN - 1) / PTL_NET_ALIGN * PTL_NET_ALIGN; }
+
+static int is_conv(const ptl_net_op *op) { return op->kind == PTL_OP_CONV || op->kind == PTL_OP_CONV_BIAS; }
+
+static int oom(void) { return ptl_set_error(PTL_ERR_MEMORY, "network plan: out of host memory"); }
+
+/* ------------------------------------------------------------------------------- gradient plan */
+
+void ptl_net_grad_plan_free(ptl_net_grad_plan *gp)
+{
+    free(gp->born);
+    free(gp->dies);
+    free(gp->first);
+    free(gp->zero_op);
+    free(gp->zero_list);
+    free(gp->zero_begin);
+    memset(gp, 0, sizeof *gp);
+}
+
+/* The backward replayed once on the op list: for every value the first and last backward step that
+ * touch its gradient, for every write whether it is the first (then it overwrites), and which slots
+ * must be zeroed because their first write covers only some channels or nothing writes them before
+ * they are read. */
+int ptl_net_grad_plan_build(const ptl_network *net, ptl_net_grad_plan *gp)
+{
+    const int nv = net->nvalues, nops = net->nops;
+    memset(gp, 0, sizeof *gp);
+    gp->nvalues = nv;
+    gp->nops = nops;
+    char *touched = calloc((size_t)nv, 1);
+    gp->born = malloc((size_t)nv * sizeof(int));
+    gp->dies = malloc((size_t)nv * sizeof(int));
+    gp->zero_op = malloc((size_t)nv * sizeof(int));
+    gp->first = calloc((size_t)nops, sizeof(uint32_t));
+    gp->zero_list = malloc((size_t)(nv ? nv : 1) * sizeof(int));
+    gp->zero_begin = malloc((size_t)(nops + 1) * sizeof(int));
+    if (!touched || !gp->born || !gp->dies || !gp->zero_op || !gp->first || !gp->zero_list || !gp->zero_begin) {
+        free(touched);
+        ptl_net_grad_plan_free(gp);
+        return oom();
+    }
+    for (int v = 0; v < nv; v++)
+        gp->born[v] = gp->dies[v] = gp->zero_op[v] = -1;
+    gp->dies[net->input] = nops; /* the image gradient is read after the last step */
+    for (int t = 0; t < nops; t++) {
+        const int i = nops - 1 - t;
+        const ptl_net_op *op = &net->ops[i];
+        /* reads: the op's own outputs (and the conv's z, written and read within this step) */
+        const int outs[3] = {op->out, op->z, op->kind == PTL_OP_ATTN ? op->out2 : -1};
+        for (int j = 0; j < 3; j++) {
+            const int v = outs[j];
+            if (v < 0)
+                continue;
+            if (j == 1) { /* z: written by the BatchNorm backward of this very step */
+                gp->born[v] = t;
+                touched[v] = 1;
+            } else if (!touched[v]) { /* read but never written: must read as zero */
+                gp->born[v] = t;
+                gp->zero_op[v] = i;
+                touched[v] = 1;
+            }
+            gp->dies[v] = t;
+        }
+        /* writes */
+        int nin = 0, ins[2 + PTL_NET_MAX_PARTS], full[2 + PTL_NET_MAX_PARTS];
+        switch (op->kind) {
+        case PTL_OP_CONV:
+        case PTL_OP_CONV_BIAS:
+        case PTL_OP_ATTN:
+            if (!op->no_dx) {
+                ins[0] = op->in;
+                full[0] = 1;
+                nin = 1;
+            }
+            break;
+        case PTL_OP_ADD:
+            ins[0] = op->in;
+            ins[1] = op->in2;
+            full[0] = full[1] = 1;
+            nin = 2;
+            break;
+        case PTL_OP_CAT:
+            for (int p = 0; p < op->nparts; p++) {
+                const ptl_net_part *pt = &op->parts[p];
+                ins[2 + p] = pt->value;
+                full[2 + p] = pt->c0 == 0 && pt->nc == net->values[pt->value].C;
+            }
+            ins[0] = ins[1] = -1;
+            nin = 2 + op->nparts;
+            break;
+        default: /* pool, up, head */
+            ins[0] = op->in;
+            full[0] = 1;
+            nin = 1;
+            break;
+        }
+        for (int j = 0; j < nin; j++) {
+            const int v = ins[j];
+            if (v < 0 || touched[v])
+                continue;
+            touched[v] = 1;
+            gp->born[v] = t;
+            gp->first[i] |= 1u << j;
+            if (!full[j])
+                gp->zero_op[v] = i;
+        }
+    }
+    free(touched);
+    int k = 0;
+    for (int i = 0; i < nops; i++) {
+        gp->zero_begin[i] = k;
+        for (int v = 0; v < nv; v++)
+            if (gp->zero_op[v] == i)
+                gp->zero_list[k++] = v;
+    }
+    gp->zero_begin[nops] = k;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------- weight-cast table */
+
+void ptl_net_wtab_free(ptl_net_wtab *wt)
+{
+    free(wt->tab);
+    free(wt->op_w);
+    free(wt->op_b);
+    memset(wt, 0, sizeof *wt);
+}
+
+/* Every conv weight, then (for a conv with bias, when biases are cast) its bias, in op order. */
+int ptl_net_wtab_build(const ptl_network *net, int cast_biases, ptl_net_wtab *wt)
+{
+    memset(wt, 0, sizeof *wt);
+    int n = 0;
+    for (int i = 0; i < net->nops; i++)
+        if (is_conv(&net->ops[i]))
+            n += net->ops[i].kind == PTL_OP_CONV_BIAS && cast_biases ? 2 : 1;
+    wt->tab = calloc((size_t)(n ? n : 1), sizeof *wt->tab);
+    wt->op_w = malloc((size_t)net->nops * sizeof(int64_t));
+    wt->op_b = malloc((size_t)net->nops * sizeof(int64_t));
+    if (!wt->tab || !wt->op_w || !wt->op_b) {
+        ptl_net_wtab_free(wt);
+        return oom();
+    }
+    int64_t cursor = 0;
+    n = 0;
+    for (int i = 0; i < net->nops; i++) {
+        const ptl_net_op *op = &net->ops[i];
+        wt->op_w[i] = wt->op_b[i] = -1;
+        if (!is_conv(op))
+            continue;
+        const int cin_g = op->cin / op->g;
+        wt->tab[n++] = (ptl_wcast_entry){op->w_off, cursor, op->cout, cin_g, op->k, 0};
+        wt->op_w[i] = cursor;
+        cursor += align_up((int64_t)op->cout * cin_g * op->k * op->k);
+        if (op->kind == PTL_OP_CONV_BIAS && cast_biases) {
+            wt->tab[n++] = (ptl_wcast_entry){op->bias_off, cursor, op->cout, 1, 1, 0};
+            wt->op_b[i] = cursor;
+            cursor += align_up(op->cout);
+        }
+    }
+    wt->n = n;
+    wt->total = cursor;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------ memory layout */
+
+void ptl_net_layout_free(ptl_net_layout *L)
+{
+    free(L->voff);
+    free(L->goff);
+    free(L->attn_off);
+    memset(L, 0, sizeof *L);
+}
+
+int ptl_net_layout_alloc(const ptl_network *net, ptl_net_layout *L)
+{
+    memset(L, 0, sizeof *L);
+    L->voff = calloc((size_t)net->nvalues, sizeof(int64_t));
+    L->goff = calloc((size_t)net->nvalues, sizeof(int64_t));
+    L->attn_off = calloc((size_t)net->nops, sizeof(int64_t));
+    if (!L->voff || !L->goff || !L->attn_off) {
+        ptl_net_layout_free(L);
+        return oom();
+    }
+    return 0;
+}
+
+/* First-fit placement of the gradient slots in order of birth; returns the arena size in elements. */
+static int64_t place_gradients(const ptl_network *net, const ptl_net_grad_plan *gp, const int64_t *size,
+                               int64_t *goff)
+{
+    const int nv = net->nvalues;
+    int64_t total = 0;
+    int *order = malloc((size_t)nv * sizeof(int)), *placed = malloc((size_t)nv * sizeof(int));
+    if (!order || !placed) {
+        free(order);
+        free(placed);
+        return oom();
+    }
+    int n = 0, np = 0;
+    for (int t = 0; t <= net->nops; t++)
+        for (int v = 0; v < nv; v++)
+            if (gp->born[v] == t)
+                order[n++] = v;
+    for (int k = 0; k < n; k++) {
+        const int v = order[k];
+        int64_t off = 0;
+        for (;;) {
+            int moved = 0;
+            for (int q = 0; q < np; q++) {
+                const int u = placed[q];
+                if (gp->dies[u] < gp->born[v])
+                    continue; /* dead before v is born */
+                if (off < goff[u] + size[u] && goff[u] < off + size[v]) {
+                    off = goff[u] + size[u];
+                    moved = 1;
+                }
+            }
+            if (!moved)
+                break;
+        }
+        goff[v] = off;
+        placed[np++] = v;
+        total = off + size[v] > total ? off + size[v] : total;
+    }
+    free(order);
+    free(placed);
+    return total;
+}
+
+int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, int B, int H, int W, int share,
+                         ptl_net_layout *L)
+{
+    if (B < 1)
+        return ptl_set_error(PTL_ERR_VALUE, "images: batch size must be >= 1 (got %d)", B);
+    if (H < 32 || W < 32 || H % 32 || W % 32)
+        return ptl_set_error(PTL_ERR_VALUE, "images: height and width must be positive multiples of 32 (got %dx%d)",
+                             H, W);
+    int64_t *size = malloc((size_t)net->nvalues * sizeof(int64_t));
+    if (!size)
+        return oom();
+    L->B = B;
+    L->H = H;
+    L->W = W;
+    int64_t off = 0, maxv = 0, attn = 0;
+    for (int v = 0; v < net->nvalues; v++) {
+        const int64_t n = ptl_net_value_dims(net, L, v).m * net->values[v].C;
+        L->voff[v] = off;
+        size[v] = align_up(n);
+        off += size[v];
+        maxv = n > maxv ? n : maxv;
+    }
+    if (share) {
+        L->gact_numel = place_gradients(net, gp, size, L->goff);
+        if (L->gact_numel < 0) {
+            free(size);
+            L->B = 0;
+            return -1;
+        }
+    } else {
+        memcpy(L->goff, L->voff, (size_t)net->nvalues * sizeof(int64_t));
+        L->gact_numel = off;
+    }
+    free(size);
+    for (int i = 0; i < net->nops; i++) {
+        const ptl_net_op *op = &net->ops[i];
+        if (op->kind != PTL_OP_ATTN)
+            continue;
+        const ptl_net_dims d = ptl_net_value_dims(net, L, op->in);
+        const int64_t n = (int64_t)d.h * d.w;
+        L->attn_off[i] = attn;
+        attn += align_up((int64_t)B * op->heads * n * n);
+    }
+    L->act_numel = off;
+    L->attn_numel = attn;
+    L->scratch_numel = maxv;
+    L->A = 0;
+    for (int l = 0; l < 3; l++) {
+        L->level_off[l] = L->A;
+        L->A += (int64_t)(H / net->stride[l]) * (W / net->stride[l]);
+    }
+    return 0;
+}

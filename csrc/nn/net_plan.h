@@ -1,0 +1,79 @@
+/* Plans derived from a network description, the same for every backend (executor.h): the gradient
+ * plan, the weight-cast table and, per batch shape, the memory layout. Host memory only. */
+#ifndef PTL_NN_NET_PLAN_H
+#define PTL_NN_NET_PLAN_H
+
+#include <stdint.h>
+
+#include "network.h"
+#include "weight_cast.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Elements every device sub-buffer starts on: 256 bytes for float32, what cuDNN's vectorised kernels
+ * like (the CPU kernels do not care). */
+#define PTL_NET_ALIGN 64
+
+/* Who writes each gradient first in the backward (ops in reverse; backward step t runs op nops-1-t).
+ * A write flagged in `first` overwrites; every other write adds. */
+typedef struct {
+    int nvalues, nops;
+    int *born, *dies;  /* per value: steps of its first write and last read (-1: never written) */
+    uint32_t *first;   /* per op: bit j = first writer of input j (0 in, 1 in2, 2 + p cat part p) */
+    int *zero_op;      /* per value: op before whose backward its slot is zeroed (-1: none) */
+    int *zero_list, *zero_begin; /* values of zero_op grouped by op: zero_list[zero_begin[i] .. [i+1]) */
+} ptl_net_grad_plan;
+
+int ptl_net_grad_plan_build(const ptl_network *net, ptl_net_grad_plan *gp);
+void ptl_net_grad_plan_free(ptl_net_grad_plan *gp);
+
+/* Where each conv's weight (and bias, with cast_biases) sits in the compute-dtype copy. */
+typedef struct {
+    ptl_wcast_entry *tab;
+    int n;
+    int64_t total;        /* elements of the copy, padding included */
+    int64_t *op_w, *op_b; /* per op: offset in the copy (-1: none) */
+} ptl_net_wtab;
+
+int ptl_net_wtab_build(const ptl_network *net, int cast_biases, ptl_net_wtab *wt);
+void ptl_net_wtab_free(ptl_net_wtab *wt);
+
+/* The memory layout of one batch shape (element offsets in the compute dtype). */
+typedef struct {
+    int B, H, W; /* B == 0: none */
+    int64_t A, level_off[3];
+    int64_t *voff;     /* per value: offset of its activation in the activation arena */
+    int64_t *goff;     /* per value: offset of its gradient in the gradient arena (shared slots) */
+    int64_t *attn_off; /* per op: offset of its softmax probabilities in the attention arena */
+    int64_t act_numel, gact_numel, attn_numel, scratch_numel;
+} ptl_net_layout;
+
+/* Fills L (its arrays allocated by ptl_net_layout_alloc) for (B, H, W); share 0 gives every gradient
+ * its own slot. */
+int ptl_net_layout_alloc(const ptl_network *net, ptl_net_layout *L);
+int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, int B, int H, int W, int share,
+                         ptl_net_layout *L);
+void ptl_net_layout_free(ptl_net_layout *L);
+
+/* Spatial size and row count (B*h*w) of value v in layout L. */
+typedef struct {
+    int h, w;
+    int64_t m;
+} ptl_net_dims;
+
+static inline ptl_net_dims ptl_net_value_dims(const ptl_network *net, const ptl_net_layout *L, int v)
+{
+    ptl_net_dims d;
+    d.h = L->H / net->values[v].down;
+    d.w = L->W / net->values[v].down;
+    d.m = (int64_t)L->B * d.h * d.w;
+    return d;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

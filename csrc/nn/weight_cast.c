@@ -1,0 +1,128 @@
+/* CPU reference of the executor's weight casts and head copies (weight_cast.h). The head copies walk
+ * their output element by element with the CUDA kernels' index arithmetic (../cuda/weight_cast.cu);
+ * the weight casts walk each record in nested loops (several times faster than the per-element
+ * search), and ptl_net_wcast_check compares the two walks on a table. */
+#include "weight_cast.h"
+
+#include "conv2d.h"
+
+static int check_dt(const char *fn, ptl_dtype dt)
+{
+    if (dt == PTL_FLOAT32 || dt == PTL_FLOAT64)
+        return 0;
+    return ptl_set_error(PTL_ERR_TYPE, "%s: CPU tensors must be float32 or float64, got %s", fn, ptl_dtype_name(dt));
+}
+
+/* On the CPU the "cast" is the layout copy OIHW -> OHWI in the network dtype. */
+int ptl_net_weight_cast(ptl_dtype dt, const ptl_wcast_entry *tab, int n, const void *params, void *wc)
+{
+    if (check_dt("net_weight_cast", dt))
+        return -1;
+    const size_t esz = ptl_dtype_size(dt);
+    for (int i = 0; i < n; i++) {
+        const ptl_wcast_entry *e = &tab[i];
+        PTL_CHECK(ptl_conv2d_weight_from_oihw(dt, e->cout, e->cin_g, e->k, (const char *)params + e->src * esz,
+                                              (char *)wc + e->dst * esz));
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* Each master element receives exactly one addition, so the order over elements does not matter. */
+#define GRAD(T)                                                                                          \
+    for (int r = 0; r < n; r++) {                                                                        \
+        const ptl_wcast_entry *e = &tab[r];                                                              \
+        const int cig = e->cin_g, kk = e->k * e->k;                                                      \
+        const T *g = (const T *)wgc + e->dst;                                                            \
+        T *out = (T *)grads + e->src;                                                                    \
+        for (int co = 0; co < e->cout; co++)                                                             \
+            for (int t = 0; t < kk; t++)                                                                 \
+                for (int ci = 0; ci < cig; ci++)                                                         \
+                    out[((int64_t)co * cig + ci) * kk + t] += g[((int64_t)co * kk + t) * cig + ci];      \
+    }
+
+int ptl_net_weight_grad(ptl_dtype dt, const ptl_wcast_entry *tab, int n, const void *wgc, void *grads)
+{
+    if (check_dt("net_weight_grad", dt))
+        return -1;
+    if (dt == PTL_FLOAT32) {
+        GRAD(float)
+    } else {
+        GRAD(double)
+    }
+    return 0;
+}
+
+int ptl_net_wcast_check(const ptl_wcast_entry *tab, int n, int64_t total)
+{
+    int64_t i = 0;
+    for (int r = 0; r < n; r++) {
+        const ptl_wcast_entry *e = &tab[r];
+        const int cig = e->cin_g, kk = e->k * e->k;
+        const int64_t end = r + 1 < n ? tab[r + 1].dst : total;
+        if (e->dst != i)
+            return ptl_set_error(PTL_ERR_RUNTIME, "weight table: record %d starts at %lld, expected %lld", r,
+                                 (long long)e->dst, (long long)i);
+        for (int co = 0; co < e->cout; co++)
+            for (int t = 0; t < kk; t++)
+                for (int ci = 0; ci < cig; ci++, i++) {
+                    const int64_t want = e->src + ((int64_t)co * cig + ci) * kk + t;
+                    const int found = ptl_wcast_find(tab, n, i);
+                    const int64_t got = ptl_wcast_src(&tab[found], i - tab[found].dst);
+                    if (found != r || got != want)
+                        return ptl_set_error(PTL_ERR_RUNTIME,
+                                             "weight table: element %lld maps to record %d offset %lld, expected "
+                                             "record %d offset %lld",
+                                             (long long)i, found, (long long)got, r, (long long)want);
+                }
+        for (; i < end; i++) /* padding: in record r, mapped to nothing */
+            if (ptl_wcast_find(tab, n, i) != r || ptl_wcast_src(&tab[r], i - e->dst) != -1)
+                return ptl_set_error(PTL_ERR_RUNTIME, "weight table: padding element %lld is mapped", (long long)i);
+    }
+    return i == total ? 0 : ptl_set_error(PTL_ERR_RUNTIME, "weight table: covers %lld of %lld elements",
+                                          (long long)i, (long long)total);
+}
+
+#define HEAD_OUT(T)                                                                                      \
+    do {                                                                                                 \
+        const T *src = map;                                                                              \
+        T *dst = out;                                                                                    \
+        for (int64_t i = 0; i < total; i++)                                                              \
+            dst[ptl_net_head_index(i, hw, C, A, a0)] = src[i];                                           \
+    } while (0)
+
+int ptl_net_head_out(ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0, const void *map, void *out)
+{
+    if (check_dt("net_head_out", dt))
+        return -1;
+    const int64_t total = (int64_t)B * hw * C;
+    if (dt == PTL_FLOAT32)
+        HEAD_OUT(float);
+    else
+        HEAD_OUT(double);
+    return 0;
+}
+
+#define HEAD_GRAD(T)                                                                                     \
+    do {                                                                                                 \
+        const T *d = d_out;                                                                              \
+        T *g = gmap;                                                                                     \
+        for (int64_t i = 0; i < total; i++) {                                                            \
+            const T v = d[ptl_net_head_index(i, hw, C, A, a0)];                                          \
+            g[i] = accumulate ? g[i] + v : v;                                                            \
+        }                                                                                                \
+    } while (0)
+
+int ptl_net_head_grad(ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0, const void *d_out, void *gmap,
+                      int accumulate)
+{
+    if (check_dt("net_head_grad", dt))
+        return -1;
+    const int64_t total = (int64_t)B * hw * C;
+    if (dt == PTL_FLOAT32)
+        HEAD_GRAD(float);
+    else
+        HEAD_GRAD(double);
+    return 0;
+}

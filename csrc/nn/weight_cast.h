@@ -1,0 +1,95 @@
+/* The executor's own copies (executor.h): the per-forward cast of every conv weight (master OIHW ->
+ * compute-dtype OHWI), its reverse for the weight gradients (added into the master gradient), and the
+ * copies between a level's map and the (B, A, C) head outputs. CPU reference here (weight_cast.c),
+ * CUDA in ../cuda/weight_cast.cu; the index arithmetic below (PTL_HD) is shared by both.
+ *
+ * The weight-cast table has one record per conv weight (or cast bias): src offset in the flat OIHW
+ * master parameters, dst offset in the compute-dtype OHWI copy, and (cout, cin_g, k); a bias is
+ * (n, 1, 1). Records are sorted by dst, starting at 0; elements between one record's end and the next
+ * start (alignment padding) are never written. */
+#ifndef PTL_NN_WEIGHT_CAST_H
+#define PTL_NN_WEIGHT_CAST_H
+
+#include <stdint.h>
+
+#include "../ptl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int64_t src, dst;
+    int cout, cin_g, k, pad_;
+} ptl_wcast_entry;
+
+/* The last record starting at or before element `i` of the OHWI copy. */
+PTL_HD int ptl_wcast_find(const ptl_wcast_entry *tab, int n, int64_t i)
+{
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (tab[mid].dst <= i)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Offset in OIHW (cout, cin_g, k, k) of element j of the same tensor in OHWI (cout, k, k, cin_g), or
+ * -1 when j lies in the padding after the tensor. */
+PTL_HD int64_t ptl_wcast_src(const ptl_wcast_entry *e, int64_t j)
+{
+    const int cin_g = e->cin_g, k = e->k;
+    if (j >= (int64_t)e->cout * cin_g * k * k)
+        return -1;
+    const int ci = (int)(j % cin_g);
+    int64_t r = j / cin_g;
+    const int kw = (int)(r % k);
+    r /= k;
+    const int kh = (int)(r % k);
+    const int64_t co = r / k;
+    return e->src + ((co * cin_g + ci) * k + kh) * k + kw;
+}
+
+/* Index in the (B, A, C) head output of element i of a level's (B, hw, C) map at anchor offset a0. */
+PTL_HD int64_t ptl_net_head_index(int64_t i, int64_t hw, int C, int64_t A, int64_t a0)
+{
+    const int64_t row = i / C, b = row / hw;
+    return (b * A + a0 + (row - b * hw)) * C + (i - row * C);
+}
+
+/* wc[OHWI] = params[OIHW] for every record (CPU: float32 or float64 in and out). */
+int ptl_net_weight_cast(ptl_dtype dt, const ptl_wcast_entry *tab, int n, const void *params, void *wc);
+/* grads[OIHW] += wgc[OHWI] for every record. */
+int ptl_net_weight_grad(ptl_dtype dt, const ptl_wcast_entry *tab, int n, const void *wgc, void *grads);
+/* Checks that the per-element search (ptl_wcast_find, ptl_wcast_src, what the CUDA kernels use) maps
+ * every element of a copy of `total` elements as the per-record walk does; -1 naming the first
+ * mismatch (tests). */
+int ptl_net_wcast_check(const ptl_wcast_entry *tab, int n, int64_t total);
+/* out[(b*A + a0 + i)*C + c] = map[(b*hw + i)*C + c] for a level's map (B, hw, C); the backward
+ * gmap[...] (= or +=, accumulate 0 or 1) d_out[...]. */
+int ptl_net_head_out(ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0, const void *map, void *out);
+int ptl_net_head_grad(ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0, const void *d_out, void *gmap,
+                      int accumulate);
+
+#ifdef PTL_WITH_CUDA
+struct ptl_cuda_ctx;
+/* The same on the device: compute dtype dt (float32, bfloat16, float16) for wc, wgc and the maps;
+ * float32 for params, grads, the head outputs and d_out. tab lives on the device. */
+int ptl_net_weight_cast_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n,
+                             int64_t total, const void *params, void *wc);
+int ptl_net_weight_grad_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n,
+                             int64_t total, const void *wgc, void *grads);
+int ptl_net_head_out_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0,
+                          const void *map, void *out);
+int ptl_net_head_grad_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int B, int64_t hw, int C, int64_t A,
+                           int64_t a0, const void *d_out, void *gmap, int accumulate);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,149 @@
+/* One training step in plain C (train_step.h). */
+#include "train_step.h"
+
+#include "../data/normalize.h"
+#include "../fault.h"
+#ifdef PTL_WITH_CUDA
+#include "../cuda/device.h"
+#include "../data/dataset.h"
+#endif
+
+int ptl_step_plan_check(const ptl_step_plan *p)
+{
+    const ptl_net_exec *x = p->net;
+    if (!x)
+        return ptl_set_error(PTL_ERR_VALUE, "plan: no network");
+    if (p->B < 1 || p->H < 32 || p->W < 32 || p->H % 32 || p->W % 32)
+        return ptl_set_error(PTL_ERR_VALUE, "plan: batch shape %dx%dx%d (height and width: multiples of 32)", p->B,
+                             p->H, p->W);
+    if (x->cdt != PTL_FLOAT32 && x->cdt != PTL_BFLOAT16 && x->cdt != PTL_FLOAT16)
+        return ptl_set_error(PTL_ERR_TYPE, "plan: the upload normalises into float32, bfloat16 or float16, not %s",
+                             ptl_dtype_name(x->cdt));
+    if (!p->input || (x->device.type == PTL_CUDA && !p->staging))
+        return ptl_set_error(PTL_ERR_VALUE, "plan: the network input%s is missing",
+                             x->device.type == PTL_CUDA ? " or the upload staging buffer" : "");
+    for (int i = 0; i < 4; i++)
+        if (!p->grads[i / 2][i % 2])
+            return ptl_set_error(PTL_ERR_VALUE, "plan: output gradient %d is missing", i);
+    if (p->nema < 0 || p->nema > PTL_STEP_MAX_EMA)
+        return ptl_set_error(PTL_ERR_VALUE, "plan: %d EMA pairs (at most %d)", p->nema, PTL_STEP_MAX_EMA);
+    for (int i = 0; i < p->nema; i++)
+        if (!p->ema[i].ema || !p->ema[i].live || p->ema[i].n < 0)
+            return ptl_set_error(PTL_ERR_VALUE, "plan: EMA pair %d is incomplete", i);
+    if (p->opt.dtype != x->mdt)
+        return ptl_set_error(PTL_ERR_TYPE, "plan: optimizer buffers in %s, the network's master storage in %s",
+                             ptl_dtype_name(p->opt.dtype), ptl_dtype_name(x->mdt));
+    return 0;
+}
+
+/* The host batch into the network input: normalised on the CPU, or copied to the device's staging
+ * buffer and normalised there (asynchronously; the loader slot's fence tells the loader when the copy
+ * has read its pixels). */
+static int upload(const ptl_step_plan *p, const ptl_step_args *a)
+{
+    const ptl_net_exec *x = p->net;
+    const int64_t n = (int64_t)p->B * p->H * p->W * 3;
+    if (ptl_fault_hit(PTL_FAULT_UPLOAD))
+        return -1;
+    if (x->device.type == PTL_CPU)
+        return ptl_normalize_u8_cpu(a->images, p->input, x->cdt, n);
+#ifdef PTL_WITH_CUDA
+    ptl_cuda_ctx *ctx = x->ctx;
+    PTL_CUDA_TRY(cudaMemcpyAsync(p->staging, a->images, (size_t)n, cudaMemcpyHostToDevice, ctx->stream));
+    PTL_CHECK(ptl_normalize_u8_cuda(p->staging, p->input, x->cdt, n, ctx->stream));
+    if (a->loader)
+        PTL_CHECK(ptl_loader_record_fence(a->loader, a->slot, ctx->stream));
+    return 0;
+fail:
+    return -1;
+#else
+    return ptl_set_error(PTL_ERR_RUNTIME, "upload: ptl was built without CUDA");
+#endif
+}
+
+static int interrupted(const ptl_step_args *a) { return a->interrupted && a->interrupted(a->interrupted_arg); }
+
+int ptl_train_step(const ptl_step_plan *p, const ptl_step_args *a, float *losses)
+{
+    ptl_net_exec *x = p->net;
+    ptl_obj_targets tg = {0};
+    ptl_optim_hp hp = p->hp;
+    int replay = 0;
+
+    /* checks: every stage's arguments, before anything is written */
+    if (ptl_step_plan_check(p))
+        return -1;
+    if (!a->images || (a->ntargets > 0 && !a->targets) || a->ntargets < 0 || !losses)
+        return ptl_set_error(PTL_ERR_VALUE, "train_step: images, targets and losses are required");
+    const ptl_device_type dev = x->device.type;
+    if (a->optimize) {
+        for (int k = 0; k < hp.ngroups; k++) {
+            hp.lr[k] = a->lr[k];
+            hp.momentum[k] = a->momentum[k];
+            hp.wd[k] = a->wd[k];
+        }
+        if (ptl_optim_check(&p->opt, &hp, dev))
+            return -1;
+        for (int i = 0; i < p->nema; i++)
+            if (ptl_ema_check(dev, x->mdt, a->ema_decay))
+                return -1;
+    }
+    ptl_obj_args oa = {0};
+    oa.B = p->B;
+    oa.H = p->H;
+    oa.W = p->W;
+    oa.nc = x->net->nc;
+    oa.A = ptl_obj_num_anchors(p->H, p->W);
+    oa.dtype = x->mdt;
+    for (int br = 0; br < 2; br++) {
+        oa.grad_boxes[br] = p->grads[br][0];
+        oa.grad_scores[br] = p->grads[br][1];
+    }
+    oa.o2m_weight = a->o2m_weight;
+    for (int k = 0; k < 3; k++)
+        oa.gain[k] = p->gains[k];
+    oa.grad_scale = 1.0;
+    oa.grad_scale_dev = p->scale_dev;
+    oa.losses = losses;
+    if (ptl_obj_check_args(&oa, dev))
+        return -1;
+    if (ptl_obj_targets_build(a->targets, a->ntargets, p->B, p->H, p->W, oa.nc, &tg))
+        return -1;
+
+    /* upload, forward (the shape's slot first: a partial batch in between keeps the full shape's recording) */
+    PTL_CHECK(upload(p, a));
+    PTL_CHECK(ptl_net_exec_prepare(x, p->B, p->H, p->W));
+    replay = ptl_net_recorded(x);
+    PTL_CHECK(ptl_fault_hit(PTL_FAULT_FORWARD));
+    PTL_CHECK(replay ? ptl_net_replay(x, PTL_NET_REPLAY_FORWARD) : ptl_net_exec_forward(x, p->input, p->B, p->H, p->W));
+    if (interrupted(a))
+        goto fail;
+
+    /* objective: d total / d outputs into the plan's gradient buffers */
+    for (int br = 0; br < 2; br++) {
+        oa.boxes[br] = ptl_net_exec_output(x, br, 0);
+        oa.scores[br] = ptl_net_exec_output(x, br, 1);
+    }
+    PTL_CHECK(ptl_objective(x->ctx, &oa, &tg));
+
+    /* backward (and, after the first eager step of the shape, the recording) */
+    PTL_CHECK(ptl_fault_hit(PTL_FAULT_BACKWARD));
+    const void *const d[2][2] = {{p->grads[0][0], p->grads[0][1]}, {p->grads[1][0], p->grads[1][1]}};
+    PTL_CHECK(replay ? ptl_net_replay(x, PTL_NET_REPLAY_BACKWARD) : ptl_net_exec_backward(x, d, NULL));
+    if (!replay && p->record && x->be->record)
+        PTL_CHECK(ptl_net_record(x, p->input, p->B, p->H, p->W, d));
+    if (interrupted(a))
+        goto fail;
+
+    /* optimizer step (clip, update, scaler, zero the gradients) and EMA, when due */
+    if (a->optimize) {
+        PTL_CHECK(ptl_optim_step(x->ctx, &p->opt, &hp, p->ns_graph));
+        for (int i = 0; i < p->nema; i++)
+            PTL_CHECK(ptl_ema_update(x->ctx, p->ema[i].ema, p->ema[i].live, p->ema[i].n, x->mdt, a->ema_decay));
+    }
+    ptl_obj_targets_free(&tg);
+    return 0;
+fail:
+    ptl_obj_targets_free(&tg);
+    return -1;
+}

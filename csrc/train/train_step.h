@@ -1,0 +1,84 @@
+/* One training step in plain C (ARCHITECTURE.md §1): upload and normalise the batch, forward,
+ * objective, backward and, when the step is due, the optimizer step and the EMA update.
+ *
+ * A plan (ptl_step_plan) is made once per batch shape: the network executor, the buffers the step
+ * writes (network input, upload staging, output gradients), the objective's settings, the optimizer's
+ * buffers, tables and fixed settings, the EMA pairs. The per-step call passes only what changes:
+ * the batch, its targets and the schedule's scalars.
+ *
+ * With the backend's recorder (CUDA) and plan->record, the first step of the shape runs eagerly and
+ * then records its forward and backward (the warm-up, §3 rule 2); later steps of the shape replay
+ * them, with the objective run eagerly between the two.
+ *
+ * Failure: every argument of every stage is checked before anything is written, so a bad argument
+ * changes nothing. Past the checks, a failure of upload, forward, objective or backward leaves the
+ * parameters, the optimizer state and the EMA as they were (the forward may have moved the BN running
+ * statistics, the backward added to the gradients); the optimizer writes nothing before it can no
+ * longer fail, and the EMA update, checked before the optimizer ran, cannot fail after it (device
+ * faults aside: they leave the device unusable). */
+#ifndef PTL_TRAIN_TRAIN_STEP_H
+#define PTL_TRAIN_TRAIN_STEP_H
+
+#include <stdint.h>
+
+#include "../nn/executor.h"
+#include "../objective/objective.h"
+#include "../optim/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ptl_loader;
+
+#define PTL_STEP_MAX_EMA 2
+
+typedef struct {
+    void *ema;
+    const void *live;
+    int64_t n;
+} ptl_step_ema;
+
+typedef struct {
+    ptl_net_exec *net;
+    int B, H, W;
+    void *input;          /* (B, H, W, 3) in the compute dtype on the network's device */
+    uint8_t *staging;     /* CUDA: B*H*W*3 bytes on the device, the upload's landing place; NULL on the CPU */
+    void *grads[2][2];    /* d total / d outputs, master dtype, shaped like the outputs */
+    double gains[3];      /* box, cls, l1 */
+    const float *scale_dev; /* CUDA float16 training: the optimizer's loss scale on the device, else NULL */
+    ptl_optim_buffers opt;
+    ptl_optim_hp hp;      /* fixed settings; the step fills in lr, momentum and wd */
+    ptl_ns_graph *ns_graph;
+    int nema;
+    ptl_step_ema ema[PTL_STEP_MAX_EMA];
+    int record;           /* record the network after the first eager step of the shape (CUDA) */
+} ptl_step_plan;
+
+typedef struct {
+    const uint8_t *images; /* host (B, H, W, 3) uint8 */
+    struct ptl_loader *loader; /* the loader whose ring slot holds images (the upload fence), or NULL */
+    int slot;
+    const float *targets;  /* host (n, 6): image, class, cx, cy, w, h (normalised) */
+    int64_t ntargets;
+    double o2m_weight;
+    int optimize;          /* run the optimizer step and the EMA update after the backward */
+    const double *lr, *momentum, *wd; /* one per parameter group */
+    double ema_decay;
+    /* called between stages (before the optimizer, never between it and the EMA); nonzero stops the step
+     * with that error already set (Ctrl-C). May be NULL. */
+    int (*interrupted)(void *arg);
+    void *interrupted_arg;
+} ptl_step_args;
+
+/* Checks the fixed part of a plan (made once per shape). */
+int ptl_step_plan_check(const ptl_step_plan *p);
+
+/* One step; losses: PTL_OBJ_NUM_LOSSES float32 on the network's device (the objective's layout). */
+int ptl_train_step(const ptl_step_plan *p, const ptl_step_args *a, float *losses);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,204 @@
+"""The network executor's host logic (csrc/nn/executor.h, net_plan.h), which the CPU and CUDA backends
+share, run on the CPU backend: gradient-slot sharing, shape slots (switching, eviction), the skipped
+image gradient, no leaked block. The CPU backend hands out NaN-filled memory, so a read of anything the
+executor did not write first shows in these results; its weight cast and head copies use the CUDA
+kernels' index arithmetic (csrc/nn/weight_cast.h)."""
+import gc
+
+import numpy as np
+import pytest
+
+import ptl
+from ptl import _C
+from ptl.model import Detector
+
+
+def _state(seed=3):
+    """Random BN affine parameters and running statistics, so that every path carries a signal."""
+    sd = Detector("yolo26n", num_classes=80, seed=seed).state_dict()
+    rng = np.random.default_rng(0)
+    for k in sd:
+        if k.endswith("bn.weight") or k.endswith("running_var"):
+            sd[k] = rng.uniform(0.5, 1.5, sd[k].shape).astype(np.float32)
+        elif k.endswith("bn.bias") or k.endswith("running_mean"):
+            sd[k] = rng.uniform(-0.3, 0.3, sd[k].shape).astype(np.float32)
+    return sd
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+class Net:
+    """A network description with one CPU executor on its storage, driven directly through _C."""
+
+    def __init__(self, sd, training=True):
+        self.det = Detector("yolo26n", num_classes=80)
+        self.det.load_state_dict(sd)
+        self.x = _C.executor_create(self.det._net)
+        _C.executor_configure(self.x, training=training)
+
+    def step(self, images, grads, input_grad=True):
+        """forward + backward from zeroed gradients: (outputs, parameter gradients, BN buffers, d images)."""
+        out = [t.numpy() for t in _C.executor_forward(self.x, _C.from_numpy(images))]
+        self.det.zero_grad()
+        d = [None if g is None else _C.from_numpy(g) for g in grads]
+        dx = _C.executor_backward(self.x, *d, input_grad=input_grad)
+        return (out, self.det.flat_gradients.numpy(), self.det.flat_buffers.numpy(),
+                None if dx is None else dx.numpy())
+
+
+def _inputs(B, H, W, seed=1, branches=(0, 1)):
+    rng = np.random.default_rng(seed)
+    x = rng.random((B, H, W, 3)).astype(np.float32)
+    A = sum((H // s) * (W // s) for s in (8, 16, 32))
+    grads = []
+    for br in range(2):
+        for c in (4, 80):
+            g = rng.standard_normal((B, A, c)).astype(np.float32)
+            grads.append(g if br in branches else None)
+    return x, grads
+
+
+def _same(r1, r2):
+    (o1, g1, b1, d1), (o2, g2, b2, d2) = r1, r2
+    for a, b in zip(o1, o2):
+        assert np.array_equal(_bits(a), _bits(b))
+    assert np.array_equal(_bits(g1), _bits(g2))
+    assert np.array_equal(_bits(b1), _bits(b2))
+    assert (d1 is None) == (d2 is None)
+    if d1 is not None:
+        assert np.array_equal(_bits(d1), _bits(d2))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_gradient_slot_sharing_is_bitwise_neutral(training):
+    """Gradients sharing memory by liveness give the bits of one slot per gradient, in a smaller arena;
+    every result is finite (nothing is read from the NaN-filled memory before being written)."""
+    sd = _state()
+    x, grads = _inputs(2, 96, 128)
+    shared, private = Net(sd, training), Net(sd, training)
+    _C.executor_configure(private.x, share_gradients=False)
+    r1, r2 = shared.step(x, grads), private.step(x, grads)
+    _same(r1, r2)
+    for a in r1[0] + [r1[1], r1[3]]:
+        assert np.isfinite(a).all()
+    assert np.count_nonzero(r1[1]) > 0.9 * r1[1].size
+    arena = _C.executor_info(shared.x)["gradient_arena"], _C.executor_info(private.x)["gradient_arena"]
+    assert arena[0] < 0.5 * arena[1], arena
+
+
+def test_shape_slots_switch_and_evict():
+    """One executor keeps two shapes: switching back to a held shape reuses its buffers (no block is
+    made), a third shape evicts the least recently used one; each step's results are bitwise those of a
+    fresh executor from the same state, whatever the shape history."""
+    sd = _state(seed=4)
+    live = Net(sd, True)
+    shapes = [(2, 96, 128), (1, 64, 64), (2, 96, 128), (1, 32, 64), (1, 64, 64), (2, 96, 128)]
+    blocks = []
+    for k, (B, H, W) in enumerate(shapes):
+        x, grads = _inputs(B, H, W, seed=k, branches=(0, 1) if k % 2 == 0 else (k % 3 == 1,))
+        live.det.load_state_dict(sd)  # the same state for both (training mode moves the BN statistics)
+        r = live.step(x, grads, input_grad=k != 3)
+        blocks.append(_C.executor_cpu_live_blocks())
+        fresh = Net(sd, True)
+        _same(r, fresh.step(x, grads, input_grad=k != 3))
+        info = _C.executor_info(live.x)
+        assert info["batch_shape"] == (B, H, W)
+        del fresh
+        gc.collect()
+    # shapes 0 and 1 fill the two slots; 2 switches back (nothing made); 3 evicts 1, 4 evicts 0, 5 evicts 3:
+    # each eviction frees as many blocks as it makes
+    assert blocks[2] == blocks[1]
+    assert blocks[3] == blocks[2] == blocks[4] == blocks[5]
+
+
+def test_image_gradient_is_optional():
+    """Without input_grad the first conv's input gradient is skipped; nothing else changes."""
+    sd = _state(seed=5)
+    x, grads = _inputs(1, 64, 96)
+    with_dx, without = Net(sd, True).step(x, grads, True), Net(sd, True).step(x, grads, False)
+    assert with_dx[3] is not None and without[3] is None
+    _same(with_dx[:3] + (None,), without)
+
+
+def test_one_branch_only():
+    """A missing branch gradient reads as zero: the o2o branch alone leaves the rest of the network's
+    gradients zero (its first convs are detached) and equals the full gradient minus the o2m branch's."""
+    sd = _state(seed=6)
+    x, grads = _inputs(1, 64, 64)
+    o2o_only = [None, None] + grads[2:]
+    o2m_only = grads[:2] + [None, None]
+    g_both = Net(sd, False).step(x, grads)[1]
+    g_o2o = Net(sd, False).step(x, o2o_only)[1]
+    g_o2m = Net(sd, False).step(x, o2m_only)[1]
+    head = np.zeros(g_both.size, bool)
+    for name, off, shape in Detector("yolo26n").parameter_table():
+        if ".one2one_" in name:
+            head[off:off + int(np.prod(shape))] = True
+    assert np.all(g_o2o[~head] == 0) and np.count_nonzero(g_o2o[head]) > 0
+    assert np.all(g_o2m[head] == 0)
+    assert np.array_equal(_bits(g_both[head]), _bits(g_o2o[head]))
+    assert np.array_equal(_bits(g_both[~head]), _bits(g_o2m[~head]))
+
+
+def test_bad_calls_leave_the_executor_usable():
+    net = Net(_state(seed=7), True)
+    x, grads = _inputs(1, 64, 64)
+    with pytest.raises(RuntimeError, match="forward"):
+        _C.executor_backward(net.x, None, None, None, None)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        _C.executor_forward(net.x, _C.from_numpy(np.zeros((1, 48, 64, 3), np.float32)))
+    with pytest.raises(TypeError, match="images"):
+        _C.executor_forward(net.x, _C.from_numpy(np.zeros((1, 64, 64, 3), np.float64)))
+    r = net.step(x, grads)
+    with pytest.raises(ValueError, match="d_scores"):
+        _C.executor_backward(net.x, None, _C.from_numpy(np.zeros((1, 84, 81), np.float32)), None, None)
+    _same(r, Net(_state(seed=7), True).step(x, grads))
+
+
+def test_no_block_leaks():
+    """Every block an executor takes goes back when it is freed."""
+    gc.collect()
+    before = _C.executor_cpu_live_blocks()
+    net = Net(_state(seed=8), True)
+    for B, H, W in ((1, 64, 64), (2, 32, 32), (1, 64, 96)):
+        x, grads = _inputs(B, H, W)
+        net.step(x, grads)
+    assert _C.executor_cpu_live_blocks() > before
+    del net
+    gc.collect()
+    assert _C.executor_cpu_live_blocks() == before
+    with pytest.raises(RuntimeError, match="recorder"):
+        _C.executor_replay(Net(_state(), True).x)
+
+
+@pytest.mark.parametrize("cast_biases", [False, True])
+def test_weight_table_search(cast_biases):
+    """The CUDA weight kernels find each element's record by binary search over the table and map it back
+    to OIHW (csrc/nn/weight_cast.h); on the CPU backend's table (weights only) and the CUDA backend's
+    (weights and biases) that search agrees element by element, padding included, with the per-record
+    walk the CPU uses."""
+    det = Detector("yolo26n", num_classes=80)
+    convs = sum(1 for n, _, s in det.parameter_table() if len(s) == 4)
+    biases = sum(1 for n, _, s in det.parameter_table() if n.endswith(".bias") and "bn" not in n)
+    records, elements = _C.network_check_weight_table(det._net, cast_biases)
+    assert records == convs + (biases if cast_biases else 0)
+    assert elements >= sum(int(np.prod(s)) for n, _, s in det.parameter_table() if len(s) == 4)
+
+
+def test_eval_shapes_leave_the_training_slots():
+    """Eval-mode forwards (validation's many shapes) have their own slot: the training shapes' slots,
+    and so any recording in them, survive them (no block is made when training resumes)."""
+    net = Net(_state(seed=9), True)
+    train_shapes = [(2, 64, 96), (1, 64, 64)]
+    for B, H, W in train_shapes:
+        net.step(*_inputs(B, H, W))
+    _C.executor_configure(net.x, training=False)
+    for H, W in ((96, 64), (64, 128), (32, 96)):
+        _C.executor_forward(net.x, _C.from_numpy(_inputs(1, H, W)[0]))
+    _C.executor_configure(net.x, training=True)
+    before = _C.executor_cpu_live_blocks()
+    for B, H, W in train_shapes:
+        net.step(*_inputs(B, H, W))
+        assert _C.executor_cpu_live_blocks() == before

@@ -1,0 +1,83 @@
+"""The training step in C (csrc/train/train_step.h): a failure at any stage leaves the parameters, the
+optimizer state and the EMA as they were (ARCHITECTURE.md §2). Each stage's failure is injected with the
+test hook ptl._C._fault_inject (it only makes that stage report an error); bad arguments are refused
+before anything is written; a step after a failed one runs normally."""
+import numpy as np
+import pytest
+
+import ptl
+from ptl import _C
+from ptl.data import DetectionData
+from ptl.engine import Engine
+
+STAGES = ["upload", "forward", "objective", "backward", "optimizer", "ema"]
+
+
+@pytest.fixture(scope="module")
+def setup(coco256, tmp_path_factory):
+    tr = ptl.Trainer(default_root_dir=str(tmp_path_factory.mktemp("step")), max_epochs=1, limit_train_batches=2,
+                     accelerator="cpu", enable_progress_bar=False, enable_checkpointing=False, seed=0)
+    data = DetectionData(str(coco256 / "data.yaml"), verbose=False, imgsz=64, batch_size=2, workers=1)
+    model = ptl.Detector("yolo26n")
+    tr.model, tr.datamodule = model, data
+    eng = tr._engine = Engine(tr, model, data)
+    data.set_epoch(0)
+    batch = next(iter(eng.train_loader))
+    yield eng, batch
+    eng.close()
+
+
+def _state(eng):
+    """Everything a failed step must leave as it was: parameters, optimizer state and scalars, EMA."""
+    opt = eng.opt
+    parts = [eng.params.numpy(), opt.state2.numpy(), opt.scalars.numpy(), opt.ema.params.numpy(),
+             opt.ema.bn.numpy()]
+    if opt.state1 is not None:
+        parts.append(opt.state1.numpy())
+    return [p.copy() for p in parts]
+
+
+def _step(eng, batch, lrs=None, decay=0.5):
+    g_lrs, moms, wds = eng.opt.group_values()
+    targets = _C.from_numpy(np.ascontiguousarray(batch.targets, dtype=np.float32))
+    return _C.train_step(eng._plan(batch), batch.images, targets, 0.5, True, lrs or [0.01] * len(g_lrs), moms, wds,
+                         decay)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_failed_stage_changes_nothing(setup, stage):
+    eng, batch = setup
+    before = _state(eng)
+    _C._fault_inject(stage)
+    try:
+        with pytest.raises(RuntimeError, match="injected failure at stage '%s'" % stage):
+            _step(eng, batch)
+    finally:
+        _C._fault_inject(None)
+    for a, b in zip(before, _state(eng)):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), stage
+    # the hook fired once: the next step runs and moves the weights and the EMA
+    eng.model.zero_grad()
+    losses = _step(eng, batch).numpy()
+    assert np.isfinite(losses).all()
+    after = _state(eng)
+    assert not np.array_equal(before[0], after[0]) and not np.array_equal(before[3], after[3])
+
+
+@pytest.mark.parametrize("what", ["lrs", "decay"])
+def test_bad_arguments_change_nothing(setup, what):
+    """A value an optimizer or EMA check refuses is refused before the upload: nothing moves, the BN
+    running statistics and the gradients included."""
+    eng, batch = setup
+    before = _state(eng) + [eng.buffers.numpy(), eng.grads.numpy()]
+    n = len(eng.opt.param_groups)
+    with pytest.raises(ValueError, match=what):
+        _step(eng, batch, lrs=[float("nan")] * n) if what == "lrs" else _step(eng, batch, decay=1.5)
+    for a, b in zip(before, _state(eng) + [eng.buffers.numpy(), eng.grads.numpy()]):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), what
+
+
+def test_fault_hook_names_its_stages():
+    with pytest.raises(ValueError, match="upload, forward, objective, backward, optimizer"):
+        _C._fault_inject("sideways")
+    _C._fault_inject(None)
