@@ -2,6 +2,7 @@
 outputs and gradients within 1e-5 relative (max-norm: max |fast - ref| <= 1e-5 * max |ref|) on yolo26n's
 layer shapes, the overwrite/accumulate contract, bitwise reruns, and which results depend on the thread
 count. Also the OpenMP settings ptl._C is loaded with (ptl/_openmp.py)."""
+import contextlib
 import os
 import subprocess
 import sys
@@ -228,23 +229,35 @@ def test_batchnorm_reruns_are_bitwise_equal_and_checks_arguments():
 
 # ---------------------------------------------------------------------------------------------- network
 
-def network_run(kinds, dtype="float32", size=96, batch=2):
-    """yolo26n forward + backward (fixed random images and output gradients) with the reference kernels,
-    or with the fast ones through the test redirect (kinds: bits 1 convs, 2 BatchNorm, 4 attention, 8 add,
-    accumulate and channel copies, 16 max-pool; 31 all); returns the head outputs, the flat gradients and
-    the BN running statistics, in float64."""
-    x = np.random.default_rng(0).random((batch, 3, size, size))
-    m = ptl.Detector("yolo26n", num_classes=80, seed=0, dtype=dtype)
-    m.train()
-    C.cpu_test_redirect(kinds)
+@contextlib.contextmanager
+def cpu_kernels(kernels):
+    """Executors made inside use these CPU kernels ('fast' or 'reference'; PTL_CPU_KERNELS)."""
+    saved = os.environ.get("PTL_CPU_KERNELS")
+    os.environ["PTL_CPU_KERNELS"] = kernels
     try:
-        out = m.forward(x.astype(dtype))
-        r = np.random.default_rng(1)
-        g = {br: tuple(r.standard_normal(t.shape) * 1e-2 for t in out[br]) for br in sorted(out)}
-        m.zero_grad()
-        m.backward(g)
+        yield
     finally:
-        C.cpu_test_redirect(0)
+        if saved is None:
+            del os.environ["PTL_CPU_KERNELS"]
+        else:
+            os.environ["PTL_CPU_KERNELS"] = saved
+
+
+def network_run(kernels, dtype="float32", size=96, batch=2):
+    """yolo26n forward + backward (fixed random images and output gradients) on the executor's reference
+    or fast CPU backend; returns the model, the head outputs, the flat gradients and the BN running
+    statistics, in float64."""
+    x = np.random.default_rng(0).random((batch, 3, size, size))
+    with cpu_kernels(kernels) if kernels else contextlib.nullcontext():  # None: as the environment says
+        m = ptl.Detector("yolo26n", num_classes=80, seed=0, dtype=dtype)
+    kernels = kernels or os.environ.get("PTL_CPU_KERNELS", "fast")
+    assert C.executor_info(m._exec)["backend"] == ("cpu-fast" if kernels == "fast" and dtype == "float32" else "cpu")
+    m.train()
+    out = m.forward(x.astype(dtype))
+    r = np.random.default_rng(1)
+    g = {br: tuple(r.standard_normal(t.shape) * 1e-2 for t in out[br]) for br in sorted(out)}
+    m.zero_grad()
+    m.backward(g)
     outs = [np.array(a, np.float64) for br in sorted(out) for a in out[br]]
     return m, outs, np.array(m.flat_gradients, np.float64), np.array(m.flat_buffers, np.float64)
 
@@ -257,9 +270,9 @@ def test_network_with_fast_kernels_is_as_accurate_as_the_reference():
     cannot agree with them to 1e-5. So both float32 runs are measured against the float64 network: the fast
     one's error per output and per parameter gradient must stay within 5x the reference's (measured: median
     1.8x, at most 4x), and its flat gradient's L2 error within 3x (measured 2x)."""
-    m, o64, g64, b64 = network_run(0, "float64")
-    _, o32, g32, b32 = network_run(0)
-    _, ofa, gfa, bfa = network_run(31)
+    m, o64, g64, b64 = network_run("reference", "float64")
+    _, o32, g32, b32 = network_run("reference")
+    _, ofa, gfa, bfa = network_run("fast")
 
     def err(a, b):
         return np.abs(a - b).max() / np.abs(b).max()
@@ -278,7 +291,7 @@ def test_network_with_fast_kernels_is_as_accurate_as_the_reference():
 
 @needs_dnnl
 def test_network_with_fast_kernels_reruns_bitwise():
-    a, b = network_run(31, size=64), network_run(31, size=64)
+    a, b = network_run("fast", size=64), network_run("fast", size=64)
     for u, v in zip(a[1:], b[1:]):
         if isinstance(u, list):
             for p, q in zip(u, v):
@@ -306,7 +319,7 @@ for shape in t.BN_SHAPES[:3]:
     z = np.zeros(shape[-1], np.float32)
     for name, a in zip(("y", "mean", "invstd", "rmean", "rvar", "dx", "dgamma", "dbeta"), t.fast_bn(x, p, dy, True, "silu", z, z)):
         out["bn " + str(shape) + ":" + name] = digest(a)
-_, outs, grads, bufs = t.network_run(31, size=64)
+_, outs, grads, bufs = t.network_run("fast", size=64)
 out["network:outputs"], out["network:dw"], out["network:buffers"] = digest(np.concatenate([o.ravel() for o in outs])), digest(grads), digest(bufs)
 print(json.dumps(out))
 """
@@ -418,8 +431,7 @@ def test_upsample_equals_the_reference_bitwise():
 FIT_SCRIPT = r"""
 import json, sys, tempfile
 import ptl
-kinds, data_yaml = int(sys.argv[1]), sys.argv[2]
-ptl._C.cpu_test_redirect(kinds)
+data_yaml = sys.argv[1]
 data = ptl.DetectionData(data_yaml, imgsz=64, batch_size=4, workers=2, verbose=False)
 tr = ptl.Trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=2, accumulate_grad_batches=2,
                  accelerator="cpu", enable_progress_bar=False, logger=False, enable_checkpointing=False, seed=0,
@@ -429,10 +441,10 @@ print(json.dumps(tr.digest()))
 """
 
 
-def fit_digest(kinds, threads, data_yaml):
+def fit_digest(kernels, threads, data_yaml):
     import json
-    env = dict(os.environ, PTL_NUM_THREADS=str(threads), PYTHONPATH=REPO)
-    out = subprocess.run([sys.executable, "-c", FIT_SCRIPT, str(kinds), str(data_yaml)], env=env, cwd=REPO,
+    env = dict(os.environ, PTL_NUM_THREADS=str(threads), PYTHONPATH=REPO, PTL_CPU_KERNELS=kernels)
+    out = subprocess.run([sys.executable, "-c", FIT_SCRIPT, str(data_yaml)], env=env, cwd=REPO,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -442,7 +454,7 @@ def fit_digest(kinds, threads, data_yaml):
 def test_fit_with_fast_kernels_repeats_bitwise_for_any_thread_count(coco256):
     """Issue 20: a short CPU fit on the fast kernels (the baseline-digest fit: 2 epochs of 3 batches of 4 at
     64, accumulation 2) gives the same digests run to run and with 1, 2 or 3 threads."""
-    digests = [fit_digest(31, t, coco256 / "data.yaml") for t in (1, 2, 2, 3)]
+    digests = [fit_digest("fast", t, coco256 / "data.yaml") for t in (1, 2, 2, 3)]
     assert all(d == digests[0] for d in digests), digests
 
 
@@ -459,3 +471,49 @@ def test_silu_matches_reference():
     ref = x.astype(np.float64) / (1 + np.exp(-x.astype(np.float64)))
     big = np.abs(ref) > 1e-30
     assert (np.abs(N(y)[big] - ref[big]) / np.abs(ref[big])).max() < 1e-6
+
+
+# ---------------------------------------------------------------------------------------------- the backend choice
+
+def test_cpu_executors_choose_their_kernels(monkeypatch):
+    """CPU float32 executors run on the fast backend by default (where ptl has oneDNN), float64 ones on the
+    reference; PTL_CPU_KERNELS and executor_create's cpu_kernels choose, and a wrong or impossible choice
+    says why."""
+    net32 = ptl.Detector("yolo26n", seed=0)._net
+    net64 = ptl.Detector("yolo26n", seed=0, dtype="float64")._net
+    backend = lambda net, **kw: C.executor_info(C.executor_create(net, **kw))["backend"]  # noqa: E731
+    monkeypatch.delenv("PTL_CPU_KERNELS", raising=False)
+    fast = "cpu-fast" if C.cpu_conv2d_available() else "cpu"
+    assert backend(net32) == fast and backend(net64) == "cpu"
+    assert backend(net32, cpu_kernels="reference") == "cpu"
+    monkeypatch.setenv("PTL_CPU_KERNELS", "reference")
+    assert backend(net32) == "cpu"
+    assert backend(net32, cpu_kernels="fast" if C.cpu_conv2d_available() else "reference") == fast
+    monkeypatch.setenv("PTL_CPU_KERNELS", "fast")
+    assert backend(net32) == fast and backend(net64) == "cpu"  # a preference: float64 stays on the reference
+    monkeypatch.setenv("PTL_CPU_KERNELS", "quick")
+    with pytest.raises(ValueError, match="PTL_CPU_KERNELS: expected 'fast' or 'reference', got 'quick'"):
+        C.executor_create(net32)
+    with pytest.raises(ValueError, match="cpu_kernels: 'fast' (computes in float32 only|needs oneDNN)"):
+        C.executor_create(net64, cpu_kernels="fast")
+
+
+@needs_dnnl
+def test_fast_executors_in_two_threads_equal_one_at_a_time():
+    """The fast backend's layer scratch is shared by its executors and taken under a lock: two networks
+    trained side by side in two threads compute what each computes alone."""
+    import threading
+    alone = [network_run("fast", size=64, batch=b)[2] for b in (1, 2)]
+    together = [None, None]
+
+    def run(i):
+        together[i] = network_run(None, size=64, batch=i + 1)[2]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    with cpu_kernels("fast"):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for a, b in zip(alone, together):
+        np.testing.assert_array_equal(a, b)

@@ -8,7 +8,7 @@
 #include "conv2d.h"
 #include "elementwise.h"
 #include "maxpool.h"
-#include "test_redirect.h"
+#include "backend_cpu_fast.h"
 #include "threads.h"
 #include "upsample.h"
 
@@ -510,42 +510,27 @@ static PyObject *py_cpu_upsample2x_backward(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* cpu_test_redirect(kinds): routes the reference kernels' float32 calls to the fast ones, kinds = bits
- * 1 (convolutions) | 2 (BatchNorm) | 4 (attention) | 8 (add, accumulate, channel copies) | 16 (max-pool),
- * 0 to undo (tests and benchmarks only, until the executor's backend
- * table exists). */
-static PyObject *py_cpu_test_redirect(PyObject *m, PyObject *args)
-{
-    int kinds;
-    if (!PyArg_ParseTuple(args, "i:cpu_test_redirect", &kinds))
-        return NULL;
-    if (ptl_cpu_test_redirect(kinds))
-        return ptl_raise(m);
-    Py_RETURN_NONE;
-}
-
-/* cpu_test_redirect_stats() -> {entry: (seconds, calls)} since the redirect was installed. */
-static PyObject *py_cpu_test_redirect_stats(PyObject *m, PyObject *noargs)
+/* cpu_kernel_stats(reset=False) -> {entry: (seconds, calls)} of the fast backend's kernels since the last
+ * reset (benchmarks); reset=True starts the totals again. */
+static PyObject *py_cpu_kernel_stats(PyObject *m, PyObject *args, PyObject *kw)
 {
     (void)m;
-    (void)noargs;
-    static const char *names[PTL_CPU_REDIRECT_ENTRIES] = {
-        "conv2d_forward",     "conv2d_backward_input", "conv2d_backward_weight", "batchnorm_forward",
-        "batchnorm_backward", "attention_forward",     "attention_backward",     "add",
-        "accumulate",         "channel_copy",          "maxpool5_forward",       "maxpool5_backward"};
-    double secs[PTL_CPU_REDIRECT_ENTRIES];
-    int64_t calls[PTL_CPU_REDIRECT_ENTRIES];
-    ptl_cpu_test_redirect_stats(secs, calls);
+    static char *kwlist[] = {"reset", NULL};
+    int reset = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p:cpu_kernel_stats", kwlist, &reset))
+        return NULL;
     PyObject *d = PyDict_New();
-    for (int i = 0; d && i < PTL_CPU_REDIRECT_ENTRIES; i++) {
-        PyObject *v = Py_BuildValue("(dL)", secs[i], (long long)calls[i]);
-        if (!v || PyDict_SetItemString(d, names[i], v) < 0) {
-            Py_XDECREF(v);
+    double secs;
+    int64_t ncalls;
+    const char *name;
+    for (int e = 0; d && (name = ptl_cpu_fast_stats(e, &secs, &ncalls)); e++) {
+        PyObject *v = Py_BuildValue("(dL)", secs, (long long)ncalls);
+        if (!v || PyDict_SetItemString(d, name, v) < 0)
             Py_CLEAR(d);
-            break;
-        }
-        Py_DECREF(v);
+        Py_XDECREF(v);
     }
+    if (d && reset)
+        ptl_cpu_fast_stats_reset();
     return d;
 }
 
@@ -575,10 +560,8 @@ static PyMethodDef methods[] = {
     {"cpu_maxpool5_backward", py_cpu_maxpool5_backward, METH_VARARGS, "(x, dy, dx, accumulate)"},
     {"cpu_upsample2x_forward", py_cpu_upsample2x_forward, METH_VARARGS, "(x, y)"},
     {"cpu_upsample2x_backward", py_cpu_upsample2x_backward, METH_VARARGS, "(dy, dx, accumulate)"},
-    {"cpu_test_redirect", py_cpu_test_redirect, METH_VARARGS,
-     "(kinds): reference float32 convs 1, BN 2, attention 4, add/accumulate/copy 8, pool 16 -> fast; 0 undoes"},
-    {"cpu_test_redirect_stats", py_cpu_test_redirect_stats, METH_NOARGS,
-     "() -> {entry: (seconds, calls)} of the redirected kernels (benchmarks)"},
+    {"cpu_kernel_stats", (PyCFunction)(void (*)(void))py_cpu_kernel_stats, METH_VARARGS | METH_KEYWORDS,
+     "(reset=False) -> {entry: (seconds, calls)} of the fast backend's kernels since the last reset (benchmarks)"},
     {NULL, NULL, 0, NULL},
 };
 

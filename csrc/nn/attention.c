@@ -12,8 +12,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "../cpu/test_redirect.h"
-
 #define PTL_ATTENTION_BODY
 #define T float
 #define F(name) name##_f32
@@ -46,8 +44,6 @@ int ptl_attention_forward(ptl_dtype dt, int b, int n, int heads, int kd, int hd,
 {
     if (check("attention_forward", dt, b, n, heads, kd, hd))
         return -1;
-    if (PTL_CPU_REDIRECTED(dt, attention_forward))
-        return ptl_cpu_test_redirect_ops->attention_forward(b, n, heads, kd, hd, qkv, attn, o, v);
     if (dt == PTL_FLOAT32)
         attn_fwd_f32(b, n, heads, kd, hd, qkv, attn, o, v);
     else
@@ -60,8 +56,6 @@ int ptl_attention_backward(ptl_dtype dt, int b, int n, int heads, int kd, int hd
 {
     if (check("attention_backward", dt, b, n, heads, kd, hd))
         return -1;
-    if (PTL_CPU_REDIRECTED(dt, attention_backward))
-        return ptl_cpu_test_redirect_ops->attention_backward(b, n, heads, kd, hd, qkv, attn, d_o, dv, dqkv);
     if (dt == PTL_FLOAT32)
         attn_bwd_f32(b, n, heads, kd, hd, qkv, attn, d_o, dv, dqkv);
     else

@@ -9,8 +9,6 @@
 
 #include <math.h>
 
-#include "../cpu/test_redirect.h"
-
 #define CH_BLOCK 8
 
 #define PTL_BATCHNORM_BODY
@@ -53,9 +51,6 @@ int ptl_batchnorm_forward(ptl_dtype dt, int64_t m, int c, const void *x, const v
 {
     if (check("batchnorm_forward", dt, m, c, act))
         return -1;
-    if (PTL_CPU_REDIRECTED(dt, batchnorm_forward))
-        return ptl_cpu_test_redirect_ops->batchnorm_forward(m, c, x, gamma, beta, running_mean, running_var, training,
-                                                            act, save_mean, save_invstd, y);
     if (dt == PTL_FLOAT32)
         bn_fwd_f32(m, c, x, gamma, beta, running_mean, running_var, training, act, save_mean, save_invstd, y);
     else
@@ -69,9 +64,6 @@ int ptl_batchnorm_backward(ptl_dtype dt, int64_t m, int c, const void *x, const 
 {
     if (check("batchnorm_backward", dt, m, c, act))
         return -1;
-    if (PTL_CPU_REDIRECTED(dt, batchnorm_backward))
-        return ptl_cpu_test_redirect_ops->batchnorm_backward(m, c, x, dy, gamma, beta, save_mean, save_invstd,
-                                                             training, act, dx, dgamma, dbeta);
     if (dt == PTL_FLOAT32)
         bn_bwd_f32(m, c, x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma, dbeta);
     else

@@ -3,8 +3,6 @@
 
 #include <string.h>
 
-#include "../cpu/test_redirect.h"
-
 static int check_dtype(const char *fn, ptl_dtype dt)
 {
     if (dt != PTL_FLOAT32 && dt != PTL_FLOAT64) {
@@ -26,8 +24,6 @@ int ptl_channel_copy(ptl_dtype dt, int64_t m, int c, const void *src, int src_c,
                       src_off, c, src_c, dst_off, c, dst_c, (long long)m);
         return -1;
     }
-    if (PTL_CPU_REDIRECTED(dt, channel_copy))
-        return ptl_cpu_test_redirect_ops->channel_copy(m, c, src, src_c, src_off, dst, dst_c, dst_off, accumulate);
     const size_t es = dt == PTL_FLOAT32 ? 4 : 8;
     const char *s = (const char *)src + (size_t)src_off * es;
     char *d = (char *)dst + (size_t)dst_off * es;

@@ -11,8 +11,6 @@
 
 #include <string.h>
 
-#include "../cpu/test_redirect.h"
-
 /* The taps that reach input pixel (iy, ix): for each, its index ky * k + kx and the output pixel
  * oy * wo + ox it feeds, in row-major tap order (the order the input gradient sums in). tap and opix
  * hold k * k entries; returns the count. */
@@ -92,15 +90,11 @@ static int bad_dtype(const char *fn, ptl_dtype dt)
 int ptl_conv2d_forward(const ptl_conv2d_desc *d, ptl_dtype dt, const void *x, const void *wt, const void *bias,
                        void *y)
 {
-    if (PTL_CPU_REDIRECTED(dt, conv2d_forward))
-        return ptl_cpu_test_redirect_ops->conv2d_forward(d, x, wt, bias, y);
     DISPATCH(conv_fwd, d, x, wt, bias, y);
 }
 
 int ptl_conv2d_backward_input(const ptl_conv2d_desc *d, ptl_dtype dt, const void *dy, const void *wt, void *dx)
 {
-    if (PTL_CPU_REDIRECTED(dt, conv2d_backward_input))
-        return ptl_cpu_test_redirect_ops->conv2d_backward_input(d, dy, wt, dx);
     DISPATCH(conv_bwd_input, d, dy, wt, dx);
 }
 
@@ -112,15 +106,13 @@ int64_t ptl_conv2d_backward_input_workspace(const ptl_conv2d_desc *d)
 int ptl_conv2d_backward_input_ws(const ptl_conv2d_desc *d, ptl_dtype dt, const void *dy, const void *wt,
                                  void *workspace, void *dx)
 {
-    if (!workspace || d->groups != 1 || PTL_CPU_REDIRECTED(dt, conv2d_backward_input))
+    if (!workspace || d->groups != 1)
         return ptl_conv2d_backward_input(d, dt, dy, wt, dx);
     DISPATCH(conv_bwd_input_t, d, dy, wt, workspace, dx);
 }
 
 int ptl_conv2d_backward_weight(const ptl_conv2d_desc *d, ptl_dtype dt, const void *x, const void *dy, void *dwt)
 {
-    if (PTL_CPU_REDIRECTED(dt, conv2d_backward_weight))
-        return ptl_cpu_test_redirect_ops->conv2d_backward_weight(d, x, dy, dwt);
     DISPATCH(conv_bwd_weight, d, x, dy, dwt);
 }
 

@@ -1,11 +1,5 @@
 #include "cpu_check.h"
 
-#include "../cpu/test_redirect.h"
-
-/* The test-only hook the reference entry points consult (set by csrc/cpu/test_redirect.c); defined here,
- * with the reference, so that the reference kernels link without the fast backend. */
-const ptl_cpu_redirect *ptl_cpu_test_redirect_ops;
-
 int ptl_nn_check_nhwc(const char *fn, ptl_dtype dt, int n, int h, int w, int c)
 {
     if (dt != PTL_FLOAT32 && dt != PTL_FLOAT64)

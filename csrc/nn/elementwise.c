@@ -3,8 +3,6 @@
 
 #include <string.h>
 
-#include "../cpu/test_redirect.h"
-
 static int check_dtype(const char *fn, ptl_dtype dt, int64_t n)
 {
     if (dt != PTL_FLOAT32 && dt != PTL_FLOAT64) {
@@ -25,8 +23,6 @@ int ptl_add(ptl_dtype dt, int64_t n, const void *a, const void *b, void *y)
 {
     if (check_dtype("add", dt, n))
         return -1;
-    if (PTL_CPU_REDIRECTED(dt, add))
-        return ptl_cpu_test_redirect_ops->add(n, a, b, y);
     if (dt == PTL_FLOAT32) {
         const float *pa = a, *pb = b;
         float *py = y;
@@ -43,8 +39,6 @@ int ptl_accumulate(ptl_dtype dt, int64_t n, const void *x, void *y)
 {
     if (check_dtype("accumulate", dt, n))
         return -1;
-    if (PTL_CPU_REDIRECTED(dt, accumulate))
-        return ptl_cpu_test_redirect_ops->accumulate(n, x, y);
     if (dt == PTL_FLOAT32) {
         const float *px = x;
         float *py = y;

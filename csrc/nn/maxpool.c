@@ -9,8 +9,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "../cpu/test_redirect.h"
-
 #define CH_BLOCK 16
 #define R (PTL_MAXPOOL_K / 2)
 
@@ -30,8 +28,6 @@ int ptl_maxpool5_forward(ptl_dtype dt, int n, int h, int w, int c, const void *x
 {
     if (ptl_nn_check_nhwc("maxpool5_forward", dt, n, h, w, c))
         return -1;
-    if (PTL_CPU_REDIRECTED(dt, maxpool5_forward))
-        return ptl_cpu_test_redirect_ops->maxpool5_forward(n, h, w, c, x, y);
     if (dt == PTL_FLOAT32)
         maxpool_fwd_f32(n, h, w, c, x, y);
     else
@@ -44,8 +40,6 @@ int ptl_maxpool5_backward(ptl_dtype dt, int n, int h, int w, int c, const void *
 {
     if (ptl_nn_check_nhwc("maxpool5_backward", dt, n, h, w, c))
         return -1;
-    if (PTL_CPU_REDIRECTED(dt, maxpool5_backward))
-        return ptl_cpu_test_redirect_ops->maxpool5_backward(n, h, w, c, x, dy, dx, accumulate);
     if (dt == PTL_FLOAT32)
         maxpool_bwd_f32(n, h, w, c, x, dy, dx, accumulate);
     else
