@@ -3,11 +3,11 @@
 Step (``--what step``): yolo26n, batch 4, imgsz 320, on the same 8 augmented coco256 batches (made once by
 ptl's loader and saved, so no loader runs while steps are timed), forward + objective + backward + gradient
 clipping (max norm 10) + optimizer + EMA, the optimizer stepping every batch:
-- ``ptl-ref``: ptl's fused CPU step (``Engine.train_step``: one C call), reference kernels;
-- ``ptl-fast``: the same with the fast CPU kernels (oneDNN convolutions; csrc/cpu's BatchNorm+SiLU,
-  attention, max-pool, add, accumulate, channel copies) through the test redirect
-  (``ptl._C.cpu_test_redirect``), until the executor's backend table takes them (the upsample, the
-  weight-layout conversions and the network's own zeroing stay the reference's);
+- ``ptl-ref``: ptl's fused CPU step (``Engine.train_step``: one C call), reference kernels
+  (``PTL_CPU_KERNELS=reference``);
+- ``ptl-fast``: the same on the executor's fast CPU backend, ptl's default (oneDNN convolutions;
+  csrc/cpu's BatchNorm+SiLU, attention, max-pool, upsample, add, accumulate, channel copies; the
+  weight-layout conversions and the head's reshapes stay the reference's), with its per-kernel times;
 - ``torch``: Ultralytics' own model and loss, ``YOLO("yolo26n.yaml").model`` with ``model.loss(batch)``
   (E2ELoss), its ``BaseTrainer.build_optimizer`` (AdamW or MuSGD, the same parameter groups and
   hyperparameters as its trainer), ``clip_grad_norm_(10)``, ``optimizer.step``, ``ModelEMA.update``;
@@ -72,18 +72,17 @@ def child_ptl_step(args):
     trainer.datamodule = data
     eng = Engine(trainer, model, data)
     trainer._engine = eng
-    ptl._C.cpu_test_redirect(args.kinds)
+    fast = ptl._C.executor_info(model._exec)["backend"] == "cpu-fast"
     times, cpu = [], []
     for i in range(args.warmup + args.steps):
-        if i == args.warmup and args.kinds:
-            ptl._C.cpu_test_redirect(args.kinds)  # again: restarts the per-kernel totals, keeps the plans
+        if i == args.warmup:
+            ptl._C.cpu_kernel_stats(reset=True)
         t0, c0 = time.perf_counter(), cpu_seconds()
         losses = eng.train_step(batches[i % NBATCHES], 1, i)
         np.asarray(losses.numpy() if hasattr(losses, "numpy") else losses)
         times.append(time.perf_counter() - t0)
         cpu.append(cpu_seconds() - c0)
-    kernels = {k: v[0] / args.steps for k, v in ptl._C.cpu_test_redirect_stats().items()} if args.kinds else {}
-    ptl._C.cpu_test_redirect(0)
+    kernels = {k: v[0] / args.steps for k, v in ptl._C.cpu_kernel_stats().items()} if fast else {}
     return {"times": times[args.warmup:], "cpu": cpu[args.warmup:], "threads": ptl._C.cpu_threads(),
             "kernels": kernels,
             "loss": [float(v) for v in np.asarray(losses.numpy() if hasattr(losses, "numpy") else losses).ravel()]}
@@ -296,7 +295,7 @@ def bench_steps(args, results):
                 extra = ["--optimizer", opt, "--batches", batches, "--data", data_yaml, "--steps", str(args.steps),
                          "--warmup", str(args.warmup), "--threads", str(threads)]
                 if arm.startswith("ptl"):
-                    extra += ["--kinds", "31" if arm == "ptl-fast" else "0"]
+                    env["PTL_CPU_KERNELS"] = "fast" if arm == "ptl-fast" else "reference"
                 with Load(loaded):
                     res = run_child("ptl-step" if arm.startswith("ptl") else "torch-step", extra, env)
                 key = (opt, arm, spin, loaded)
@@ -384,7 +383,6 @@ def main():
     ap.add_argument("--optimizer", help=argparse.SUPPRESS)
     ap.add_argument("--batches", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--kinds", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--shapes", help=argparse.SUPPRESS)
     ap.add_argument("--shapes-out", help=argparse.SUPPRESS)

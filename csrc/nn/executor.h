@@ -1,6 +1,7 @@
 /* The network executor: one forward/backward over the network description (network.h), run on a
- * backend table filled by the CPU reference kernels (backend_cpu.c) or the CUDA kernels
- * (../cuda/backend_cuda.c). Nothing here knows which backend it drives.
+ * backend table filled by the CPU reference kernels (backend_cpu.c), the fast CPU kernels
+ * (../cpu/backend_cpu_fast.c, float32) or the CUDA kernels (../cuda/backend_cuda.c). Nothing here knows
+ * which backend it drives.
  *
  * Design, in the order the pieces are made:
  *
