@@ -115,7 +115,11 @@ static int fast_conv_plan(ptl_exec_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype
         return ptl_set_error(PTL_ERR_VALUE, "network: the fast CPU backend computes in float32, not %s",
                              ptl_dtype_name(dt));
     const ptl_cpu_conv2d_opts po = {PTL_CPU_WEIGHTS_OHWI, bias, PTL_CPU_CONV_ALL};
-    return ptl_cpu_conv2d_plan_create(d, &po, (ptl_cpu_conv2d_plan **)plan);
+    ptl_cpu_conv2d_plan *p = NULL;
+    if (ptl_cpu_conv2d_plan_create(d, &po, &p))
+        return -1;
+    *plan = p;
+    return 0;
 }
 
 static void fast_conv_plan_free(void *plan) { ptl_cpu_conv2d_plan_destroy(plan); }
@@ -256,6 +260,7 @@ const ptl_net_backend *ptl_net_backend_cpu_fast(void)
 
 int ptl_net_cpu_backend_choose(const char *kernels, ptl_dtype dt, const ptl_net_backend **out)
 {
+    const int explicit_choice = kernels != NULL;
     const char *from = "cpu_kernels";
     if (!kernels) {
         from = PTL_CPU_KERNELS_ENV;
@@ -263,7 +268,6 @@ int ptl_net_cpu_backend_choose(const char *kernels, ptl_dtype dt, const ptl_net_
         if (!kernels || !*kernels)
             kernels = PTL_CPU_KERNELS_DEFAULT;
     }
-    const int explicit_choice = from[0] == 'c';
     if (!strcmp(kernels, "reference")) {
         *out = &ptl_net_backend_cpu;
         return 0;
