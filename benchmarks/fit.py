@@ -10,6 +10,11 @@ metrics) are identical, as they must be.
 With ``--device cpu`` only the eager run is made (replay needs CUDA). ``--logs DIR`` keeps each run's folder
 and its stderr (``DIR/pairP/MODE.log``) there, so a run that stalls can be inspected; one line per finished
 run is printed as it ends.
+
+    python benchmarks/fit.py --protocol [fit_protocol.py's options]
+
+runs the seed's protocol instead (issue 21: ``Trainer.fit`` timed inside fresh processes, 256 training
+images, 32 validation images, five alternating pairs, the Ultralytics peer): benchmarks/fit_protocol.py.
 """
 import argparse
 import csv
@@ -105,4 +110,8 @@ def main():
 
 
 if __name__ == "__main__":
+    if "--protocol" in sys.argv[1:]:
+        sys.argv.remove("--protocol")
+        import fit_protocol
+        sys.exit(fit_protocol.main())
     sys.exit(main())

@@ -7,7 +7,7 @@ from ._C import CudaError, Tensor, empty, from_numpy, tensor, zeros
 from ._version import __version__
 from .io import load_safetensors, save_safetensors
 from .data import DataWarning, DetectionData
-from .errors import CheckpointError, ConfigError, ResumeWarning
+from .errors import CheckpointError, ConfigError, DivergenceError, ResumeWarning
 from .model import Detector
 from .objective import LOSS_NAMES, loss_items, o2m_weight, objective
 from .optim import digest
@@ -22,5 +22,5 @@ __all__ = [
     "LOSS_NAMES", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar", "Tensor", "Trainer", "cuda", "empty", "from_numpy",
     "digest", "full", "load_safetensors", "loss_items", "o2m_weight", "objective", "optim", "rand", "randn", "save_safetensors", "seed_everything", "tensor", "zeros",
     "float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8",
-    "CheckpointError", "ConfigError", "ResumeWarning",
+    "CheckpointError", "ConfigError", "DivergenceError", "ResumeWarning",
 ]

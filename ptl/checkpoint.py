@@ -27,7 +27,7 @@ _FLOAT_DTYPES = ("F32", "F64", "F16", "BF16")
 # settings that change what the rest of a resumed fit computes (batch size and image size are errors)
 _MODEL_SETTINGS = ("optimizer", "lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum",
                    "warmup_bias_lr", "nbs", "cos_lr", "ema_decay", "ema_tau", "box", "cls", "dfl")
-_TRAINER_SETTINGS = ("precision", "accumulate_grad_batches", "gradient_clip_val", "limit_train_batches")
+_TRAINER_SETTINGS = ("precision", "accumulate_grad_batches", "gradient_clip_val", "limit_train_batches", "end2end")
 _DATA_SETTINGS = ("seed", "mosaic", "degrees", "translate", "scale", "shear", "perspective", "hsv_h", "hsv_s",
                   "hsv_v", "flipud", "fliplr")
 
@@ -55,6 +55,10 @@ def save(trainer, path):
     """Writes ``trainer``'s full training state to ``path``."""
     eng, st = trainer._engine, trainer._state
     tensors = eng.state_tensors()
+    broken = [k for k, v in tensors.items() if k.startswith(("model.", "ema.")) and np.asarray(v).dtype.kind == "f"
+              and not np.isfinite(v).all()]
+    if broken:  # the epoch's last update, which no loss has seen yet, broke the weights
+        trainer._diverged(*trainer._last_batch, tensors=broken)
     tensors["trainer.losses"] = np.asarray(trainer.loss_history, np.float32).reshape(-1, len(LOSS_NAMES))
     header = {"version": CKPT_VERSION, "epoch": st.epoch, "global_step": st.global_step,
               "batches_seen": st.batches_seen, "max_epochs": trainer.max_epochs_effective,
@@ -146,8 +150,8 @@ def _model_desc(name, nc):
 
 
 def check_model(ck, model):
-    """The checkpoint holds ``model``'s architecture: its scale and class count (from its hparams) and
-    every ``model.*`` tensor's name, shape and dtype. A short message says which model the file holds."""
+    """The checkpoint holds ``model``'s architecture: its scale, class count and class-branch width (from its
+    hparams) and every ``model.*`` tensor's name, shape and dtype. A short message says which model the file holds."""
     hp = ck.header.get("hparams", {}).get("model", {})
     live = _model_desc(model.model_name, model.num_classes)
     if "model" in hp and "num_classes" in hp and (hp["model"], hp["num_classes"]) != (model.model_name,
@@ -156,6 +160,11 @@ def check_model(ck, model):
                               "ptl.Detector(%r, num_classes=%s) to resume it"
                               % (ck.path, _model_desc(hp["model"], hp["num_classes"]), live, hp["model"],
                                  hp["num_classes"]))
+    width = hp.get("cls_width")
+    if width is not None and width != model.cls_width:  # a model built from weights keeps their branch width
+        raise CheckpointError("ckpt_path: %s holds a class branch %s wide (from its hparams), but the model to fit has "
+                              "%d: build ptl.Detector(%r, num_classes=%s, cls_width=%s) to resume it"
+                              % (ck.path, width, model.cls_width, model.model_name, model.num_classes, width))
     found = {k[len("model."):]: v for k, v in ck.tensors.items() if k.startswith("model.")}
     check_model_tensors("ckpt_path: " + ck.path, found, model, error=CheckpointError, prefix="model.")
 

@@ -123,7 +123,7 @@ class Engine:
 
     # -- hyperparameters
     def model_hparams(self):
-        h = {"model": self.model.model_name, "num_classes": self.model.num_classes}
+        h = {"model": self.model.model_name, "num_classes": self.model.num_classes, "cls_width": self.model.cls_width}
         if getattr(self, "cfg", None) is not None:
             h.update({k: getattr(self.cfg, k) for k in self.cfg.__dataclass_fields__})
             name, lr0, mom, wbl = _optim.choose_optimizer(self.cfg)
@@ -221,7 +221,8 @@ class Engine:
     def ema_detector(self):
         """A new CPU Detector holding the EMA's weights (what validation inside the fit runs on)."""
         from .model import Detector
-        det = Detector(self.model.model_name, num_classes=self.model.num_classes, hparams=self.model.hparams)
+        det = Detector(self.model.model_name, num_classes=self.model.num_classes, hparams=self.model.hparams,
+                       cls_width=self.model.cls_width)
         ema = self.opt.ema
         det.flat_parameters = ema.params
         det.flat_buffers = ema.bn if ema.bn is not None else self.buffers
@@ -275,9 +276,8 @@ class Engine:
                 loss_sum += np.asarray(res["losses"])[ITEM]
                 nb += 1
                 # 8.4.190's default (nms=None): the one-to-many head with NMS; end2end: the one-to-one top-k
-                end2end = bool(getattr(trainer, "end2end", False))
-                head = out["one2one" if end2end else "one2many"]
-                dets = _metrics.postprocess(head[0], head[1], (h, w), conf=0.001, end2end=end2end)
+                head = out["one2one" if trainer.end2end else "one2many"]
+                dets = _metrics.postprocess(head[0], head[1], (h, w), conf=0.001, end2end=trainer.end2end)
                 _update_metrics(met, dets, batch, h, w)
                 trainer._call("on_validation_batch_end", None, batch, j)
         finally:

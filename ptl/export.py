@@ -8,13 +8,15 @@ The graph is built with the ``onnx`` package's helper API from the network's own
 - every conv + BatchNorm (running statistics, the network's eps) becomes one Conv with the
   BatchNorm folded into its weights and bias (computed in float64, stored in float32), SiLU as
   ``x * Sigmoid(x)``; the Detect outputs are plain Convs with bias;
-- only the one-to-one head is kept (spec §8.2: inference uses it alone);
+- only the one-to-one head is kept: the graph is end-to-end (8.4.190's ``nms=False`` export), the
+  detections of ``Detector.predict(..., end2end=True)``; the default predict (8.4.190's predictor:
+  the one-to-many head with NMS) is not what the graph computes;
 - post-processing is ptl's (``csrc/metrics/postprocess.h``, spec §8.2), in the graph: the ``k =
   min(max_det, A)`` anchors with the largest class logit, then the k largest logits of those
   anchors' class rows, ranked on logits (sigmoid is monotone) with ties to the lower index (ONNX
   TopK's rule and ptl's); boxes decoded as ``(anchor -/+ distance) * stride``, score = sigmoid.
-  Unlike ``Detector.predict`` no ``conf`` threshold is applied: all k rows come out, as from
-  Ultralytics' export.
+  Unlike ``Detector.predict`` no ``conf`` threshold is applied and boxes are not clipped: all k rows
+  come out, as from Ultralytics' export.
 
 Needs the optional ``onnx`` package (``pip install ptl[export]``; ``onnxruntime`` to run the result).
 

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from . import _C
+from . import metrics as _metrics
 
 __all__ = ["Detector"]
 
@@ -65,33 +66,55 @@ class Detector:
     ``to("cuda", dtype=...)`` moves it to a GPU with a compute precision.
     ``hparams`` overrides training hyperparameters (see :attr:`hparams`), the loss gains included.
     ``weights`` (a path: Ultralytics ``.pt``, ptl ``.safetensors`` or training checkpoint) starts from
-    those weights, copying every tensor whose name and shape match (:meth:`load_weights`); ``names``
-    are the class names (a list of ``num_classes`` strings; default "0", "1", ...).
+    those weights as Ultralytics 8.4.190's ``load`` does (:mod:`ptl.weights`): built with the file's
+    class-branch width when the head's input widths match the file's (the same scale), the class rows
+    remapped by class name, then every tensor whose name and shape match copied; ``names`` are the
+    class names (a list of ``num_classes`` strings; default "0", "1", ...). ``cls_width`` is the Detect
+    head's class-branch width (None: spec §1.5's ``max(ch0, min(num_classes, 100))``, or the file's as
+    just said).
     """
 
     def __init__(self, model: str | None = "yolo26n", num_classes: int = 80, *, scale: str | None = None,
                  seed: int = 0, dtype: str = "float32", hparams: dict | None = None, weights=None,
-                 names=None):
+                 names=None, cls_width: int | None = None):
+        from .weights import WeightsFile, read_weights, transfer_width
         self.scale = _parse_scale(None if scale is not None else model, scale)
         if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 1:
             raise ValueError(f"num_classes: expected a positive int, got {num_classes!r}")
+        if cls_width is not None and (not isinstance(cls_width, (int, np.integer)) or isinstance(cls_width, bool)
+                                      or cls_width < 1):
+            raise ValueError(f"cls_width: expected a positive int (None: the default width), got {cls_width!r}")
         self.num_classes = int(num_classes)
-        self._net = _C.network_create(self.scale, self.num_classes, str(dtype), int(seed))
-        info = _C.network_info(self._net)
-        self.dtype = info["dtype"]
-        self.strides = tuple(info["strides"])
-        self._layer_params = list(info["layer_parameters"])
-        self._entries = _C.network_entries(self._net)
-        # the description's host storage (NumPy views): the CPU executor runs on it, state_dict reads it
-        self._host = tuple(_C.network_array(self._net, w) for w in ("params", "grads", "buffers"))
-        self._index = {name: (is_buf, off, tuple(shape)) for name, is_buf, off, shape, _ in self._entries}
+        wf = weights if weights is None or isinstance(weights, WeightsFile) else read_weights(weights)
+        self._build(str(dtype), int(seed), int(cls_width or 0))
+        notes = []
+        if wf is not None and cls_width is None:
+            width = transfer_width(wf.tensors, self._head_inputs, self.cls_width)
+            if width is not None:  # 8.4.190 rebuilds the class branch at the source's width
+                notes.append(f"class branch built {width} wide, the source's (the default for {self.num_classes} "
+                             f"classes is {self.cls_width}), so all its hidden layers transfer")
+                self._build(str(dtype), int(seed), width)
         self.hparams = hparams
         self.training = True
         self._layout = "nchw"  # layout of the last forward's images, for input gradients
         self._attach("cpu", self.dtype)
         self.names = names
-        if weights is not None:  # weights: start from a file, transferring what matches (ptl.weights)
-            self.load_weights(weights)
+        if wf is not None:  # weights: start from a file, transferring what matches (ptl.weights)
+            self._load_file(wf, strict=False, verbose=True, notes=notes)
+
+    def _build(self, dtype, seed, cls_width):
+        """Creates the network description and its host views (cls_width 0: the default width)."""
+        self._net = _C.network_create(self.scale, self.num_classes, dtype, seed, cls_width=cls_width)
+        info = _C.network_info(self._net)
+        self.dtype = info["dtype"]
+        self.strides = tuple(info["strides"])
+        self.cls_width = int(info["cls_width"])
+        self._head_inputs = tuple(info["channels"])  # P3, P4, P5 widths the Detect head reads
+        self._layer_params = list(info["layer_parameters"])
+        self._entries = _C.network_entries(self._net)
+        # the description's host storage (NumPy views): the CPU executor runs on it, state_dict reads it
+        self._host = tuple(_C.network_array(self._net, w) for w in ("params", "grads", "buffers"))
+        self._index = {name: (is_buf, off, tuple(shape)) for name, is_buf, off, shape, _ in self._entries}
 
     # ------------------------------------------------------------------------- hyperparameters
     HPARAMS = ("optimizer", "lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum",
@@ -271,7 +294,8 @@ class Detector:
             out[name] = src[off:off + n].reshape(shape).copy()
         return out
 
-    def load_state_dict(self, state, strict: bool = True, *, source: str = "state_dict", verbose: bool = True):
+    def load_state_dict(self, state, strict: bool = True, *, source: str = "state_dict", verbose: bool = True,
+                        names=None):
         """Copies tensors by name (``*.num_batches_tracked`` is accepted and ignored). Every check runs before
         anything is written, so the model is unchanged on error. Returns a :class:`ptl.weights.Transfer`.
 
@@ -279,55 +303,76 @@ class Detector:
         ValueError. Not strict (a transfer, e.g. to another class count): every tensor whose name and shape
         match is copied, the others keep the model's values, and ``Transferred a/b items from <source>``
         with the list of what was left out goes to stderr (``verbose``); ValueError when nothing matches.
+        ``names``: the class names of ``state``'s class rows; when given, the rows of the final class convs
+        are remapped to this model's :attr:`names` as Ultralytics 8.4.190 does (:func:`ptl.weights.remap_rows`);
+        not strict, a first conv of another shape takes the source's leading filters (:mod:`ptl.weights`).
         """
         from .weights import plan_transfer
-        plan = plan_transfer(self._index, state, source)
+        plan = plan_transfer(self._index, state, source, names=names, target_names=self.names)
         if strict and (plan.missing or plan.unexpected):
             raise KeyError(f"load_state_dict: missing keys {plan.missing} ; unexpected keys {plan.unexpected}")
         if strict and plan.mismatched:
             raise ValueError("load_state_dict: mis-shaped values: " + "; ".join(
                 f"{k}: got {a}, expected {b}" for k, a, b in plan.mismatched))
-        if not plan.arrays and self._index:
+        if not plan.arrays and not plan.parts and self._index:
             raise ValueError(f"load_state_dict: no tensor of {source} matches this {self.model_name} model "
                              f"(name and shape): {_layout_gaps(plan)}")
         self._download()  # keys a non-strict load leaves out keep the device's values
         for k, a in plan.arrays.items():
-            is_buf, off, shape = self._index[k]
-            dst = self._host[2] if is_buf else self._host[0]
-            dst[off:off + a.size] = a.reshape(-1)
+            self._host_view(k)[...] = a.reshape(self._index[k][2])
+        for k, (part, values) in plan.parts.items():  # the rest of the tensor keeps its values
+            self._host_view(k)[part] = values
         self._upload()
         if not strict and verbose:
             plan.report()
         return plan
 
+    def _host_view(self, name):
+        """The host storage of tensor ``name`` as an array of its shape (writes go to the network)."""
+        is_buf, off, shape = self._index[name]
+        dst = self._host[2] if is_buf else self._host[0]
+        return dst[off:off + int(np.prod(shape))].reshape(shape)
+
     def load_weights(self, path, strict: bool = False, verbose: bool = True):
         """Loads a weight file into this model (:func:`ptl.weights.read_weights`: Ultralytics ``.pt``, ptl
-        ``.safetensors``, training checkpoint), by name and shape unless ``strict``; takes the file's class
-        names when every tensor matched. Returns the :class:`ptl.weights.Transfer`."""
+        ``.safetensors``, training checkpoint): the class rows remapped by name, then by name and shape
+        unless ``strict``. The model keeps its layout (build with ``weights=`` or :meth:`load` to follow the
+        file's class-branch width). Takes the file's class names when every tensor transferred and this
+        model's names are placeholders. Returns the :class:`ptl.weights.Transfer`."""
         from .weights import read_weights
-        wf = read_weights(path)
+        return self._load_file(read_weights(path), strict=strict, verbose=verbose)
+
+    def _load_file(self, wf, strict, verbose, notes=()):
+        from .weights import placeholder_names
         try:
-            plan = self.load_state_dict(wf.tensors, strict=strict, source=os.path.basename(os.fspath(path)),
-                                        verbose=verbose)
+            plan = self.load_state_dict(wf.tensors, strict=strict, source=os.path.basename(wf.path), verbose=False,
+                                        names=wf.names)
         except (KeyError, ValueError) as e:
-            raise ValueError(f"{os.fspath(path)}: does not fit {self.model_name} with {self.num_classes} classes: "
+            raise ValueError(f"{wf.path}: does not fit {self.model_name} with {self.num_classes} classes: "
                              f"{e.args[0] if e.args else e}") from None
-        if wf.names is not None and wf.num_classes == self.num_classes and not plan.mismatched:
+        plan.notes += list(notes)
+        if not strict and verbose:
+            plan.report()
+        if (wf.names is not None and len(wf.names) == self.num_classes and plan.transferred == plan.total
+                and placeholder_names(self.names)):  # as Ultralytics: a complete load names placeholder classes
             self.names = wf.names
         return plan
 
     # ---------------------------------------------------------------------------- save / load
     def save(self, path) -> None:
-        """Writes the state_dict as .safetensors (through ptl.io), with scale, classes and names as metadata."""
+        """Writes the state_dict as .safetensors (through ptl.io), with scale, classes, class-branch width and
+        names as metadata."""
         from .weights import write_weights
-        write_weights(path, self.state_dict(), self.model_name, self.num_classes, self.names)
+        write_weights(path, self.state_dict(), self.model_name, self.num_classes, self.names, self.cls_width)
 
     @classmethod
     def load(cls, path, **kw) -> "Detector":
         """A detector from a weight file: ``Detector.save``'s ``.safetensors``, ``<run>/weights/*.safetensors``,
-        a training checkpoint (its EMA weights) or an Ultralytics ``.pt`` (no torch needed). Scale, class count
-        and names come from the file; ``model=`` / ``num_classes=`` override them, and then the tensors that
-        still fit are transferred (:meth:`load_weights`). Other keywords go to the constructor."""
+        a training checkpoint (its EMA weights) or an Ultralytics ``.pt`` (no torch needed). Scale, class count,
+        class-branch width and names come from the file; ``model=`` / ``num_classes=`` / ``cls_width=``
+        override them, and then the file is transferred as the constructor's ``weights=`` does (8.4.190's
+        ``load``). ``names=`` are the model's class names (the class rows are remapped to them by name). Other
+        keywords go to the constructor."""
         from .weights import plan_transfer, read_weights
         wf = read_weights(path)
         where = os.fspath(path)
@@ -338,15 +383,17 @@ class Detector:
         if nc is None:
             raise ValueError(f"{where}: the file does not say how many classes it has; pass num_classes=")
         names = kw.pop("names", None)
-        det = cls(model, num_classes=nc, names=names, **kw)
-        same = det.model_name == wf.model_name and nc == wf.num_classes
+        width = kw.pop("cls_width", None)
+        same = (_parse_scale(model, kw.get("scale")) == wf.scale and nc == wf.num_classes
+                and width in (None, wf.cls_width))
+        if not same:
+            return cls(model, num_classes=nc, names=names, weights=wf, cls_width=width, **kw)
+        det = cls(model, num_classes=nc, names=names, cls_width=wf.cls_width, **kw)
         plan = plan_transfer(det._index, wf.tensors)
-        if same and not plan.complete:  # the file says it is this model, but its tensors are not
+        if not plan.complete:  # the file says it is this model, but its tensors are not
             kind = "an Ultralytics YOLO26 detection model" if wf.kind == "ultralytics" else f"a ptl {wf.kind}"
             raise ValueError(f"{where}: not {kind} of the {det.model_name} layout: " + _layout_gaps(plan))
-        det.load_state_dict(wf.tensors, strict=same, source=os.path.basename(where))
-        if names is None and wf.names is not None and nc == wf.num_classes:
-            det.names = wf.names
+        det._load_file(wf, strict=True, verbose=False)
         return det
 
     # -------------------------------------------------------------------------------- forward
@@ -410,25 +457,30 @@ class Detector:
         g = g.numpy()
         return np.ascontiguousarray(g.transpose(0, 3, 1, 2)) if self._layout == "nchw" else g
 
-    def _detect(self, images, conf: float = 0.25, max_det: int = 300) -> list:
-        """Per image of a network-ready batch, the one-to-one head's detections (spec §8.2: top-k, no NMS),
-        eval mode: (k, 6) float32 rows x1, y1, x2, y2 (input pixels), score, class, score descending."""
+    def _detect(self, images, conf: float = 0.25, max_det: int = 300, iou: float = _metrics.NMS_IOU,
+                end2end: bool = False) -> list:
+        """Per image of a network-ready batch, eval mode, (k, 6) float32 rows x1, y1, x2, y2 (input pixels),
+        score, class, score descending: the one-to-many head with class-aware NMS of each anchor's best
+        class (8.4.190's predictor), or with ``end2end`` the one-to-one head's top-k (spec §8.2, no NMS)."""
         x = self.images(images)
         was = self.training
         self.eval()
         try:
-            _, _, b1, s1 = _C.executor_forward(self._exec, x)
+            b0, s0, b1, s1 = _C.executor_forward(self._exec, x)
         finally:
             self.train(was)
-        H, W = x.shape[1], x.shape[2]
-        out, count = _C.postprocess(b1, s1, H, W, int(max_det), float(conf))
-        out, count = out.numpy(), count.numpy()
-        return [out[i, :int(count[i])].copy() for i in range(out.shape[0])]
+        boxes, scores = (b1, s1) if end2end else (b0, s0)
+        return _metrics.postprocess(boxes, scores, (x.shape[1], x.shape[2]), max_det=max_det, conf=conf,
+                                    end2end=end2end, iou=iou, multi_label=False)
 
-    def predict(self, source, conf: float = 0.25, max_det: int = 300, **kw) -> list:
-        """Detections of the one-to-one head (spec §8.2: top-k, no NMS, eval mode), one
-        :class:`ptl.predict.Results` per image: ``boxes`` (k, 4) xyxy, ``scores`` (k,), ``classes`` (k,)
-        (``res["boxes"]`` also works), score descending, plus ``path`` and ``orig_shape``.
+    def predict(self, source, conf: float = 0.25, iou: float = _metrics.NMS_IOU, max_det: int = 300,
+                end2end: bool = False, **kw) -> list:
+        """Detections as 8.4.190's predictor gives them by default (its ``nms=None``): the one-to-many head,
+        each anchor's best class scoring above ``conf``, class-aware NMS at ``iou``, at most ``max_det``
+        per image; ``end2end=True`` (its ``nms=False``, what :meth:`export` writes): the one-to-one head's
+        top-``max_det`` without NMS. Eval mode. One :class:`ptl.predict.Results` per image: ``boxes``
+        (k, 4) xyxy clipped to the image, ``scores`` (k,), ``classes`` (k,) (``res["boxes"]`` also works),
+        score descending, plus ``path`` and ``orig_shape``.
 
         ``source``: a network-ready batch ((N, H, W, 3) uint8 or (N, 3, H, W) float in [0, 1], boxes in its
         pixels), or image files, folders, globs, ``.txt`` lists and (H, W, 3) arrays, letterboxed to
@@ -436,12 +488,13 @@ class Detector:
         ``batch_size``, ``save`` (annotated images), ``save_txt`` (YOLO labels), ``save_conf``, ``project``,
         ``name`` (files go to ``<project>/runs/<name>/version_N``)."""
         from .predict import predict
-        return predict(self, source, conf=conf, max_det=max_det, **kw)
+        return predict(self, source, conf=conf, iou=iou, max_det=max_det, end2end=end2end, **kw)
 
     def export(self, path, imgsz=640, batch: int = 1, dynamic: bool = False, half: bool = False,
                max_det: int = 300):
         """Writes this model as an end-to-end ONNX graph, output (N, max_det, 6) = x1, y1, x2, y2, score,
-        class (:mod:`ptl.export`; needs the ``onnx`` package). Returns the path."""
+        class: the one-to-one head's top-k, as ``predict(..., end2end=True)`` (:mod:`ptl.export`; needs the
+        ``onnx`` package). Returns the path."""
         from .export import export_onnx
         return export_onnx(self, path, imgsz=imgsz, batch=batch, dynamic=dynamic, half=half, max_det=max_det)
 

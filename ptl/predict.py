@@ -21,7 +21,7 @@ path (None for arrays), the original image size and the class names; ``res["boxe
 ``labels/``); every file is written to a temporary name and renamed.
 
 Command line: ``python -m ptl.predict --model best.safetensors --source images/ [--imgsz 640]
-[--conf 0.25] [--save-txt] [--no-save]``.
+[--conf 0.25] [--iou 0.7] [--end2end] [--save-txt] [--no-save]``.
 """
 import argparse
 import glob
@@ -196,17 +196,22 @@ def _rgb(item):
 # ------------------------------------------------------------------------------------ prediction
 
 def predict(model, source, conf=0.25, max_det=300, imgsz=640, batch_size=16, save=False, save_txt=False,
-            save_conf=False, project=None, name="predict", workers=2):
+            save_conf=False, project=None, name="predict", workers=2, iou=None, end2end=False):
     """Runs ``model`` on ``source`` (see the module doc); returns one :class:`Results` (or None for an
-    unreadable file) per image. With ``save``/``save_txt`` the files go to
-    ``<project or cwd>/runs/<name>/version_N/``, named in each result's ``save_dir``."""
+    unreadable file) per image. Detections as :meth:`ptl.Detector.predict` says (8.4.190's predictor:
+    the one-to-many head with NMS at ``iou``, default ``metrics.NMS_IOU``; ``end2end``: the one-to-one
+    top-k). With ``save``/``save_txt`` the files go to ``<project or cwd>/runs/<name>/version_N/``,
+    named in each result's ``save_dir``."""
     from . import metrics
+    detect = dict(conf=conf, max_det=max_det, iou=metrics.NMS_IOU if iou is None else iou, end2end=end2end)
     if _is_batch(source):
-        rows = model._detect(source, conf=conf, max_det=max_det)
+        rows = model._detect(source, **detect)
         x = source.numpy() if hasattr(source, "numpy") and not isinstance(source, np.ndarray) else np.asarray(source)
         hw = x.shape[1:3] if x.shape[-1] == 3 and x.dtype == np.uint8 else x.shape[2:4]
         images = list(x) if x.dtype == np.uint8 and x.shape[-1] == 3 else [None] * len(rows)
-        results = [Results(r[:, :4], r[:, 4], r[:, 5], model.names, hw, image=img) for r, img in zip(rows, images)]
+        # clipped to the batch's pixels, as 8.4.190's predictor clips every box to its image
+        results = [Results(metrics.scale_boxes(r[:, :4], 1.0, (0, 0), hw).astype(np.float32), r[:, 4], r[:, 5],
+                           model.names, hw, image=img) for r, img in zip(rows, images)]
     else:
         if not isinstance(imgsz, (int, np.integer)) or imgsz < 32 or imgsz % 32:
             raise ValueError("imgsz: expected a positive multiple of 32, got %r" % (imgsz,))
@@ -217,7 +222,7 @@ def predict(model, source, conf=0.25, max_det=300, imgsz=640, batch_size=16, sav
             paths = [p if isinstance(p, str) else _png(p, os.path.join(tmp, "%d.png" % i)) for i, p in enumerate(items)]
             from .data import image_batches
             for batch in image_batches(paths, imgsz=int(imgsz), batch_size=batch_size, workers=workers):
-                dets = model._detect(batch.images, conf=conf, max_det=max_det)
+                dets = model._detect(batch.images, **detect)
                 for k, det in enumerate(dets):
                     h0, w0, gy, gx, pl, pt = np.asarray(batch.meta, np.float64)[k]
                     boxes = metrics.scale_boxes(det[:, :4], (gx, gy), (pl, pt), (h0, w0))
@@ -265,12 +270,16 @@ def save_results(results, project=None, name="predict", save=True, save_txt=Fals
 # ----------------------------------------------------------------------------------- command line
 
 def build_parser():
+    from .metrics import NMS_IOU
     p = argparse.ArgumentParser(prog="python -m ptl.predict", description="Detect objects with a YOLO26 model.")
     p.add_argument("--model", required=True, help="weights: ptl .safetensors / .ckpt, or an Ultralytics .pt")
     p.add_argument("--source", required=True, nargs="+", help="image files, folders, globs or .txt lists")
     p.add_argument("--imgsz", type=int, default=640, help="letterbox size, a multiple of 32 (640)")
     p.add_argument("--conf", type=float, default=0.25, help="keep detections scoring above this (0.25)")
+    p.add_argument("--iou", type=float, default=NMS_IOU, help="NMS IoU threshold (%g)" % NMS_IOU)
     p.add_argument("--max-det", type=int, default=300, help="detections per image (300)")
+    p.add_argument("--end2end", action="store_true",
+                   help="the one-to-one head's top-k without NMS, as the ONNX export (default: one-to-many + NMS)")
     p.add_argument("--batch", type=int, default=16, help="images per forward (16)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (cpu)")
     p.add_argument("--no-save", action="store_true", help="do not write annotated images")
@@ -288,7 +297,8 @@ def main(argv=None):
         model = Detector.load(args.model)
         if args.device != "cpu":
             model.to(args.device)
-        results = predict(model, args.source, conf=args.conf, max_det=args.max_det, imgsz=args.imgsz,
+        results = predict(model, args.source, conf=args.conf, iou=args.iou, end2end=args.end2end,
+                          max_det=args.max_det, imgsz=args.imgsz,
                           batch_size=args.batch, save=not args.no_save, save_txt=args.save_txt,
                           save_conf=args.save_conf, project=args.project, name=args.name)
     except (ValueError, TypeError, KeyError, OSError) as exc:

@@ -99,6 +99,8 @@ def build_parser():
     g.add_argument("--checkpointing", type=_bool, default=True)
     g.add_argument("--capture-network", action="store_true",
                    help="CUDA: replay the network's forward and backward as recorded CUDA graphs")
+    g.add_argument("--end2end", action="store_true",
+                   help="validate the one-to-one head's top-300 without NMS (default: the one-to-many head with NMS)")
     g.add_argument("--resume", default=None, metavar="PATH", help="checkpoint to continue from")
     g.add_argument("--digest", action="store_true", help="print the run's digests (JSON) at the end")
     return p
@@ -180,7 +182,8 @@ def _build(args):
                       limit_val_batches=args.limit_val_batches, check_val_every_n_epoch=args.check_val_every_n_epoch,
                       enable_progress_bar=args.progress_bar, enable_checkpointing=args.checkpointing,
                       deterministic=args.deterministic, default_root_dir=args.project, accelerator=accelerator,
-                      devices=devices, num_nodes=args.num_nodes, timeout=args.timeout, name=args.name, seed=args.seed)
+                      devices=devices, num_nodes=args.num_nodes, timeout=args.timeout, name=args.name, seed=args.seed,
+                      end2end=args.end2end)
     device = trainer.device
     if args.capture_network and device == "cpu":
         raise ConfigError("--capture-network needs a CUDA device (--device cuda)")

@@ -18,9 +18,10 @@ from . import cuda as _cuda
 from . import distributed as _distributed
 from . import random as _random
 from . import runlog
-from .errors import ConfigError
+from .errors import ConfigError, DivergenceError
 from .hparams_check import check_bool, check_float, check_int
 from .runlog import check_run_name
+from .objective import LOSS_NAMES
 from .engine import ITEM, PRECISIONS, Engine, LossValue, _limit, _PendingLosses
 
 
@@ -53,13 +54,18 @@ class Trainer:
     (seconds; default ``PTL_DIST_TIMEOUT`` or ``ptl.distributed.DEFAULT_TIMEOUT_S``). Rank 0 alone prints,
     logs and writes files; ``global_rank``, ``local_rank``, ``node_rank``, ``world_size`` and
     ``is_global_zero`` say where this process stands.
+
+    ``end2end`` chooses what validation measures, as 8.4.190's ``nms`` does: False (the default, its
+    ``nms=None``) the one-to-many head with class-aware NMS; True (its ``nms=False``) the one-to-one
+    head's top-300 without NMS. It is recorded in ``hparams()["trainer"]``.
     """
 
     def __init__(self, *, max_epochs=None, max_steps=-1, precision="32-true", accumulate_grad_batches=None,
                  gradient_clip_val=10.0, limit_train_batches=None, limit_val_batches=None,
                  check_val_every_n_epoch=1, callbacks=None, logger=True, enable_progress_bar=True,
                  enable_checkpointing=True, deterministic=True, default_root_dir=None, accelerator="auto",
-                 devices="auto", name="train", seed=None, num_nodes=1, strategy="auto", timeout=None):
+                 devices="auto", name="train", seed=None, num_nodes=1, strategy="auto", timeout=None,
+                 end2end=False):
         check_int("max_epochs", max_epochs, 1, none_ok=True)
         if check_int("max_steps", max_steps, -1) == 0:
             raise ConfigError("max_steps: expected -1 (no limit) or an int >= 1, got 0")
@@ -89,7 +95,8 @@ class Trainer:
         if accelerator == "cpu" and PRECISIONS[precision] != "float32":
             raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (precision,))
         for flag, value in (("logger", logger), ("enable_progress_bar", enable_progress_bar),
-                            ("enable_checkpointing", enable_checkpointing), ("deterministic", deterministic)):
+                            ("enable_checkpointing", enable_checkpointing), ("deterministic", deterministic),
+                            ("end2end", end2end)):
             check_bool(flag, value)
         if default_root_dir is not None:
             try:
@@ -118,6 +125,7 @@ class Trainer:
         self.default_root_dir = default_root_dir if default_root_dir is not None else os.getcwd()
         self.accelerator = "cuda" if accelerator == "gpu" else accelerator
         self.devices, self.num_nodes, self.strategy, self.timeout = devices, num_nodes, strategy, timeout
+        self.end2end = end2end
         self._dist = _distributed.Context()  # one process until fit() joins a job
         self.logger = logger
         self.name = name
@@ -140,6 +148,8 @@ class Trainer:
         self.current_epoch_completed = 0
         self.num_training_batches = 0
         self.loss_history = []  # per training batch: the objective's losses vector (float32, LOSS_NAMES)
+        self._resumed_from = None  # the checkpoint this fit resumed from (named when a fit diverges)
+        self._last_batch = (0, 0, 0)  # epoch, batch index and optimizer steps after the latest training batch
         self.val_history = []
         self.ap_per_class = {}  # class name -> AP50-95 of the last validation
         self.datamodule = None
@@ -240,9 +250,10 @@ class Trainer:
         if datamodule.num_classes != model.num_classes:
             raise ConfigError("datamodule: %d classes in %s but the model has %d" % (
                 datamodule.num_classes, getattr(datamodule, "cfg", {}).get("yaml", "data.yaml"), model.num_classes))
-        resume = None
+        resume = self._resumed_from = None
         if ckpt_path is not None:
             resume = _checkpoint.read(ckpt_path)
+            self._resumed_from = resume.path
             _checkpoint.check_model(resume, model)
             if not _checkpoint.plan_resume(resume, self, datamodule):
                 st = self._state
@@ -335,7 +346,10 @@ class Trainer:
             pending = None  # the previous batch's losses: read once the next batch is queued
 
             def settle(p):
-                row = p.array()
+                losses, batch_index, step = p
+                row = losses.array()
+                if not np.isfinite(row).all():
+                    self._diverged(epoch, batch_index, step, {n: float(v) for n, v in zip(LOSS_NAMES, row)})
                 self.loss_history.append(row)
                 epoch_items.append(row[ITEM])
                 self.callback_metrics.update({"train/box_loss": float(row[7]), "train/cls_loss": float(row[8]),
@@ -344,10 +358,12 @@ class Trainer:
                 if i >= self.num_training_batches:
                     break
                 self._call("on_train_batch_start", batch, i)
+                step = st.global_step
                 current = _PendingLosses(eng.train_step(batch, epoch, i))
                 if pending is not None:
                     settle(pending)
-                pending = current
+                pending = (current, i, step)
+                self._last_batch = (epoch, i, st.global_step)
                 self._call("on_train_batch_end", {"loss": LossValue(current, 0)}, batch, i)
                 if 0 < self.max_steps <= st.global_step:
                     self.should_stop = True
@@ -368,6 +384,27 @@ class Trainer:
             self._epoch_rows.append(row)
             self._write_metrics()
             self._call("on_train_epoch_end")
+
+    def _diverged(self, epoch, batch_index, step, losses=None, tensors=()):
+        """Stops the fit when it diverges: at the first non-finite loss (read one batch behind, so with no
+        extra device synchronisation), or, for the last step of an epoch (whose update no later loss has
+        seen), when the checkpoint about to be written holds non-finite tensors. Ultralytics reloads
+        last.pt and retries the epoch; ptl stops instead, since the same data, weights and settings would
+        diverge again: nothing is saved from the broken weights, the files already written stay."""
+        if losses is not None:
+            what = "the loss is not finite (%s)" % ", ".join(
+                "%s=%s" % (n, v) for n, v in losses.items() if not np.isfinite(v))
+        else:
+            what = "the weights are not finite after its optimizer step (%s%s)" % (
+                ", ".join(tensors[:3]), ", ..." if len(tensors) > 3 else "")
+        saver = next((c for c in self.callbacks if isinstance(c, cb.ModelCheckpoint)), None)
+        kept = [saver.last_model_path, saver.best_model_path] if saver else []
+        kept = sorted({p for p in kept + [self._resumed_from] if p and os.path.isfile(p)})
+        raise DivergenceError(
+            "training diverged at epoch %d, batch %d (after %d optimizer steps): %s; nothing was saved from "
+            "these weights. %s; lower lr0, check the data, or use a precision with more range" % (
+                epoch, batch_index, step, what, "Checkpoints kept: %s" % ", ".join(kept) if kept else
+                "No checkpoint had been written"), epoch, batch_index, step, losses, tensors)
 
     def _validation_loop(self, row=None):
         self._call("on_validation_start")
@@ -399,16 +436,18 @@ class Trainer:
         return [dict(self._guarded("validate", model, run)["logged"])]
 
     def predict(self, model, source, conf=0.25, max_det=300, imgsz=640, batch_size=16, save=False, save_txt=False,
-                save_conf=False, name="predict"):
-        """Detections of the one-to-one head (spec §8.2, eval mode) for ``source``: image files, folders, globs,
-        ``.txt`` lists, (H, W, 3) arrays (letterboxed to ``imgsz``, boxes in each image's pixels; a file that
-        cannot be read gives ``None`` after a DataWarning) or a network-ready batch (boxes in its pixels). One
-        :class:`ptl.predict.Results` per image (``res["boxes"]`` (k, 4) xyxy, ``"scores"``, ``"classes"``,
+                save_conf=False, name="predict", iou=None, end2end=False):
+        """Detections as :meth:`ptl.Detector.predict` gives them (8.4.190's predictor: the one-to-many head
+        with NMS at ``iou``; ``end2end=True``: the one-to-one top-k; eval mode) for ``source``: image files,
+        folders, globs, ``.txt`` lists, (H, W, 3) arrays (letterboxed to ``imgsz``, boxes in each image's
+        pixels; a file that cannot be read gives ``None`` after a DataWarning) or a network-ready batch (boxes
+        in its pixels). One :class:`ptl.predict.Results` per image (``res["boxes"]`` (k, 4) xyxy, ``"scores"``, ``"classes"``,
         score descending; ``path``, ``orig_shape``). ``save`` / ``save_txt`` write annotated images / YOLO
         label files to ``<default_root_dir>/runs/<name>/version_N`` (:mod:`ptl.predict`)."""
         from .predict import predict
         return predict(model, source, conf=conf, max_det=max_det, imgsz=imgsz, batch_size=batch_size, save=save,
-                       save_txt=save_txt, save_conf=save_conf, project=self.default_root_dir, name=name)
+                       save_txt=save_txt, save_conf=save_conf, project=self.default_root_dir, name=name, iou=iou,
+                       end2end=end2end)
 
     # -------------------------------------------------------------------------------- logs
     def _configure_run_dir(self):
@@ -420,7 +459,7 @@ class Trainer:
         h = {"trainer": {k: getattr(self, k) for k in (
             "max_epochs", "max_steps", "precision", "accumulate_grad_batches", "gradient_clip_val",
             "limit_train_batches", "limit_val_batches", "check_val_every_n_epoch", "deterministic", "accelerator",
-            "seed", "capture_network")}}
+            "seed", "capture_network", "end2end")}}
         if self._engine is not None:
             h["model"] = self._engine.model_hparams()
             h["data"] = self._engine.data_hparams()

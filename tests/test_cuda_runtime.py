@@ -7,11 +7,24 @@ import ptl
 MiB = 1 << 20
 
 
+QUERIES = ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved")
+
+
 def test_cpu_queries_never_raise():
-    assert isinstance(ptl.cuda.is_available(), bool)
-    assert ptl.cuda.device_count() >= 0
+    """is_available and device_count answer on any machine and agree; without a device every memory
+    query is a ValueError that says so, with one it is a byte count; a bad device name is a ValueError."""
+    avail, count = ptl.cuda.is_available(), ptl.cuda.device_count()
+    assert isinstance(avail, bool) and isinstance(count, int)
+    assert avail == (count > 0)
     assert issubclass(ptl.CudaError, RuntimeError)
-    with pytest.raises(ValueError, match="device"):
+    for q in QUERIES:
+        if avail:
+            v = getattr(ptl.cuda, q)()
+            assert isinstance(v, int) and v >= 0, (q, v)
+        else:
+            with pytest.raises(ValueError, match="no CUDA device"):
+                getattr(ptl.cuda, q)()
+    with pytest.raises(ValueError, match="gpu:0"):
         ptl.cuda.memory_allocated("gpu:0")
 
 
@@ -28,26 +41,28 @@ def test_device_queries():
 @pytest.mark.cuda
 def test_allocator_statistics():
     # Other tests may leave live tensors (and so partly used segments) behind: only deltas are asserted,
-    # and the request sizes are chosen so that no cached block can serve them.
+    # and the large request is bigger than all cached free space together, so no cached block can serve it
+    # and it gets a segment of its own (a multiple of 2 MiB is not rounded).
     ptl.cuda.synchronize()
     ptl.cuda.empty_cache()
     base = ptl.cuda.memory_allocated()
     base_res = ptl.cuda.memory_reserved()
     assert base_res >= base
+    size = max(30 * MiB, -(-(base_res - base + 1) // (2 * MiB)) * 2 * MiB)
     ptl.cuda.reset_peak_memory_stats()
-    a = ptl.empty(30 * MiB // 4, dtype="float32", device="cuda")   # 30 MiB: a segment of its own
-    assert ptl.cuda.memory_allocated() == base + 30 * MiB
-    assert ptl.cuda.memory_reserved() == base_res + 30 * MiB
+    a = ptl.empty(size // 4, dtype="float32", device="cuda")
+    assert ptl.cuda.memory_allocated() == base + size
+    assert ptl.cuda.memory_reserved() == base_res + size
     small = ptl.empty(100, dtype="uint8", device="cuda")            # rounded to 512 bytes
-    assert ptl.cuda.memory_allocated() == base + 30 * MiB + 512
+    assert ptl.cuda.memory_allocated() == base + size + 512
     peak = ptl.cuda.max_memory_allocated()
-    assert peak == base + 30 * MiB + 512
+    assert peak == base + size + 512
     reserved = ptl.cuda.memory_reserved()
     del a, small
     assert ptl.cuda.memory_allocated() == base
     assert ptl.cuda.max_memory_allocated() == peak                  # peak survives the free
     assert ptl.cuda.memory_reserved() == reserved                   # freed blocks stay cached
-    b = ptl.empty(30 * MiB // 4, dtype="float32", device="cuda")
+    b = ptl.empty(size // 4, dtype="float32", device="cuda")
     assert ptl.cuda.memory_reserved() == reserved                   # ... and are reused
     del b
     ptl.cuda.reset_peak_memory_stats()

@@ -391,7 +391,7 @@ def test_save_load_safetensors(tmp_path):
 
 def test_predict_shapes_and_ranges(det_n):
     x = np.random.default_rng(0).integers(0, 256, (2, 64, 96, 3), dtype=np.uint8)
-    res = det_n.predict(x, conf=0.0)
+    res = det_n.predict(x, conf=0.0, end2end=True)  # the one-to-one top-k: min(300, A) rows
     A = 8 * 12 + 4 * 6 + 2 * 3
     assert len(res) == 2
     for r in res:

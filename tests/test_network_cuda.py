@@ -26,8 +26,14 @@ TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
 # on a state like this one, against the float32 CPU network, training mode: bf16 outputs 2.4e-2,
 # gradients 4.6e-1; fp16 outputs 3.3e-3, gradients 8.5e-2; running-statistic updates 3.8e-3 / 6.4e-4;
 # eval mode: bf16 outputs 2.9e-3, gradients 2.7e-3; fp16 2.9e-4 / 3.4e-4. The issue's 2e-2 is asserted
-# where it is attainable (eval mode, running statistics); training-mode low-precision outputs and
-# gradients get 2x the emulated error.
+# where it is attainable (eval mode, running statistics); training-mode low-precision outputs get 2x the
+# emulated error. Measured on an H200 (2026-12-02): bf16 gradients 5.0e-1 overall, 4.0e-1 downstream of
+# the pools; fp16 1.2e-1 / 5.4e-2; so the float32 network is the wrong oracle for these gradients even
+# where no max-pool routes them: training-mode BatchNorm's backward subtracts per-channel means of dy and
+# dy*x_hat, and through ~60 such layers the cancellation amplifies the storage rounding (per tensor, the
+# BN-bias gradients that cancel to ~0 in exact arithmetic have cosines near 0 or negative against float32
+# in both precisions). The tight oracle is the CPU emulation of the same storage rounding (to be rebuilt);
+# until then the bounds stay at 2x the emulated whole-vector error, and the test prints the finer numbers.
 TRAIN_LOWP = {"bfloat16": (5e-2, 0.92), "float16": (7e-3, 0.17)}  # (outputs, gradients)
 
 
@@ -164,12 +170,26 @@ def _downstream_of_pools():
     return mask
 
 
+def _cosines(a, b):
+    """Per parameter tensor: (name, cosine similarity of a and b, downstream of the pools?)."""
+    upstream = tuple("model.%d." % i for i in range(9)) + ("model.9.cv1.",)
+    out = []
+    for name, off, shape in Detector("yolo26n", num_classes=80).parameter_table():
+        n = int(np.prod(shape))
+        x, y = np.asarray(a[off:off + n], np.float64), np.asarray(b[off:off + n], np.float64)
+        if np.linalg.norm(y) == 0:
+            continue
+        out.append((name, float(x @ y / max(np.linalg.norm(x) * np.linalg.norm(y), 1e-300)),
+                    not name.startswith(upstream)))
+    return out
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_matches_cpu_train_low_precision(case, dtype):
     """Training mode, bfloat16/float16 compute: running-statistics update within the issue's 2e-2;
     outputs and gradients within 2x the error of the CPU emulation of the same storage rounding (see
-    TRAIN_LOWP), and finite."""
+    TRAIN_LOWP), and finite; prints the error downstream of the pools and the lowest per-tensor cosines."""
     sd, x, ref = case
     r = ref[True]
     _, out, grads, buf, _ = _run_cuda(sd, x, r["R"], True, dtype)
@@ -180,8 +200,12 @@ def test_matches_cpu_train_low_precision(case, dtype):
     assert np.isfinite(grads).all()
     gerr = _rel(grads, r["grads"])
     down = _downstream_of_pools()
-    print(f"cuda {dtype} train: gradients {gerr:.2e} (downstream of the pools "
-          f"{_rel(grads[down], r['grads'][down]):.2e}), running statistics {serr:.2e}")
+    cos = _cosines(grads, r["grads"])
+    worst_down = min((c, n) for n, c, d in cos if d)
+    worst_up = min((c, n) for n, c, d in cos if not d)
+    print(f"cuda {dtype} train: gradients {gerr:.2e} (downstream of the pools {_rel(grads[down], r['grads'][down]):.2e}), "
+          f"running statistics {serr:.2e}; lowest cosine downstream {worst_down[0]:.6f} ({worst_down[1]}), "
+          f"upstream {worst_up[0]:.6f} ({worst_up[1]})")
     assert gerr <= grad_tol, f"{dtype} train gradients: rel err {gerr:.3e} > {grad_tol}"
 
 

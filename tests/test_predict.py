@@ -67,7 +67,7 @@ def test_sources(model, images, tmp_path):
     assert all(x.path is None and x.orig_shape == pixels.shape[:2] and same(x, each[b]) for x in from_array)
     # a network-ready batch: boxes in its own pixels
     batch = np.zeros((2, 64, 96, 3), np.uint8)
-    out = model.predict(batch, conf=0.0)
+    out = model.predict(batch, conf=0.0, end2end=True)
     assert len(out) == 2 and out[0].orig_shape == (64, 96) and out[0]["boxes"].shape == (min(300, 8 * 12 + 4 * 6 + 6), 4)
 
 

@@ -417,18 +417,31 @@ def test_cuda_first_losses_match_cpu(coco256, tmp_path):
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4, atol=1e-6)
 
 
+def _falls(losses, k=16):
+    """The mean total loss of the last k batches is below that of the first k."""
+    t = np.asarray(losses, np.float64)[:, 0]
+    return t[-k:].mean() < t[:k].mean(), (t[:k].mean(), t[-k:].mean())
+
+
 @pytest.mark.cuda
 def test_cuda_fit_one_epoch_640_bf16(coco256, tmp_path):
-    """Issue 7: a 1-epoch fit at 640, batch 4, bf16-mixed, 4 workers, RAM cache on the GPU."""
+    """Issue 7: a 2-epoch fit at 640, batch 4, bf16-mixed, 4 workers, RAM cache on the GPU, an optimizer
+    step every batch: the loss falls, and the same fit with the network replayed gives the same digests."""
     data = DetectionData(str(coco256 / "data.yaml"), imgsz=640, batch_size=4, workers=4, cache="ram",
                          verbose=False)
-    tr = Trainer(max_epochs=1, precision="bf16-mixed", accelerator="cuda", enable_progress_bar=False,
-                 default_root_dir=str(tmp_path), seed=0)
-    tr.fit(ptl.Detector("yolo26n"), data)
-    assert tr.global_step >= 1 and len(tr.loss_history) == len(data.train_loader())
-    assert np.isfinite(np.asarray(tr.loss_history)).all()
-    assert np.isfinite(tr.callback_metrics["metrics/mAP50-95"])
-    assert os.path.exists(os.path.join(tr.log_dir, "checkpoints", "last.ckpt"))
+    digests = []
+    for capture in (False, True):
+        tr = Trainer(max_epochs=2, precision="bf16-mixed", accelerator="cuda", enable_progress_bar=False,
+                     default_root_dir=str(tmp_path / str(capture)), seed=0, accumulate_grad_batches=1)
+        tr.fit(ptl.Detector("yolo26n", seed=0, hparams={"warmup_epochs": 0}), data, capture_network=capture)
+        assert tr.global_step == 2 * len(data.train_loader()) == len(tr.loss_history)
+        assert np.isfinite(np.asarray(tr.loss_history)).all()
+        falls, means = _falls(tr.loss_history)
+        assert falls, "loss first/last 16 batches: %.4f -> %.4f" % means
+        assert np.isfinite(tr.callback_metrics["metrics/mAP50-95"])
+        assert os.path.exists(os.path.join(tr.log_dir, "checkpoints", "last.ckpt"))
+        digests.append(tr.digest())
+    assert digests[0] == digests[1]
     assert ptl.cuda.max_memory_allocated() > 0
 
 
@@ -464,20 +477,55 @@ def test_batch_end_gets_a_lazy_loss(coco256, tmp_path):
                                rtol=1e-6)
 
 
+class _ScaleLog(cb.Callback):
+    """Per batch: the loss scale before and after, whether the step was skipped, and whether the weights
+    moved (reads the device every batch: a test only)."""
+
+    def __init__(self, start_scale):
+        self.start_scale, self.rows = start_scale, []
+
+    def on_train_start(self, trainer, pl_module):
+        opt = trainer._engine.opt
+        sc = np.asarray(opt.scalars.numpy()).copy()
+        sc[ptl.optim.SCALE_INDEX] = self.start_scale  # far too large: the first steps must overflow
+        ptl._C._optim_copy(opt.scalars, ptl.tensor(sc, device="cuda"))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._before = (trainer._engine.opt.scale, np.asarray(pl_module.flat_parameters.numpy()).copy())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        opt = trainer._engine.opt
+        scale0, w0 = self._before
+        moved = not np.array_equal(np.asarray(pl_module.flat_parameters.numpy()), w0)
+        self.rows.append((scale0, opt.scale, opt.last_step_skipped, moved))
+
+
 @pytest.mark.cuda
 def test_cuda_fit_float16_loss_scaling(coco256, tmp_path):
-    """16-mixed: the objective's gradients carry the optimizer's loss scale; the fit runs, its losses are
-    finite and close to a bf16 fit's first loss, and the scale is a power of two."""
+    """16-mixed: started at a loss scale of 2^30, every overflowing step is skipped (weights unchanged)
+    and halves the scale; every other step updates the weights at an unchanged scale (the growth interval
+    is far off); the scale settles at a power of two, and over the fit the loss falls as a bf16 fit's does,
+    from a first loss within 5% of it."""
     first = {}
     for prec in ("16-mixed", "bf16-mixed"):
-        tr = small_trainer(tmp_path / prec, max_epochs=1, limit_train_batches=20, precision=prec,
-                           accelerator="cuda", enable_checkpointing=False, accumulate_grad_batches=1)
-        tr.fit(ptl.Detector("yolo26n"), small_data(coco256, imgsz=128))
+        log = _ScaleLog(2.0 ** 30)
+        tr = small_trainer(tmp_path / prec, max_epochs=6, limit_train_batches=1.0, precision=prec,
+                           accelerator="cuda", enable_checkpointing=False, accumulate_grad_batches=1,
+                           callbacks=[log] if prec == "16-mixed" else [])
+        tr.fit(ptl.Detector("yolo26n", seed=0, hparams={"warmup_epochs": 0}), small_data(coco256, imgsz=128))
         assert np.isfinite(np.asarray(tr.loss_history)).all()
         first[prec] = float(tr.loss_history[0][0])
+        falls, means = _falls(tr.loss_history)
+        assert falls, "%s loss first/last 16 batches: %.4f -> %.4f" % ((prec,) + means)
         if prec == "16-mixed":
+            rows = log.rows
+            skipped = [r for r in rows if r[2]]
+            assert len(skipped) >= 1 and rows[0][2], rows[:3]
+            for before, after, skip, moved in rows:
+                assert (after, moved) == ((before * 0.5, False) if skip else (before, True)), rows
+            assert len(skipped) < len(rows) - 20  # the scale came down and most steps trained
             scale = tr._engine.opt.scale
-            assert tr._engine.opt.scaler and scale > 1 and np.log2(scale) == int(np.log2(scale))
+            assert scale < 2.0 ** 30 and np.log2(scale) == int(np.log2(scale))
     assert abs(first["16-mixed"] - first["bf16-mixed"]) <= 0.05 * abs(first["bf16-mixed"])
 
 

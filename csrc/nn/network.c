@@ -438,11 +438,10 @@ typedef struct {
     ptl_net_op cls[3][5];
 } head_ops;
 
-static int head_decl(builder *b, head_ops *h, const char *prefix, const int *ch, int nc)
+static int head_decl(builder *b, head_ops *h, const char *prefix, const int *ch, int nc, int cc)
 {
     char nm[128];
     int cb = ch[0] / 4 > 16 ? ch[0] / 4 : 16;
-    int cc = ch[0] > (nc < 100 ? nc : 100) ? ch[0] : (nc < 100 ? nc : 100);
     for (int i = 0; i < 3; i++) {
         snprintf(nm, sizeof nm, "model.23.%scv2.%d.0", prefix, i);
         if (conv_decl(b, &h->box[i][0], nm, ch[i], cb, 3, 1, 1, 1))
@@ -597,12 +596,16 @@ static int build(builder *b)
     }
     L[23] = -1;
     b->layer = 23;
+    if (!net->cls_width) { /* spec §1.5: cc = max(ch0, min(nc, 100)) */
+        int capped = net->nc < 100 ? net->nc : 100;
+        net->cls_width = net->ch[0] > capped ? net->ch[0] : capped;
+    }
     head_ops o2m, o2o;
     b->head = 1;
-    if (head_decl(b, &o2m, "", net->ch, net->nc))
+    if (head_decl(b, &o2m, "", net->ch, net->nc, net->cls_width))
         return -1;
     b->head = 2;
-    if (head_decl(b, &o2o, "one2one_", net->ch, net->nc))
+    if (head_decl(b, &o2o, "one2one_", net->ch, net->nc, net->cls_width))
         return -1;
     b->head = 0;
     if (head_emit(b, &o2m, 0) || head_emit(b, &o2o, 1))
@@ -685,7 +688,7 @@ void ptl_network_init(ptl_network *net, uint64_t seed)
 
 /* ---------------------------------------------------------------------------------- lifecycle */
 
-ptl_network *ptl_network_create(char scale, int nc, ptl_dtype dtype, uint64_t seed)
+ptl_network *ptl_network_create(char scale, int nc, int cls_width, ptl_dtype dtype, uint64_t seed)
 {
     builder b;
     memset(&b, 0, sizeof b);
@@ -695,6 +698,11 @@ ptl_network *ptl_network_create(char scale, int nc, ptl_dtype dtype, uint64_t se
     }
     if (nc < 1) {
         ptl_set_error(PTL_ERR_VALUE, "num_classes must be >= 1 (got %d)", nc);
+        return NULL;
+    }
+    if (cls_width < 0 || cls_width > PTL_NET_MAX_CLS_WIDTH) {
+        ptl_set_error(PTL_ERR_VALUE, "cls_width must be 0 (the default width) or 1..%d (got %d)",
+                      PTL_NET_MAX_CLS_WIDTH, cls_width);
         return NULL;
     }
     if (dtype != PTL_FLOAT32 && dtype != PTL_FLOAT64) {
@@ -708,6 +716,7 @@ ptl_network *ptl_network_create(char scale, int nc, ptl_dtype dtype, uint64_t se
     }
     net->scale = scale;
     net->nc = nc;
+    net->cls_width = cls_width;
     net->dtype = dtype;
     b.net = net;
     if (build(&b))

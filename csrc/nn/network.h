@@ -30,6 +30,7 @@ extern "C" {
 
 #define PTL_NET_NAME_LEN 80
 #define PTL_NET_MAX_PARTS 8
+#define PTL_NET_MAX_CLS_WIDTH 65536 /* far above any YOLO26's (100 to 384); keeps sizes in int range */
 
 typedef struct {
     char name[PTL_NET_NAME_LEN];
@@ -91,6 +92,7 @@ typedef struct {
 typedef struct ptl_network {
     char scale;
     int nc;
+    int cls_width;   /* channels of the Detect class branch (cc), both heads */
     ptl_dtype dtype; /* PTL_FLOAT32 or PTL_FLOAT64 */
     int stride[3]; /* P3, P4, P5 */
     int feat[3];   /* value ids of P3, P4, P5 */
@@ -112,8 +114,10 @@ typedef struct ptl_network {
 } ptl_network;
 
 /* Builds a network for scale 'n','s','m','l','x' and `nc` classes, initialised per spec §1.7 from
- * `seed`. dtype: PTL_FLOAT32 or PTL_FLOAT64 (CPU). Returns NULL after ptl_set_error on failure. */
-ptl_network *ptl_network_create(char scale, int nc, ptl_dtype dtype, uint64_t seed);
+ * `seed`. cls_width: the class branch's width; 0 takes spec §1.5's max(ch0, min(nc, 100)) (another
+ * width holds weights whose branch was sized for another class count, as Ultralytics' transfer keeps
+ * it). dtype: PTL_FLOAT32 or PTL_FLOAT64 (CPU). Returns NULL after ptl_set_error on failure. */
+ptl_network *ptl_network_create(char scale, int nc, int cls_width, ptl_dtype dtype, uint64_t seed);
 void ptl_network_free(ptl_network *net);
 
 /* Re-draws every parameter and resets the BN statistics (spec §1.7). */

@@ -29,11 +29,12 @@ static int npy_type(ptl_dtype dt) { return dt == PTL_FLOAT64 ? NPY_FLOAT64 : NPY
 
 static PyObject *py_network_create(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"scale", "num_classes", "dtype", "seed", NULL};
+    static char *kwlist[] = {"scale", "num_classes", "dtype", "seed", "cls_width", NULL};
     const char *scale, *dtname = "float32";
-    int nc = 80;
+    int nc = 80, cls_width = 0;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|isK:network_create", kwlist, &scale, &nc, &dtname, &seed))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|isKi:network_create", kwlist, &scale, &nc, &dtname, &seed,
+                                     &cls_width))
         return NULL;
     if (strlen(scale) != 1 || !strchr("nsmlx", scale[0]))
         return PyErr_Format(PyExc_ValueError, "scale: expected one of 'n', 's', 'm', 'l', 'x', got '%s'", scale);
@@ -41,7 +42,7 @@ static PyObject *py_network_create(PyObject *self, PyObject *args, PyObject *kw)
     if (dt != PTL_FLOAT32 && dt != PTL_FLOAT64)
         return PyErr_Format(PyExc_ValueError, "dtype: the CPU network computes in float32 or float64, got '%s'",
                             dtname);
-    ptl_network *net = ptl_network_create(scale[0], nc, (ptl_dtype)dt, seed);
+    ptl_network *net = ptl_network_create(scale[0], nc, cls_width, (ptl_dtype)dt, seed);
     if (!net)
         return ptl_raise(self);
     PyObject *cap = PyCapsule_New(net, NET_CAPSULE, net_capsule_free);
@@ -95,10 +96,11 @@ static PyObject *py_network_info(PyObject *self, PyObject *args)
         return NULL;
     for (int l = 0; l < 24; l++)
         PyList_SET_ITEM(layers, l, PyLong_FromLongLong(ptl_network_layer_params(net, l)));
-    return Py_BuildValue("{s:C,s:i,s:s,s:L,s:L,s:(iii),s:(iii),s:N}", "scale", net->scale, "num_classes", net->nc,
-                         "dtype", ptl_dtype_name(net->dtype), "num_parameters", (long long)net->nparams,
-                         "num_buffers", (long long)net->nbuffers, "strides", net->stride[0], net->stride[1],
-                         net->stride[2], "channels", net->ch[0], net->ch[1], net->ch[2], "layer_parameters", layers);
+    return Py_BuildValue("{s:C,s:i,s:i,s:s,s:L,s:L,s:(iii),s:(iii),s:N}", "scale", net->scale, "num_classes",
+                         net->nc, "cls_width", net->cls_width, "dtype", ptl_dtype_name(net->dtype), "num_parameters",
+                         (long long)net->nparams, "num_buffers", (long long)net->nbuffers, "strides", net->stride[0],
+                         net->stride[1], net->stride[2], "channels", net->ch[0], net->ch[1], net->ch[2],
+                         "layer_parameters", layers);
 }
 
 /* A 1-D NumPy view of the flat "params", "grads" or "buffers" storage; it keeps the network alive. */
@@ -153,10 +155,11 @@ static PyObject *py_network_init(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"network_create", (PyCFunction)(void (*)(void))py_network_create, METH_VARARGS | METH_KEYWORDS,
-     "network_create(scale, num_classes=80, dtype='float32', seed=0) -> handle of a new YOLO26 network."},
+     "network_create(scale, num_classes=80, dtype='float32', seed=0, cls_width=0) -> handle of a new YOLO26 "
+     "network (cls_width 0: the class branch's default width)."},
     {"network_entries", py_network_entries, METH_VARARGS,
      "network_entries(net) -> [(name, is_buffer, offset, shape, layer)] in state_dict order."},
-    {"network_info", py_network_info, METH_VARARGS, "network_info(net) -> dict of sizes, strides, channels."},
+    {"network_info", py_network_info, METH_VARARGS, "network_info(net) -> dict of sizes, strides, channels, class-branch width."},
     {"network_array", py_network_array, METH_VARARGS,
      "network_array(net, 'params'|'grads'|'buffers') -> 1-D NumPy view of that flat storage."},
     {"network_init", py_network_init, METH_VARARGS, "network_init(net, seed): re-initialise (spec §1.7)."},
