@@ -12,6 +12,9 @@ Environment:
   PTL_JOBS      parallel compile jobs (default: CPU count)
   PTL_WEBP=0, PTL_TIFF=0  build without libwebp / libtiff even when found (linked when found otherwise;
                 without one, its images are skipped with one message at dataset scan)
+  PTL_DNNL      unset: build the fast CPU backend (csrc/cpu/, oneDNN convolutions) when oneDNN is found,
+                else the CPU trains on the plain-C reference kernels (after a notice). 0: without it.
+                1: oneDNN is required (Debian/Ubuntu: apt-get install libdnnl-dev).
   CC            the C compiler (default: the one Python was built with)
 
 The CUDA runtime is linked statically; cuBLAS, cuDNN and NCCL are opened at run time
@@ -45,7 +48,8 @@ class SystemLibrary(NamedTuple):
     prelude: str = ""  # what the header needs included before it
     macro: str = ""  # optional libraries: defined to 1 when found, and only then linked
     use: str = ""  # a statement main() runs, for a library that needs a minimum version
-    switch: str = ""  # optional libraries: the environment variable that, set to 0, leaves it out
+    switch: str = ""  # optional libraries: the environment variable that, set to 0, leaves it out (1: required)
+    without: str = "its images will be skipped"  # optional libraries: what a build without it lacks
 
 
 REQUIRED_LIBRARIES = [
@@ -59,6 +63,10 @@ OPTIONAL_LIBRARIES = [
     # TIFFOpenOptionsAlloc: libtiff >= 4.5
     SystemLibrary("libtiff", "tiffio.h", "tiff", "libtiff-dev", "libtiff-devel", macro="PTL_WITH_TIFF",
                   use="TIFFOpenOptionsFree(TIFFOpenOptionsAlloc());", switch="PTL_TIFF"),
+    # the fast CPU backend's convolutions (csrc/cpu/conv2d.c); dnnl_version: oneDNN >= 1.0's C API
+    SystemLibrary("oneDNN", "oneapi/dnnl/dnnl.h", "dnnl", "libdnnl-dev", "onednn-devel", macro="PTL_WITH_DNNL",
+                  use="return dnnl_version() == 0;", switch="PTL_DNNL",
+                  without="CPU training will run on the plain-C reference kernels, several times slower"),
 ]
 
 
@@ -198,13 +206,17 @@ def configure():
     libraries = [lib.lib for lib in REQUIRED_LIBRARIES] + ["m"]
     macros = []
     for lib in OPTIONAL_LIBRARIES:
-        if os.environ.get(lib.switch, "").strip() == "0":
+        switch = os.environ.get(lib.switch, "").strip()
+        if switch == "0":
             continue
         if library_found(lib):
             libraries.append(lib.lib)
             macros.append((lib.macro, "1"))
+        elif switch == "1":
+            sys.exit(missing_libraries_message([lib]).replace("ptl needs", "%s=1: ptl needs" % lib.switch, 1))
         else:
-            print("ptl: %s not found (install %s): its images will be skipped" % (lib.name, lib.apt), file=sys.stderr)
+            print("ptl: %s not found (install %s): %s (%s=0 silences this)" % (lib.name, lib.apt, lib.without,
+                                                                            lib.switch), file=sys.stderr)
     home = cuda_home()
     c_sources, cu_sources = ALL_C_SOURCES, CU_SOURCES
     if home:

@@ -17,6 +17,7 @@ int ptl_register_io(PyObject *module);
 int ptl_register_train(PyObject *module);
 int ptl_register_network_ops(PyObject *module);
 int ptl_register_dist(PyObject *module);
+int ptl_register_cpu(PyObject *module);
 #ifdef PTL_WITH_CUDA
 int ptl_register_conv2d_cuda(PyObject *module);
 int ptl_register_nccl(PyObject *module);
@@ -26,7 +27,7 @@ static const ptl_register_fn registrations[] = {
     ptl_register_tensor, ptl_register_cuda,   ptl_register_random, ptl_register_objective,
     ptl_register_optim,  ptl_register_data,   ptl_register_nn,     ptl_register_executor, ptl_register_metrics,
     ptl_register_layers, ptl_register_io,     ptl_register_train,  ptl_register_network_ops,
-    ptl_register_dist,
+    ptl_register_dist,   ptl_register_cpu,
 #ifdef PTL_WITH_CUDA
     ptl_register_conv2d_cuda, ptl_register_nccl,
 #endif

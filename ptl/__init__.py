@@ -1,4 +1,5 @@
 """ptl: fast, reproducible YOLO26 detector training in C/CUDA with a Lightning-like Python face."""
+from . import _openmp  # noqa: F401  (loads ptl._C with its OpenMP settings: must come first)
 from . import _C, callbacks, cuda, io, loggers, metrics, optim
 from .callbacks import (Callback, CloseMosaic, EarlyStopping, LearningRateMonitor, ModelCheckpoint,
                         ProgressBar)

@@ -443,13 +443,23 @@ def test_to_and_modes(det_n):
 # ------------------------------------------------------------------------------------ torchref
 
 @pytest.mark.torchref
+@pytest.mark.parametrize("kernels", ["reference", "fast"])
 @pytest.mark.parametrize("scale,training", [("n", True), ("n", False), ("s", True)])
-def test_torchref_parity(torchref, scale, training):
+def test_torchref_parity(torchref, scale, training, kernels, monkeypatch):
     """Same weights in torchref and ptl: same names and order, head outputs, running statistics and
-    every parameter gradient of a fixed random linear functional of the outputs (float32, CPU)."""
+    every parameter gradient of a fixed random linear functional of the outputs (float32, CPU).
+
+    On the reference kernels every tensor's gradient is checked as well; the fast CPU backend's oneDNN
+    convolutions sum in float32 in their own order (per conv 3-4x the reference's rounding error,
+    tests/test_cpu_fast.py), which puts some deep gradients (yolo26s, layers 19-22) up to 2x further from
+    the float64 truth than PyTorch's float32, so the fast backend is held to the issue's whole-network
+    measures here and to the reference (against float64) per tensor in test_cpu_fast.py."""
     import torch
     from torchref import model as tm
 
+    if kernels == "fast" and not ptl._C.cpu_conv2d_available():
+        pytest.skip("ptl built without oneDNN")
+    monkeypatch.setenv("PTL_CPU_KERNELS", kernels)
     ours = Detector(scale=scale, num_classes=80, seed=3)
     ref = tm.build_model(scale, seed=0)
     ref_named = tm.named_tensors(ref)
@@ -508,6 +518,8 @@ def test_torchref_parity(torchref, scale, training):
           f"gradient {grad_err:.2e} (vs float64: ptl {norm(g - t64) / norm(t64):.2e}, "
           f"torch {norm(t32 - t64) / norm(t64):.2e})")
     assert grad_err <= 1e-4
+    if kernels == "fast":
+        return
     # Per tensor, against the float64 truth: within 1e-4 of its own norm, or no further from the
     # truth than 1.5x PyTorch's own float32 result (deep early-layer BN gradients are ill-conditioned
     # in float32 for both). Tensors whose exact gradient is zero (a BN shift followed, through linear

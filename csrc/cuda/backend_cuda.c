@@ -64,8 +64,9 @@ fail:
 /* ------------------------------------------------------------------------- conv plans */
 
 static int cuda_conv_plan(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt, const ptl_net_conv_opts *o,
-                          void **plan)
+                          int bias, void **plan)
 {
+    (void)bias; /* the CUDA plan serves forwards with and without a bias */
     ptl_conv2d_plan_opts po = ptl_conv2d_plan_opts_default();
     po.deterministic = o->deterministic;
     po.allow_tf32 = o->allow_tf32;
@@ -75,6 +76,13 @@ static int cuda_conv_plan(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype
         return -1;
     *plan = p;
     return 0;
+}
+
+/* the CUDA attention's scratch depends on the positions and heads only */
+static size_t cuda_attn_scratch_bytes(ptl_dtype dt, int b, int n, int heads, int kd, int hd)
+{
+    (void)b, (void)kd, (void)hd;
+    return ptl_attention_cuda_scratch_bytes(dt, n, heads);
 }
 
 static void cuda_conv_plan_free(void *plan) { ptl_conv2d_plan_destroy((ptl_conv2d_plan *)plan); }
@@ -120,7 +128,7 @@ const ptl_net_backend ptl_net_backend_cuda = {
     .conv_plan_free = cuda_conv_plan_free,
     .conv_workspace = cuda_conv_workspace,
     .bn_scratch_bytes = ptl_batchnorm_cuda_scratch_bytes,
-    .attn_scratch_bytes = ptl_attention_cuda_scratch_bytes,
+    .attn_scratch_bytes = cuda_attn_scratch_bytes,
     .reserve_scratch = ptl_layers_cuda_reserve,
     .weight_cast = ptl_net_weight_cast_cuda,
     .weight_grad = ptl_net_weight_grad_cuda,

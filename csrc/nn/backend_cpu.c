@@ -58,10 +58,11 @@ typedef struct {
 } cpu_plan;
 
 static int cpu_conv_plan(ptl_exec_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt, const ptl_net_conv_opts *o,
-                         void **plan)
+                         int bias, void **plan)
 {
     (void)ctx;
     (void)o;
+    (void)bias;
     cpu_plan *p = malloc(sizeof *p);
     if (!p)
         return ptl_set_error(PTL_ERR_MEMORY, "network: out of host memory");

@@ -89,7 +89,7 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
         const ptl_net_op *op = &net->ops[i];
         if (op->kind == PTL_OP_ATTN && x->be->attn_scratch_bytes) {
             const ptl_net_dims d = ptl_net_value_dims(net, L, op->in);
-            const size_t b = x->be->attn_scratch_bytes(x->cdt, d.h * d.w, op->heads);
+            const size_t b = x->be->attn_scratch_bytes(x->cdt, L->B, d.h * d.w, op->heads, op->kd, op->hd);
             layer_scratch = b > layer_scratch ? b : layer_scratch;
         }
         if (op->kind == PTL_OP_CONV && x->be->bn_scratch_bytes) {
@@ -100,7 +100,7 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
             ptl_conv2d_desc d;
             const ptl_net_dims di = ptl_net_value_dims(net, L, op->in);
             PTL_CHECK(ptl_conv2d_init(&d, L->B, di.h, di.w, op->cin, op->cout, op->k, op->s, op->g));
-            PTL_CHECK(x->be->conv_plan(x->ctx, &d, x->cdt, &x->opts, &s->plans[i]));
+            PTL_CHECK(x->be->conv_plan(x->ctx, &d, x->cdt, &x->opts, op->kind == PTL_OP_CONV_BIAS, &s->plans[i]));
             const size_t b = x->be->conv_workspace(s->plans[i]);
             ws = b > ws ? b : ws;
         }

@@ -1,6 +1,7 @@
 /* The network executor: one forward/backward over the network description (network.h), run on a
- * backend table filled by the CPU reference kernels (backend_cpu.c) or the CUDA kernels
- * (../cuda/backend_cuda.c). Nothing here knows which backend it drives.
+ * backend table filled by the CPU reference kernels (backend_cpu.c), the fast CPU kernels
+ * (../cpu/backend_cpu_fast.c, float32) or the CUDA kernels (../cuda/backend_cuda.c). Nothing here knows
+ * which backend it drives.
  *
  * Design, in the order the pieces are made:
  *
@@ -99,13 +100,14 @@ typedef struct ptl_net_backend {
     int (*upload)(ptl_exec_ctx *ctx, void *dst, const void *host, size_t bytes);
     int (*download)(ptl_exec_ctx *ctx, void *host, const void *src, size_t bytes);
 
-    /* per shape: a conv plan (desc + dtype + algorithm choice), its workspace, the layer scratch */
+    /* per shape: a conv plan (desc + dtype + algorithm choice; bias: whether its forward adds one), its
+     * workspace, the layer scratch */
     int (*conv_plan)(ptl_exec_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt, const ptl_net_conv_opts *o,
-                     void **plan);
+                     int bias, void **plan);
     void (*conv_plan_free)(void *plan);
     size_t (*conv_workspace)(const void *plan);
     size_t (*bn_scratch_bytes)(int64_t m, int c);                    /* NULL: none */
-    size_t (*attn_scratch_bytes)(ptl_dtype dt, int n, int heads);    /* NULL: none */
+    size_t (*attn_scratch_bytes)(ptl_dtype dt, int b, int n, int heads, int kd, int hd); /* NULL: none */
     int (*reserve_scratch)(ptl_exec_ctx *ctx, size_t bytes);         /* NULL: nothing to reserve */
 
     /* weights: wc[OHWI, dt] = params[OIHW] for every table entry; grads[OIHW] += wgc[OHWI] */

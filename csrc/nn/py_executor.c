@@ -5,6 +5,7 @@
 
 #include <string.h>
 
+#include "../cpu/backend_cpu_fast.h"
 #include "executor.h"
 #include "py_network.h"
 #ifdef PTL_WITH_CUDA
@@ -27,13 +28,17 @@ ptl_net_exec *ptl_py_executor(PyObject *obj)
     return x;
 }
 
-/* executor_create(net, device='cpu', dtype=None): dtype is the compute dtype (None: the network's on the
- * CPU, float32 on CUDA). On the CPU the executor runs on the description's own storage. */
+/* executor_create(net, device='cpu', dtype=None, cpu_kernels=None): dtype is the compute dtype (None: the
+ * network's on the CPU, float32 on CUDA). On the CPU the executor runs on the description's own storage,
+ * with the kernels cpu_kernels names ('fast', 'reference'; None: PTL_CPU_KERNELS, else the default, see
+ * ../cpu/backend_cpu_fast.h). */
 static PyObject *py_create(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"net", "device", "dtype", NULL};
+    static char *kwlist[] = {"net", "device", "dtype", "cpu_kernels", NULL};
     PyObject *net_cap, *dev_obj = Py_None, *dt_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:executor_create", kwlist, &net_cap, &dev_obj, &dt_obj))
+    const char *kernels = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOz:executor_create", kwlist, &net_cap, &dev_obj, &dt_obj,
+                                     &kernels))
         return NULL;
     ptl_network *net = ptl_py_network(net_cap);
     ptl_device dev;
@@ -46,10 +51,16 @@ static PyObject *py_create(PyObject *self, PyObject *args, PyObject *kw)
     ptl_net_exec *x = NULL;
     int rc;
     if (dev.type == PTL_CPU) {
+        const ptl_net_backend *be;
         Py_BEGIN_ALLOW_THREADS;
-        rc = ptl_net_exec_create(net, &ptl_net_backend_cpu, NULL, rt, dev, dt, 1, &x);
+        rc = ptl_net_cpu_backend_choose(kernels, dt, &be);
+        if (rc == 0)
+            rc = ptl_net_exec_create(net, be, NULL, rt, dev, dt, 1, &x);
         Py_END_ALLOW_THREADS;
     } else {
+        if (kernels)
+            return PyErr_Format(PyExc_ValueError, "cpu_kernels: for a CPU executor only (device is cuda:%d)",
+                                dev.index);
 #ifdef PTL_WITH_CUDA
         ptl_cuda_ctx *ctx;
         Py_BEGIN_ALLOW_THREADS;
@@ -323,7 +334,8 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
     PyObject *dev = ptl_device_str(x->device);
     if (!dev)
         return NULL;
-    return Py_BuildValue("{s:N,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:i}", "device", dev, "dtype",
+    return Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:i}", "device", dev, "backend",
+                         x->be->name, "dtype",
                          ptl_dtype_name(x->cdt), "master_dtype", ptl_dtype_name(x->mdt), "training", x->training,
                          "num_parameters", (long long)x->net->nparams, "batch_shape", L->B, L->H, L->W, "anchors",
                          (long long)L->A, "fixed_bytes", (long long)fixed, "shape_bytes", (long long)shape,
@@ -424,7 +436,8 @@ static PyObject *py_retire(PyObject *self, PyObject *cap)
 
 static PyMethodDef methods[] = {
     {"executor_create", (PyCFunction)(void (*)(void))py_create, METH_VARARGS | METH_KEYWORDS,
-     "executor_create(net, device='cpu', dtype=None) -> an executor of the network on that device."},
+     "executor_create(net, device='cpu', dtype=None, cpu_kernels=None) -> an executor of the network on that "
+     "device ('fast' or 'reference' CPU kernels; None: PTL_CPU_KERNELS, else fast where it applies)."},
     {"executor_tensors", py_tensors, METH_O, "executor_tensors(x) -> (params, grads, buffers) over its storage."},
     {"executor_forward", py_forward, METH_VARARGS,
      "executor_forward(x, images NHWC in the compute dtype) -> the four head outputs."},

@@ -1,0 +1,46 @@
+/* Fast CPU SiLU (see activation.h): fixed chunks of 16384 elements per task. */
+#include "activation.h"
+
+#include "vector.h"
+
+#define CHUNK 16384
+
+PTL_CPU_CLONES
+static void silu_range(int64_t i0, int64_t i1, const float *x, float *y)
+{
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++)
+        y[i] = x[i] * ptl_cpu_sigmoidf(x[i]);
+}
+
+PTL_CPU_CLONES
+static void silu_grad_range(int64_t i0, int64_t i1, const float *x, const float *dy, float *dx)
+{
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) {
+        const float s = ptl_cpu_sigmoidf(x[i]);
+        dx[i] = dy[i] * (s * (1 + x[i] * (1 - s)));
+    }
+}
+
+int ptl_cpu_silu_forward(int64_t n, const float *x, float *y)
+{
+    if (n < 0)
+        return ptl_set_error(PTL_ERR_VALUE, "cpu_silu_forward: negative length %lld", (long long)n);
+    const int64_t nchunks = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for schedule(dynamic, 1) if (n > PTL_CPU_PAR_MIN)
+    for (int64_t k = 0; k < nchunks; k++)
+        silu_range(k * CHUNK, k + 1 < nchunks ? (k + 1) * CHUNK : n, x, y);
+    return 0;
+}
+
+int ptl_cpu_silu_backward(int64_t n, const float *x, const float *dy, float *dx)
+{
+    if (n < 0)
+        return ptl_set_error(PTL_ERR_VALUE, "cpu_silu_backward: negative length %lld", (long long)n);
+    const int64_t nchunks = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for schedule(dynamic, 1) if (n > PTL_CPU_PAR_MIN)
+    for (int64_t k = 0; k < nchunks; k++)
+        silu_grad_range(k * CHUNK, k + 1 < nchunks ? (k + 1) * CHUNK : n, x, dy, dx);
+    return 0;
+}
