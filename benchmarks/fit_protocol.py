@@ -5,7 +5,8 @@ own trainer on the same work?
 Workload: all 256 coco256 images (``images/train2017`` + ``images/val2017``) as the training set;
 validation on the fixed 32-image subset ``benchmarks/data/coco256_val32.txt`` of those training images
 (8 batches of 4); yolo26n, batch 4, 640, ``bf16-mixed``, 4 loader workers, RAM cache, 6 epochs = 384
-steps, MuSGD with warm-up and decay, EMA, validation and checkpoints every epoch.
+steps, MuSGD with warm-up and decay, EMA, validation and checkpoints every epoch; no plots (``plots=False``,
+as the peer's ``plots=False``).
 
 Timing: ``Trainer.fit`` alone, synchronised, measured inside each fresh process (imports, model and
 data-module construction are outside; cache filling, conv plans and recording are inside). Two
@@ -113,7 +114,7 @@ def child_ptl(args, mode):
     with tempfile.TemporaryDirectory(prefix="ptl-fitp-") as root:
         trainer = ptl.Trainer(max_epochs=args.epochs, precision=args.precision if cuda else "32-true",
                               accelerator="cuda" if cuda else "cpu", default_root_dir=root,
-                              enable_progress_bar=False, limit_val_batches=8, seed=0,
+                              enable_progress_bar=False, limit_val_batches=8, seed=0, plots=False,
                               callbacks=[_timeline_callback(ptl, stamps, sync)])
         if cuda:
             ptl.cuda.synchronize()

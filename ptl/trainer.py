@@ -312,6 +312,7 @@ class Trainer:
                                                      monitor_optional=True))
         if self.enable_progress_bar and not any(isinstance(c, cb.ProgressBar) for c in self.callbacks):
             self.callbacks.append(cb.ProgressBar())
+        self.plots, self.coco_eval = plots, coco_eval
         if plots and not any(isinstance(c, Plots) for c in self.callbacks):
             self.callbacks.append(Plots())
         if coco_eval:
