@@ -189,13 +189,14 @@ def phases(run):
     """Per-phase seconds of the first and of the last (steady) epoch from a run's timeline."""
     st = run["stamps"]
 
-    def at(what, epoch):
-        return next((t for w, e, t in st if w == what and e == epoch), None)
+    def at(what, epoch, after=None):
+        return next((t for w, e, t in st if w == what and e == epoch and (after is None or t >= after)), None)
     out = {}
     last = max(e for _, e, _ in st)
     for name, ep in (("first", 0), ("steady", last)):
         s, b0, b1, b2 = at("epoch_start", ep), at("batch0_start", ep), at("batch1_start", ep), at("batch2_start", ep)
-        vs, ve, ee = at("val_start", ep), at("val_end", ep), at("epoch_end", ep)
+        # the epoch's validation, not the sanity check's before its first batch
+        vs, ve, ee = at("val_start", ep, b0), at("val_end", ep, b0), at("epoch_end", ep)
         ck = at("ckpt", ep)
         out[name] = {"to_first_batch": b0 - s, "first_step": (b1 - b0) if b1 else None,
                      "second_step": (b2 - b1) if b2 and b1 else None, "steps": (vs or ee) - b0,
