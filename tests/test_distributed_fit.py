@@ -95,7 +95,7 @@ def test_devices_2_fit_digests_equal_and_only_rank_0_writes(two_rank_fit):
     assert "metrics.csv" in files and "hparams.yaml" in files and "checkpoints" in files
     assert sorted(os.listdir(os.path.join(res[0]["log_dir"], "checkpoints"))) == [
         "epoch0.ckpt", "epoch1.ckpt", "last.ckpt"]
-    assert r.stderr.count("validation:") == 2  # printed by rank 0 only, once per epoch
+    assert r.stderr.count(ptl.report.TABLE_HEADER) == 2  # the validation table: rank 0 only, once per epoch
 
 
 def test_fit_shards_are_the_single_process_epochs(two_rank_fit, coco256):
