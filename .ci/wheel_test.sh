@@ -21,9 +21,12 @@ data="$shared/data/coco256/data.yaml"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 venv_env=(env -u PYTHONPATH -u PYTHONHOME)  # the venv sees only what it installed
 
-echo "== build (PTL_CUDA=${PTL_CUDA:-1})"
+# the distribution's oneDNN (which links OpenCL) and libtiff use glibc >= 2.33: no manylinux_2_28 wheel
+# can carry them (README)
+echo "== build (PTL_CUDA=${PTL_CUDA:-1}, PTL_DNNL=${PTL_DNNL:-0}, PTL_TIFF=${PTL_TIFF:-0})"
 rm -rf "$work/dist" "$work/wheelhouse"
-(cd "$repo" && PTL_CUDA="${PTL_CUDA:-1}" "$python" -m pip wheel . --no-deps --no-build-isolation -q -w "$work/dist")
+(cd "$repo" && PTL_CUDA="${PTL_CUDA:-1}" PTL_DNNL="${PTL_DNNL:-0}" PTL_TIFF="${PTL_TIFF:-0}" "$python" -m pip wheel . --no-deps --no-build-isolation -q \
+  -w "$work/dist")
 raw="$(ls "$work"/dist/ptl-*.whl)"
 
 echo "== repair"
