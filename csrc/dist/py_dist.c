@@ -317,54 +317,22 @@ static int call_all_gather(ptl_dist_group *g, void *arg, const ptl_dist_poll *wa
     return ptl_dist_all_gather(g, b->data, b->n, &b->out, b->sizes, watch);
 }
 
-static PyObject *group_all_gather(PyObject *self, PyObject *args, PyObject *kw)
-{
-    static char *names[] = {"data", "watch", NULL};
-    GroupObject *o = (GroupObject *)self;
-    PyObject *obj, *watch = Py_None, *out = NULL;
-    Py_buffer view;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:all_gather", names, &obj, &watch) ||
-        PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS) < 0)
-        return NULL;
-    int world = o->g ? ptl_dist_world(o->g) : 1;
-    size_t *sizes = PyMem_Calloc((size_t)world, sizeof *sizes);
-    if (!sizes) {
-        PyBuffer_Release(&view);
-        return PyErr_NoMemory();
-    }
-    blob_call b = {view.buf, (size_t)view.len, NULL, 0, sizes};
-    int rc = group_wait(o, watch, call_all_gather, &b);
-    PyBuffer_Release(&view);
-    if (rc == 0 && (out = PyList_New(world))) {
-        size_t off = 0;
-        for (int r = 0; r < world; r++) {
-            PyObject *item = PyBytes_FromStringAndSize((char *)b.out + off, (Py_ssize_t)sizes[r]);
-            if (!item) {
-                Py_CLEAR(out);
-                break;
-            }
-            PyList_SET_ITEM(out, r, item);
-            off += sizes[r];
-        }
-    }
-    free(b.out);
-    PyMem_Free(sizes);
-    return out;
-}
-
 static int call_gather(ptl_dist_group *g, void *arg, const ptl_dist_poll *watch)
 {
     blob_call *b = arg;
     return ptl_dist_gather(g, b->data, b->n, &b->out, b->sizes, watch);
 }
 
-static PyObject *group_gather(PyObject *self, PyObject *args, PyObject *kw)
+/* all_gather / gather: every rank's bytes as a list in rank order; with root_only (gather), None on the
+   ranks that receive nothing */
+static PyObject *collect_blobs(PyObject *self, PyObject *args, PyObject *kw, const char *format,
+                               int (*call)(ptl_dist_group *, void *, const ptl_dist_poll *), int root_only)
 {
     static char *names[] = {"data", "watch", NULL};
     GroupObject *o = (GroupObject *)self;
     PyObject *obj, *watch = Py_None, *out = NULL;
     Py_buffer view;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:gather", names, &obj, &watch) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, format, names, &obj, &watch) ||
         PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS) < 0)
         return NULL;
     int world = o->g ? ptl_dist_world(o->g) : 1;
@@ -374,9 +342,9 @@ static PyObject *group_gather(PyObject *self, PyObject *args, PyObject *kw)
         return PyErr_NoMemory();
     }
     blob_call b = {view.buf, (size_t)view.len, NULL, 0, sizes};
-    int rc = group_wait(o, watch, call_gather, &b);
+    int rc = group_wait(o, watch, call, &b);
     PyBuffer_Release(&view);
-    if (rc == 0 && !b.out) {
+    if (rc == 0 && root_only && !b.out) {
         out = Py_NewRef(Py_None);
     } else if (rc == 0 && (out = PyList_New(world))) {
         size_t off = 0;
@@ -393,6 +361,16 @@ static PyObject *group_gather(PyObject *self, PyObject *args, PyObject *kw)
     free(b.out);
     PyMem_Free(sizes);
     return out;
+}
+
+static PyObject *group_all_gather(PyObject *self, PyObject *args, PyObject *kw)
+{
+    return collect_blobs(self, args, kw, "O|O:all_gather", call_all_gather, 0);
+}
+
+static PyObject *group_gather(PyObject *self, PyObject *args, PyObject *kw)
+{
+    return collect_blobs(self, args, kw, "O|O:gather", call_gather, 1);
 }
 
 static PyObject *group_abort(PyObject *self, PyObject *args)
