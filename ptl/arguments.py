@@ -84,6 +84,8 @@ ARGS = (
     Arg("patience", "trainer", "patience", "int?", "stop after N validations without a better fitness"),
     Arg("freeze", "trainer", "freeze", "freeze", "freeze the first N layers, or layers i,j,... / name prefixes"),
     Arg("precision", "trainer", "precision", "str?", "auto, 32-true, bf16-mixed or 16-mixed", TV),
+    Arg("float32_matmul_precision", "trainer", "float32_matmul_precision", "str",
+        "32-true on a GPU: highest (strict float32 convolutions), high or medium (TF32)", TV),
     Arg("device", "trainer", "accelerator", "device", "auto, cpu, cuda, cuda:N, N (GPU N) or GPU ordinals N,M",
         TV),
     Arg("devices", "trainer", "devices", "devices", "with device cpu/cuda/auto: how many (CPU processes, GPUs)", TV),

@@ -14,6 +14,8 @@ from .objective import objective as _objective
 
 PRECISIONS = {"32-true": "float32", "32": "float32", 32: "float32", "16-mixed": "float16", "16": "float16",
               16: "float16", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}
+# PyTorch's torch.set_float32_matmul_precision values; all but "highest" let float32 convolutions use TF32
+FLOAT32_MATMUL_PRECISIONS = ("highest", "high", "medium")
 ITEM = slice(LOSS["item_box"], LOSS["item_l1"] + 1)  # the o2o loss items (box, cls, l1) of the losses vector
 
 class LossValue:
@@ -103,6 +105,7 @@ class Engine:
         self.btable = model.buffer_table()
         if self.device != "cpu":
             model.to(self.device, dtype=self.compute)
+            model.set_conv_options(allow_tf32=getattr(trainer, "float32_matmul_precision", "highest") != "highest")
         self.params, self.grads, self.buffers = model.flat_parameters, model.flat_gradients, model.flat_buffers
         self._inputs = {}  # CUDA: per batch shape, the network input and the uint8 staging buffer
         self.capture = False

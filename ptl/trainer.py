@@ -33,7 +33,7 @@ from .hparams_check import check_bool, check_float, check_int
 from .optim import choose_optimizer
 from .runlog import check_run_name
 from .objective import LOSS_NAMES
-from .engine import ITEM, PRECISIONS, Engine, LossValue, _limit, _PendingLosses
+from .engine import FLOAT32_MATMUL_PRECISIONS, ITEM, PRECISIONS, Engine, LossValue, _limit, _PendingLosses
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +184,12 @@ class Trainer:
     ``end2end`` chooses what validation measures, as 8.4.190's ``nms`` does: False (the default, its
     ``nms=None``) the one-to-many head with class-aware NMS; True (its ``nms=False``) the one-to-one
     head's top-300 without NMS. It is recorded in ``hparams()["trainer"]``.
+
+    ``float32_matmul_precision`` is PyTorch's setting of that name for a ``"32-true"`` fit on a GPU:
+    ``"highest"`` (the default) keeps the convolutions in strict float32; ``"high"`` or ``"medium"`` let cuDNN
+    use TF32 tensor cores (a 10-bit mantissa for the products, float32 sums), faster and still deterministic
+    but not bit-identical to ``"highest"``. It changes nothing on the CPU or in a mixed-precision fit (their
+    convolutions do not run in float32), and is recorded in ``hparams()["trainer"]``.
     """
 
     def __init__(self, *, accelerator="auto", strategy="auto", devices="auto", num_nodes=1, precision=None,
@@ -192,7 +198,8 @@ class Trainer:
                  check_val_every_n_epoch=1, num_sanity_val_steps=None, enable_checkpointing=None,
                  enable_progress_bar=None, accumulate_grad_batches=None, gradient_clip_val=10.0, deterministic=None,
                  default_root_dir=None, name="train", seed=None, patience=None, freeze=None, timeout=None,
-                 end2end=False, log_every_n_steps=50, enable_model_summary=True, plots=True, coco_eval=False):
+                 end2end=False, log_every_n_steps=50, enable_model_summary=True, plots=True, coco_eval=False,
+                 float32_matmul_precision="highest"):
         check_int("max_epochs", max_epochs, 1, none_ok=True)
         if check_int("max_steps", max_steps, -1) == 0:
             raise ConfigError("max_steps: expected -1 (no limit) or an int >= 1, got 0")
@@ -238,6 +245,9 @@ class Trainer:
         if accelerator == "cpu" and precision not in (None, "auto") and PRECISIONS[precision] != "float32":
             raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (precision,))
         check_bool("end2end", end2end)
+        if float32_matmul_precision not in FLOAT32_MATMUL_PRECISIONS:
+            raise ConfigError("float32_matmul_precision: expected one of %s, got %r"
+                              % (", ".join(map(repr, FLOAT32_MATMUL_PRECISIONS)), float32_matmul_precision))
         for flag, value in (("enable_model_summary", enable_model_summary), ("plots", plots),
                             ("coco_eval", coco_eval)):
             check_bool(flag, value)
@@ -292,6 +302,7 @@ class Trainer:
         self.accelerator = "cuda" if accelerator == "gpu" else accelerator
         self.devices, self.num_nodes, self.strategy, self.timeout = devices, num_nodes, strategy, timeout
         self.end2end = end2end
+        self.float32_matmul_precision = float32_matmul_precision
         self._dist = _distributed.Context()  # one process until fit() joins a job
         # the loggers (a TypeError for anything else) and results.csv: ptl.loggers
         self._logging = _loggers.LoggerConnector(logger, log_every_n_steps, self.default_root_dir, name)
@@ -439,6 +450,9 @@ class Trainer:
             log.info("precision: %s (the default on %s)", self.precision, device)
         if device == "cpu" and PRECISIONS[self.precision] != "float32":
             raise ConfigError("precision: %r needs CUDA; the CPU trains in '32-true'" % (self.precision,))
+        if self.float32_matmul_precision != "highest" and (device == "cpu" or PRECISIONS[self.precision] != "float32"):
+            log.info("float32_matmul_precision=%r changes nothing here: only float32 convolutions on a GPU use TF32",
+                     self.float32_matmul_precision)
 
     def fit(self, model, datamodule, ckpt_path=None, capture_network=False):
         """Trains ``model`` on ``datamodule``; ``ckpt_path`` resumes from a checkpoint of this trainer: a
@@ -844,7 +858,7 @@ class Trainer:
             "limit_train_batches", "limit_val_batches", "overfit_batches", "val_check_interval",
             "check_val_every_n_epoch", "num_sanity_val_steps", "fast_dev_run", "deterministic", "accelerator",
             "devices", "num_nodes", "strategy", "timeout", "seed", "patience", "freeze", "name",
-            "capture_network", "end2end")}}
+            "capture_network", "end2end", "float32_matmul_precision")}}
         h["trainer"]["max_time"] = None if self.max_time is None else format_max_time(self.max_time)
         if self._engine is not None:
             h["model"] = self._engine.model_hparams()

@@ -239,6 +239,36 @@ def test_bitwise_reruns(case, dtype):
     assert np.array_equal(b1.view(np.uint32), b2.view(np.uint32))
 
 
+@pytest.mark.cuda
+def test_tf32_convolutions(case):
+    """allow_tf32 (Trainer(float32_matmul_precision="high")): float32 convolutions on TF32 tensor cores
+    (10-bit mantissa products). Eval mode, so no max-pool flip can move a gradient: outputs and gradients
+    within the low-precision tolerance of the CPU, not the bits of the strict plans (the option reaches
+    cuDNN), and bitwise reruns."""
+    sd, x, ref = case
+    r = ref[False]
+    strict = _run_cuda(sd, x, r["R"], False, "float32")
+    runs = []
+    for _ in range(2):
+        net = _detector(sd, False).to("cuda", dtype="float32")
+        net.set_conv_options(allow_tf32=True)
+        net.zero_grad()
+        out = _np_out(net.forward(x))
+        net.backward(_dev(r["R"]))
+        runs.append((out, net.flat_gradients.numpy()))
+    (o1, g1), (o2, g2) = runs
+    tol = TOL["float16"]
+    _check_outputs(o1, r["out"], tol, "tf32 eval")
+    gerr = _rel(g1, r["grads"])
+    print(f"cuda tf32 eval: outputs {_rel(o1['one2many'][1], r['out']['one2many'][1]):.2e}, gradients {gerr:.2e}")
+    assert gerr <= tol
+    assert not np.array_equal(g1, strict[2]), "allow_tf32 gave the strict float32 gradients: TF32 not used"
+    assert np.array_equal(g1.view(np.uint32), g2.view(np.uint32))
+    for br in o1:
+        for a, b in zip(o1[br], o2[br]):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 def _head_of(det):
     """Per flat parameter: 0 not in Detect, 1 one-to-many head, 2 one-to-one head."""
     head = np.zeros(det.num_parameters(), np.int8)

@@ -431,6 +431,29 @@ def test_cuda_first_losses_match_cpu(coco256, tmp_path):
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.cuda
+def test_cuda_float32_matmul_precision_reaches_the_convolutions(coco256, tmp_path):
+    """float32_matmul_precision="high" gives a 32-true fit's executor TF32 convolutions; the default keeps
+    them strict; the first losses agree to TF32's rounding."""
+    losses = {}
+    for fmp in ("highest", "high"):
+        tr = small_trainer(tmp_path / fmp, max_epochs=1, limit_train_batches=1, limit_val_batches=1,
+                           accelerator="cuda", enable_checkpointing=False, precision="32-true",
+                           float32_matmul_precision=fmp)
+        model = ptl.Detector("yolo26n")
+        tr.fit(model, small_data(coco256, imgsz=128))
+        assert model.info()["conv_options"]["allow_tf32"] is (fmp == "high")
+        assert tr.hparams()["trainer"]["float32_matmul_precision"] == fmp
+        losses[fmp] = np.asarray(tr.loss_history[0], np.float64)
+    np.testing.assert_allclose(losses["high"], losses["highest"], rtol=1e-2, atol=1e-5)
+
+
+def test_float32_matmul_precision_is_checked():
+    with pytest.raises(ptl.ConfigError, match="float32_matmul_precision"):
+        Trainer(float32_matmul_precision="tf32")
+    assert Trainer().float32_matmul_precision == "highest"
+
+
 def _falls(losses, k=16, column=0):
     """The mean loss (the total, or another column of the losses vector) of the last k batches is below that
     of the first k."""

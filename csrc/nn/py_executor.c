@@ -334,13 +334,14 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
     PyObject *dev = ptl_device_str(x->device);
     if (!dev)
         return NULL;
-    return Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:i}", "device", dev, "backend",
-                         x->be->name, "dtype",
-                         ptl_dtype_name(x->cdt), "master_dtype", ptl_dtype_name(x->mdt), "training", x->training,
-                         "num_parameters", (long long)x->net->nparams, "batch_shape", L->B, L->H, L->W, "anchors",
-                         (long long)L->A, "fixed_bytes", (long long)fixed, "shape_bytes", (long long)shape,
-                         "gradient_arena", (long long)L->gact_numel, "recorded",
-                         ptl_net_recorded(x) ? Py_True : Py_False, "have_forward", x->have_forward);
+    return Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:i,s:{s:O,s:O,s:O}}", "device", dev,
+                         "backend", x->be->name, "dtype", ptl_dtype_name(x->cdt), "master_dtype",
+                         ptl_dtype_name(x->mdt), "training", x->training, "num_parameters", (long long)x->net->nparams,
+                         "batch_shape", L->B, L->H, L->W, "anchors", (long long)L->A, "fixed_bytes", (long long)fixed,
+                         "shape_bytes", (long long)shape, "gradient_arena", (long long)L->gact_numel, "recorded",
+                         ptl_net_recorded(x) ? Py_True : Py_False, "have_forward", x->have_forward, "conv_options",
+                         "deterministic", x->opts.deterministic ? Py_True : Py_False, "allow_tf32",
+                         x->opts.allow_tf32 ? Py_True : Py_False, "find", x->opts.find ? Py_True : Py_False);
 }
 
 /* network_check_weight_table(net, cast_biases): builds the weight-cast table a backend with or without cast
