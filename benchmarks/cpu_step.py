@@ -172,9 +172,10 @@ def child_ptl_convs(args):
         x, dx = T(rng.standard_normal((n, h, w, cin))), T(np.zeros((n, h, w, cin)))
         wt, dw = T(rng.standard_normal((cout, k, k, cin // g))), T(np.zeros((cout, k, k, cin // g)))
         dy, y = T(rng.standard_normal((n, ho, wo, cout))), T(np.zeros((n, ho, wo, cout)))
-        row = {"ref": [median_time(lambda: C.layer_conv2d_forward(x, wt, None, s, g), args.reps),
-                       median_time(lambda: C.layer_conv2d_backward_input(dy, wt, dx, s, g), args.reps),
-                       median_time(lambda: C.layer_conv2d_backward_weight(x, dy, dw, s, g), args.reps)]}
+        rp = C.layer_conv2d_plan(x, wt, s, g)
+        row = {"ref": [median_time(lambda: C.layer_conv2d_forward(rp, x, wt, None, y), args.reps),
+                       median_time(lambda: C.layer_conv2d_backward_input(rp, dy, wt, dx), args.reps),
+                       median_time(lambda: C.layer_conv2d_backward_weight(rp, x, dy, dw), args.reps)]}
         if C.cpu_conv2d_available():
             p = C.cpu_conv2d_plan(n, h, w, cin, cout, k, s, g)
             row["fast"] = [median_time(lambda: C.cpu_conv2d_forward(p, x, wt, None, y), args.reps),

@@ -79,16 +79,16 @@ def main():
         x = ptl.tensor(rng.standard_normal((n, hw, hw, cin), dtype=np.float32), device="cuda").to(dtype=dt)
         w = ptl.tensor(rng.standard_normal((cout, k, k, cin // g), dtype=np.float32) * 0.1,
                        device="cuda").to(dtype=dt)
-        plan = C.layer_cuda_conv2d_plan(x, w, s, g, deterministic=not a.nondet, find=a.find)
+        plan = C.layer_conv2d_plan(x, w, s, g, deterministic=not a.nondet, find=a.find)
         info = C.layer_cuda_conv2d_plan_info(plan)
         ws = ptl.empty((max(info["workspace"], 1),), "uint8", "cuda")
         y = ptl.empty(info["y_shape"], dt, "cuda")
         dy = ptl.tensor(rng.standard_normal(info["y_shape"], dtype=np.float32), device="cuda").to(dtype=dt)
         dx = ptl.empty(tuple(x.shape), dt, "cuda")
         dw = ptl.zeros(tuple(w.shape), dt, "cuda")
-        f = timeit(lambda: C.layer_cuda_conv2d_forward(plan, x, w, None, y, ws), a.warmup, a.samples, a.inner)
-        bd = timeit(lambda: C.layer_cuda_conv2d_backward_input(plan, dy, w, dx, ws), a.warmup, a.samples, a.inner)
-        bf = timeit(lambda: C.layer_cuda_conv2d_backward_weight(plan, x, dy, dw, ws), a.warmup, a.samples, a.inner)
+        f = timeit(lambda: C.layer_conv2d_forward(plan, x, w, None, y, ws), a.warmup, a.samples, a.inner)
+        bd = timeit(lambda: C.layer_conv2d_backward_input(plan, dy, w, dx, ws), a.warmup, a.samples, a.inner)
+        bf = timeit(lambda: C.layer_conv2d_backward_weight(plan, x, dy, dw, ws), a.warmup, a.samples, a.inner)
         for i, t in enumerate((f, bd, bf)):
             total[i] += t[0]
         print("%-26s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f  %-10s %d%s" % (

@@ -89,11 +89,12 @@ def fast_conv(case, x, wt, bias, dy, dw0, db0, layout="ohwi"):
 
 def ref_conv(case, x, wt, bias, dy, dw0, db0):
     h, w, cin, cout, k, s, g, b = case
-    y = N(C.layer_conv2d_forward(T(x), T(wt), None if bias is None else T(bias), s, g))
+    plan = C.layer_conv2d_plan(T(x), T(wt), s, g)
+    y = N(C.layer_conv2d_forward(plan, T(x), T(wt), None if bias is None else T(bias)))
     dx, dw, db = T(np.zeros(x.shape)), T(dw0), T(db0)
-    C.layer_conv2d_backward_input(T(dy), T(wt), dx, s, g)
-    C.layer_conv2d_backward_weight(T(x), T(dy), dw, s, g)
-    C.layer_conv2d_backward_bias(T(dy), db)
+    C.layer_conv2d_backward_input(plan, T(dy), T(wt), dx)
+    C.layer_conv2d_backward_weight(plan, T(x), T(dy), dw)
+    C.layer_conv2d_backward_bias(plan, T(dy), db)
     return y, N(dx), N(dw), N(db)
 
 

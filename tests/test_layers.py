@@ -59,6 +59,11 @@ def conv_ref(x, w, b, s, g):
     return y
 
 
+def conv(x, w, b, s, g):
+    """y of the reference convolution, through a plan made for x and w."""
+    return C.layer_conv2d_forward(C.layer_conv2d_plan(x, w, s, g), x, w, b)
+
+
 CONV_CASES = [
     # n, h, w, cin, cout, k, stride, groups
     (2, 5, 7, 3, 4, 3, 1, 1),     # 3x3, odd sizes
@@ -87,12 +92,12 @@ def test_conv2d_forward_matches_numpy(case):
     x, w, b = conv_params(case, rng)
     s, g = case[6], case[7]
     ref = conv_ref(x, w, b, s, g)
-    y = N(C.layer_conv2d_forward(T(x), T(w), T(b), s, g))
+    y = N(conv(T(x), T(w), T(b), s, g))
     assert y.shape == ref.shape
     np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
-    y_nobias = N(C.layer_conv2d_forward(T(x), T(w), None, s, g))
+    y_nobias = N(conv(T(x), T(w), None, s, g))
     np.testing.assert_allclose(y_nobias, conv_ref(x, w, None, s, g), rtol=1e-12, atol=1e-12)
-    y32 = N(C.layer_conv2d_forward(T(x.astype(np.float32)), T(w.astype(np.float32)), T(b.astype(np.float32)), s, g))
+    y32 = N(conv(T(x.astype(np.float32)), T(w.astype(np.float32)), T(b.astype(np.float32)), s, g))
     assert y32.dtype == np.float32
     np.testing.assert_allclose(y32, ref, rtol=1e-4, atol=1e-5)
 
@@ -103,21 +108,22 @@ def test_conv2d_backward_finite_differences(case):
     x, w, b = conv_params(case, rng)
     s, g = case[6], case[7]
     r = rng.standard_normal(conv_ref(x, w, b, s, g).shape)
+    plan = C.layer_conv2d_plan(T(x), T(w), s, g)
 
     def loss(x, w, b):
-        return float((N(C.layer_conv2d_forward(T(x), T(w), T(b), s, g)) * r).sum())
+        return float((N(C.layer_conv2d_forward(plan, T(x), T(w), T(b))) * r).sum())
 
     dx = T(np.full(x.shape, np.nan))  # overwritten
-    C.layer_conv2d_backward_input(T(r), T(w), dx, s, g)
+    C.layer_conv2d_backward_input(plan, T(r), T(w), dx)
     w0 = rng.standard_normal(w.shape)  # accumulated onto
     dw = T(w0)
-    C.layer_conv2d_backward_weight(T(x), T(r), dw, s, g)
+    C.layer_conv2d_backward_weight(plan, T(x), T(r), dw)
     b0 = rng.standard_normal(b.shape)
     db = T(b0)
-    C.layer_conv2d_backward_bias(T(r), db)
+    C.layer_conv2d_backward_bias(plan, T(r), db)
     assert_grad(N(dx), numgrad(loss, [x, w, b], 0))
-    dx_ws = T(np.full(x.shape, np.nan))  # the transposed-weight (workspace) path
-    C.layer_conv2d_backward_input(T(r), T(w), dx_ws, s, g, True)
+    dx_ws = T(np.full(x.shape, np.nan))  # the transposed-weight path: a workspace of w's size
+    C.layer_conv2d_backward_input(plan, T(r), T(w), dx_ws, T(np.empty(w.size)))
     np.testing.assert_allclose(N(dx_ws), N(dx), rtol=1e-12, atol=1e-12)
     assert_grad(N(dw) - w0, numgrad(loss, [x, w, b], 1))
     assert_grad(N(db) - b0, numgrad(loss, [x, w, b], 2))
@@ -132,8 +138,10 @@ def test_conv2d_backward_float32_matches_float64():
     for dt in (np.float64, np.float32):
         dx = T(np.zeros(x.shape, dt))
         dw = T(np.zeros(w.shape, dt))
-        C.layer_conv2d_backward_input(T(r.astype(dt)), T(w.astype(dt)), dx, 2, 1, dt == np.float32)
-        C.layer_conv2d_backward_weight(T(x.astype(dt)), T(r.astype(dt)), dw, 2, 1)
+        plan = C.layer_conv2d_plan(dx, dw, 2, 1)
+        ws = T(np.empty(w.size, dt)) if dt == np.float32 else None  # float32 on the transposed-weight path
+        C.layer_conv2d_backward_input(plan, T(r.astype(dt)), T(w.astype(dt)), dx, ws)
+        C.layer_conv2d_backward_weight(plan, T(x.astype(dt)), T(r.astype(dt)), dw)
         out[dt] = N(dx), N(dw)
     for a, b in zip(out[np.float32], out[np.float64]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
@@ -150,17 +158,20 @@ def test_conv2d_weight_layout_round_trip():
 def test_conv2d_rejects_bad_arguments():
     x = T(np.zeros((1, 4, 4, 4)))
     with pytest.raises(ValueError, match="w"):
-        C.layer_conv2d_forward(x, T(np.zeros((2, 3, 3, 3))), None, 1, 1)
+        conv(x, T(np.zeros((2, 3, 3, 3))), None, 1, 1)
     with pytest.raises(ValueError, match="groups"):
-        C.layer_conv2d_forward(x, T(np.zeros((3, 3, 3, 2))), None, 1, 2)
+        conv(x, T(np.zeros((3, 3, 3, 2))), None, 1, 2)
     with pytest.raises(TypeError, match="w"):
-        C.layer_conv2d_forward(x, T(np.zeros((2, 3, 3, 4), np.float32)), None, 1, 1)
+        conv(x, T(np.zeros((2, 3, 3, 4), np.float32)), None, 1, 1)
     with pytest.raises(TypeError, match="x"):
-        C.layer_conv2d_forward(T(np.zeros((1, 4, 4, 4), np.int32)), T(np.zeros((2, 3, 3, 4))), None, 1, 1)
+        conv(T(np.zeros((1, 4, 4, 4), np.int32)), T(np.zeros((2, 3, 3, 4))), None, 1, 1)
     with pytest.raises(ValueError, match="bias"):
-        C.layer_conv2d_forward(x, T(np.zeros((2, 3, 3, 4))), T(np.zeros(3)), 1, 1)
+        conv(x, T(np.zeros((2, 3, 3, 4))), T(np.zeros(3)), 1, 1)
+    w = T(np.zeros((2, 3, 3, 4)))
     with pytest.raises(ValueError, match="dy"):
-        C.layer_conv2d_backward_input(T(np.zeros((1, 3, 4, 2))), T(np.zeros((2, 3, 3, 4))), x, 1, 1)
+        C.layer_conv2d_backward_input(C.layer_conv2d_plan(x, w, 1, 1), T(np.zeros((1, 3, 4, 2))), w, x)
+    with pytest.raises(TypeError, match="plan"):
+        C.layer_conv2d_backward_bias(None, T(np.zeros((1, 4, 4, 2))), T(np.zeros(2)))
 
 
 # ---------------------------------------------------------------------------------------------- batchnorm
@@ -496,12 +507,13 @@ def add(t):
 for (cin, cout, k, s, g) in [(16, 24, 3, 1, 1), (16, 24, 3, 2, 1), (24, 24, 3, 1, 24), (24, 40, 1, 1, 1)]:
     x = T(rng.standard_normal((2, 17, 15, cin)))
     w = T(rng.standard_normal((cout, k, k, cin // g)))
-    y = C.layer_conv2d_forward(x, w, None, s, g)
+    plan = C.layer_conv2d_plan(x, w, s, g)
+    y = C.layer_conv2d_forward(plan, x, w, None)
     dy = T(rng.standard_normal(tuple(y.shape)))
     dx, dw, db = T(np.zeros(tuple(x.shape))), T(np.zeros(tuple(w.shape))), T(np.zeros(cout))
-    C.layer_conv2d_backward_input(dy, w, dx, s, g)
-    C.layer_conv2d_backward_weight(x, dy, dw, s, g)
-    C.layer_conv2d_backward_bias(dy, db)
+    C.layer_conv2d_backward_input(plan, dy, w, dx)
+    C.layer_conv2d_backward_weight(plan, x, dy, dw)
+    C.layer_conv2d_backward_bias(plan, dy, db)
     for t in (y, dx, dw, db):
         add(t)
 x = T(rng.standard_normal((2, 16, 16, 72)))

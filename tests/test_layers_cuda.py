@@ -1,6 +1,7 @@
 """CUDA layer kernels (csrc/cuda/*.cu) against the CPU references, forward and backward, in float32, bfloat16
 and float16, through the test bindings ptl._C.layer_* (one per op, run on the device of its tensors) and
-the convolution plans' ptl._C.layer_cuda_conv2d_*.
+the convolution plans of ptl._C.layer_conv2d_* (the same bindings as the CPU tests'; the plan's CUDA
+algorithms from ptl._C.layer_cuda_conv2d_plan_info).
 
 Reduced-precision inputs are rounded to their dtype first and the CPU reference (float64) runs on the
 rounded values, so the comparison measures the kernels, not the input rounding. Errors are relative
@@ -102,12 +103,18 @@ CONV_CASES = [
 ]
 
 
+def cpu_conv(x, wt, s, g):
+    """The CPU reference's plan for float64 copies of x and wt, and the copies."""
+    x64, w64 = T64(x), T64(wt)
+    return C.layer_conv2d_plan(x64, w64, s, g), x64, w64
+
+
 def conv_setup(case, dt, rng, **opts):
     n, h, w, cin, cout, k, s, g = case
     x = rounded(rng.standard_normal((n, h, w, cin)), dt)
     wt = rounded(rng.standard_normal((cout, k, k, cin // g)) / np.sqrt(k * k * cin / g), dt)
     xg, wg = gpu(x, dt), gpu(wt, dt)
-    plan = C.layer_cuda_conv2d_plan(xg, wg, s, g, **opts)
+    plan = C.layer_conv2d_plan(xg, wg, s, g, **opts)
     info = C.layer_cuda_conv2d_plan_info(plan)
     ws = empty((info["workspace"],), "uint8") if info["workspace"] else None
     return x, wt, xg, wg, plan, info, ws
@@ -122,34 +129,35 @@ def test_conv2d_forward_backward_match_cpu(case, dt):
     ho, wo = info["y_shape"][1:3]
     b = rounded(rng.standard_normal(cout), dt)
     y = empty(info["y_shape"], dt)
-    C.layer_cuda_conv2d_forward(plan, xg, wg, gpu(b, dt), y, ws)
-    ref = N(C.layer_conv2d_forward(T64(x), T64(wt), T64(b), s, g))
+    C.layer_conv2d_forward(plan, xg, wg, gpu(b, dt), y, ws)
+    rp, x64, w64 = cpu_conv(x, wt, s, g)
+    ref = N(C.layer_conv2d_forward(rp, x64, w64, T64(b)))
     assert ref.shape == (n, ho, wo, cout)
     assert rel(host(y), ref) <= tol(dt, 1e-4)
     y2 = empty(info["y_shape"], dt)
-    C.layer_cuda_conv2d_forward(plan, xg, wg, None, y2, ws)
-    assert rel(host(y2), N(C.layer_conv2d_forward(T64(x), T64(wt), None, s, g))) <= tol(dt, 1e-4)
+    C.layer_conv2d_forward(plan, xg, wg, None, y2, ws)
+    assert rel(host(y2), N(C.layer_conv2d_forward(rp, x64, w64, None))) <= tol(dt, 1e-4)
 
     dy = rounded(rng.standard_normal((n, ho, wo, cout)), dt)
     dyg = gpu(dy, dt)
     dx = empty(x.shape, dt)
-    C.layer_cuda_conv2d_backward_input(plan, dyg, wg, dx, ws)
+    C.layer_conv2d_backward_input(plan, dyg, wg, dx, ws)
     dx_ref = T64(np.zeros_like(x))
-    C.layer_conv2d_backward_input(T64(dy), T64(wt), dx_ref, s, g)
+    C.layer_conv2d_backward_input(rp, T64(dy), w64, dx_ref)
     assert rel(host(dx), N(dx_ref)) <= tol(dt, 1e-4)
 
     # parameter gradients accumulate onto what is there
     dw0 = rounded(rng.standard_normal(wt.shape), dt)
     dwg = gpu(dw0, dt)
-    C.layer_cuda_conv2d_backward_weight(plan, xg, dyg, dwg, ws)
+    C.layer_conv2d_backward_weight(plan, xg, dyg, dwg, ws)
     dw_ref = T64(dw0)
-    C.layer_conv2d_backward_weight(T64(x), T64(dy), dw_ref, s, g)
+    C.layer_conv2d_backward_weight(rp, x64, T64(dy), dw_ref)
     assert rel(host(dwg), N(dw_ref)) <= tol(dt, 1e-4)
     db0 = rounded(rng.standard_normal(cout), dt)
     dbg = gpu(db0, dt)
-    C.layer_cuda_conv2d_backward_bias(plan, dyg, dbg, ws)
+    C.layer_conv2d_backward_bias(plan, dyg, dbg, ws)
     db_ref = T64(db0)
-    C.layer_conv2d_backward_bias(T64(dy), db_ref)
+    C.layer_conv2d_backward_bias(rp, T64(dy), db_ref)
     assert rel(host(dbg), N(db_ref)) <= tol(dt, 1e-5 if dt == "float32" else LOW[dt])
 
 
@@ -175,15 +183,15 @@ def test_conv2d_float32_plans_are_true_float32_and_deterministic():
     for _ in range(2):
         y, dx = empty(info["y_shape"]), empty(x.shape)
         dw, db = ptl.zeros(wt.shape, "float32", "cuda"), ptl.zeros((wt.shape[0],), "float32", "cuda")
-        C.layer_cuda_conv2d_forward(plan, xg, wg, None, y, ws)
-        C.layer_cuda_conv2d_backward_input(plan, dyg, wg, dx, ws)
-        C.layer_cuda_conv2d_backward_weight(plan, xg, dyg, dw, ws)
-        C.layer_cuda_conv2d_backward_bias(plan, dyg, db, ws)
+        C.layer_conv2d_forward(plan, xg, wg, None, y, ws)
+        C.layer_conv2d_backward_input(plan, dyg, wg, dx, ws)
+        C.layer_conv2d_backward_weight(plan, xg, dyg, dw, ws)
+        C.layer_conv2d_backward_bias(plan, dyg, db, ws)
         runs.append((y, dx, dw, db))
     assert all(same_bits(a, b) for a, b in zip(*runs))
     # bf16 plans are free to use tensor cores; the TF32 opt-in too (no assertion on what cuDNN picks)
-    C.layer_cuda_conv2d_plan(gpu(host(xg), "bfloat16"), gpu(host(wg), "bfloat16"), 1, 1)
-    C.layer_cuda_conv2d_plan(xg, wg, 1, 1, allow_tf32=True)
+    C.layer_conv2d_plan(gpu(host(xg), "bfloat16"), gpu(host(wg), "bfloat16"), 1, 1)
+    C.layer_conv2d_plan(xg, wg, 1, 1, allow_tf32=True)
 
 
 @pytest.mark.parametrize("dt", ["float32", "bfloat16"])
@@ -199,10 +207,10 @@ def test_conv2d_reruns_are_bitwise_equal(case, dt):
         dx = empty(x.shape, dt)
         dw = ptl.zeros(wt.shape, dt, "cuda")
         db = ptl.zeros((wt.shape[0],), dt, "cuda")
-        C.layer_cuda_conv2d_forward(plan, xg, wg, None, y, ws)
-        C.layer_cuda_conv2d_backward_input(plan, dyg, wg, dx, ws)
-        C.layer_cuda_conv2d_backward_weight(plan, xg, dyg, dw, ws)
-        C.layer_cuda_conv2d_backward_bias(plan, dyg, db, ws)
+        C.layer_conv2d_forward(plan, xg, wg, None, y, ws)
+        C.layer_conv2d_backward_input(plan, dyg, wg, dx, ws)
+        C.layer_conv2d_backward_weight(plan, xg, dyg, dw, ws)
+        C.layer_conv2d_backward_bias(plan, dyg, db, ws)
         outs.append((y, dx, dw, db))
     for a, b in zip(*outs):
         assert same_bits(a, b)
@@ -216,37 +224,40 @@ def test_conv2d_find_mode_and_workspace_checks(dt):
     if dt == "float32":
         assert info["tensor_op"] == (False, False, False)
     y = empty(info["y_shape"], dt)
-    C.layer_cuda_conv2d_forward(plan, xg, wg, None, y, ws)
-    assert rel(host(y), N(C.layer_conv2d_forward(T64(x), T64(wt), None, 1, 1))) <= tol(dt, 1e-4)
+    C.layer_conv2d_forward(plan, xg, wg, None, y, ws)
+    rp, x64, w64 = cpu_conv(x, wt, 1, 1)
+    assert rel(host(y), N(C.layer_conv2d_forward(rp, x64, w64, None))) <= tol(dt, 1e-4)
     dy = rounded(rng.standard_normal(info["y_shape"]), dt)
     dx, dw = empty(x.shape, dt), ptl.zeros(wt.shape, dt, "cuda")
-    C.layer_cuda_conv2d_backward_input(plan, gpu(dy, dt), wg, dx, ws)
-    C.layer_cuda_conv2d_backward_weight(plan, xg, gpu(dy, dt), dw, ws)
+    C.layer_conv2d_backward_input(plan, gpu(dy, dt), wg, dx, ws)
+    C.layer_conv2d_backward_weight(plan, xg, gpu(dy, dt), dw, ws)
     dx_ref, dw_ref = T64(np.zeros(x.shape)), T64(np.zeros(wt.shape))
-    C.layer_conv2d_backward_input(T64(dy), T64(wt), dx_ref, 1, 1)
-    C.layer_conv2d_backward_weight(T64(x), T64(dy), dw_ref, 1, 1)
+    C.layer_conv2d_backward_input(rp, T64(dy), w64, dx_ref)
+    C.layer_conv2d_backward_weight(rp, x64, T64(dy), dw_ref)
     assert rel(host(dx), N(dx_ref)) <= tol(dt, 1e-4) and rel(host(dw), N(dw_ref)) <= tol(dt, 1e-4)
     if info["workspace"] > 0:
         with pytest.raises(ValueError, match="workspace"):
-            C.layer_cuda_conv2d_backward_bias(plan, gpu(np.zeros(info["y_shape"]), dt), ptl.zeros((16,), dt, "cuda"),
+            C.layer_conv2d_backward_bias(plan, gpu(np.zeros(info["y_shape"]), dt), ptl.zeros((16,), dt, "cuda"),
                                               None)
 
 
 def test_conv2d_rejects_bad_arguments():
     rng = np.random.default_rng(4)
     x, wt, xg, wg, plan, info, ws = conv_setup((1, 6, 6, 4, 8, 3, 1, 1), "float32", rng)
-    with pytest.raises(ValueError, match="x"):
-        C.layer_cuda_conv2d_plan(ptl.tensor(x.astype(np.float32)), wg, 1, 1)  # CPU tensor
+    with pytest.raises(ValueError, match="w"):
+        C.layer_conv2d_plan(ptl.tensor(x.astype(np.float32)), wg, 1, 1)  # x on the CPU, w on CUDA
+    with pytest.raises(ValueError, match="plan"):
+        C.layer_cuda_conv2d_plan_info(C.layer_conv2d_plan(T64(x), T64(wt), 1, 1))  # a CPU plan
     with pytest.raises(TypeError, match="x"):
-        C.layer_cuda_conv2d_plan(ptl.tensor(x, device="cuda"), wg, 1, 1)  # float64
+        C.layer_conv2d_plan(ptl.tensor(x, device="cuda"), wg, 1, 1)  # float64
     with pytest.raises(ValueError, match="groups"):
-        C.layer_cuda_conv2d_plan(xg, wg, 1, 3)
+        C.layer_conv2d_plan(xg, wg, 1, 3)
     with pytest.raises(ValueError, match="y"):
-        C.layer_cuda_conv2d_forward(plan, xg, wg, None, empty((1, 5, 6, 8)), ws)
+        C.layer_conv2d_forward(plan, xg, wg, None, empty((1, 5, 6, 8)), ws)
     with pytest.raises(TypeError, match="plan"):
-        C.layer_cuda_conv2d_forward(None, xg, wg, None, empty(info["y_shape"]), ws)
+        C.layer_conv2d_forward(None, xg, wg, None, empty(info["y_shape"]), ws)
     with pytest.raises(TypeError, match="plan"):
-        C.layer_cuda_conv2d_forward(plan, gpu(x, "bfloat16"), gpu(wt, "bfloat16"), None,
+        C.layer_conv2d_forward(plan, gpu(x, "bfloat16"), gpu(wt, "bfloat16"), None,
                                     empty(info["y_shape"], "bfloat16"), ws)
 
 

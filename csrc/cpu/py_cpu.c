@@ -1,6 +1,9 @@
 /* Python bindings of the fast CPU backend (csrc/cpu/), for tests and benchmarks: ptl._C.cpu_* functions.
  * Every output is passed in (overwritten or accumulated as the C function does), so a benchmark times
  * the kernel alone. Tensors are float32 CPU tensors. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "../py.h"
 #include "activation.h"
 #include "attention.h"
@@ -18,6 +21,14 @@ static PtlTensor *arg(PyObject *m, PyObject *obj, const char *name, int ndim, co
 {
     return ptl_tensor_arg(m, obj, name, PTL_FLOAT32, &CPU, ndim, shape);
 }
+
+/* The other tensors of a call, checked by their specifications (float32, on the CPU). */
+static int tensors(PyObject *m, int n, PyObject *const *objs, const ptl_tensor_spec *specs, PtlTensor **ts)
+{
+    return ptl_tensor_args(m, n, objs, specs, PTL_FLOAT32, &CPU, ts);
+}
+
+#define DATA(t) ((t) ? ptl_tensor_data(t) : NULL)
 
 #define RUN(call)                                                                                            \
     do {                                                                                                     \
@@ -134,95 +145,85 @@ static PyObject *py_cpu_conv2d_plan_info(PyObject *m, PyObject *po)
                          ptl_cpu_conv2d_plan_impl(p, PTL_CPU_CONV_BACKWARD_WEIGHT));
 }
 
-/* Weights in the plan's layout: (cout, k, k, cin/groups) or (cout, cin/groups, k, k). */
-static PtlTensor *weights_arg(PyObject *m, PyObject *obj, const char *name, const ptl_cpu_conv2d_plan *p)
+enum { CONV_X, CONV_Y, CONV_W, CONV_B };
+
+/* A call's plan (with its workspace) and its tensors by role, checked against the plan's shapes (weights
+ * in its layout: OHWI or OIHW); None is accepted (as NULL) where the argument's bit is set in `optional`. */
+typedef struct {
+    const ptl_cpu_conv2d_plan *p;
+    void *ws;
+    size_t ws_bytes;
+    PtlTensor *t[4];
+} conv_call;
+
+static int conv_call_args(PyObject *m, PyObject *po, PyObject *const *objs, const char *const *names,
+                          const int *roles, int n, unsigned optional, conv_call *c)
 {
-    const ptl_conv2d_desc *d = ptl_cpu_conv2d_plan_desc(p);
+    if (!(c->p = plan_arg(po, &c->ws, &c->ws_bytes)))
+        return -1;
+    const ptl_conv2d_desc *d = ptl_cpu_conv2d_plan_desc(c->p);
     const int64_t cig = d->cin / d->groups;
-    const int64_t ohwi[4] = {d->cout, d->k, d->k, cig}, oihw[4] = {d->cout, cig, d->k, d->k};
-    return arg(m, obj, name, 4, ptl_cpu_conv2d_plan_opts(p)->weights == PTL_CPU_WEIGHTS_OHWI ? ohwi : oihw);
+    const int ohwi = ptl_cpu_conv2d_plan_opts(c->p)->weights == PTL_CPU_WEIGHTS_OHWI;
+    const int64_t shapes[4][4] = {{d->n, d->h, d->w, d->cin},
+                                  {d->n, d->ho, d->wo, d->cout},
+                                  {d->cout, ohwi ? d->k : cig, d->k, ohwi ? cig : d->k},
+                                  {d->cout}};
+    for (int i = 0; i < n; i++) {
+        c->t[i] = NULL;
+        if (objs[i] == Py_None && (optional >> i & 1))
+            continue;
+        if (!(c->t[i] = arg(m, objs[i], names[i], roles[i] == CONV_B ? 1 : 4, shapes[roles[i]])))
+            return -1;
+    }
+    return 0;
 }
 
 /* cpu_conv2d_forward(plan, x, w, bias|None, y): y = conv(x, w) (+ bias). */
 static PyObject *py_cpu_conv2d_forward(PyObject *m, PyObject *args)
 {
-    PyObject *po, *xo, *wo, *bo, *yo;
-    void *ws;
-    size_t wsb;
-    if (!PyArg_ParseTuple(args, "OOOOO:cpu_conv2d_forward", &po, &xo, &wo, &bo, &yo))
+    PyObject *po, *o[4];
+    conv_call c;
+    if (!PyArg_ParseTuple(args, "OOOOO:cpu_conv2d_forward", &po, &o[0], &o[1], &o[2], &o[3]) ||
+        conv_call_args(m, po, o, (const char *[]){"x", "w", "bias", "y"}, (const int[]){CONV_X, CONV_W, CONV_B, CONV_Y},
+                       4, 1u << 2, &c))
         return NULL;
-    const ptl_cpu_conv2d_plan *p = plan_arg(po, &ws, &wsb);
-    if (!p)
-        return NULL;
-    const ptl_conv2d_desc *d = ptl_cpu_conv2d_plan_desc(p);
-    const int64_t xs[4] = {d->n, d->h, d->w, d->cin}, ys[4] = {d->n, d->ho, d->wo, d->cout}, bs[1] = {d->cout};
-    PtlTensor *x, *w, *b = NULL, *y;
-    if (!(x = arg(m, xo, "x", 4, xs)) || !(w = weights_arg(m, wo, "w", p)) || !(y = arg(m, yo, "y", 4, ys)))
-        return NULL;
-    if (bo != Py_None && !(b = arg(m, bo, "bias", 1, bs)))
-        return NULL;
-    RUN(ptl_cpu_conv2d_forward(p, ptl_tensor_data(x), ptl_tensor_data(w), b ? ptl_tensor_data(b) : NULL,
-                               ptl_tensor_data(y), ws, wsb));
+    RUN(ptl_cpu_conv2d_forward(c.p, DATA(c.t[0]), DATA(c.t[1]), DATA(c.t[2]), DATA(c.t[3]), c.ws, c.ws_bytes));
     Py_RETURN_NONE;
 }
 
 /* cpu_conv2d_backward_input(plan, dy, w, dx): dx = dL/dx. */
 static PyObject *py_cpu_conv2d_backward_input(PyObject *m, PyObject *args)
 {
-    PyObject *po, *dyo, *wo, *dxo;
-    void *ws;
-    size_t wsb;
-    if (!PyArg_ParseTuple(args, "OOOO:cpu_conv2d_backward_input", &po, &dyo, &wo, &dxo))
+    PyObject *po, *o[3];
+    conv_call c;
+    if (!PyArg_ParseTuple(args, "OOOO:cpu_conv2d_backward_input", &po, &o[0], &o[1], &o[2]) ||
+        conv_call_args(m, po, o, (const char *[]){"dy", "w", "dx"}, (const int[]){CONV_Y, CONV_W, CONV_X}, 3, 0, &c))
         return NULL;
-    const ptl_cpu_conv2d_plan *p = plan_arg(po, &ws, &wsb);
-    if (!p)
-        return NULL;
-    const ptl_conv2d_desc *d = ptl_cpu_conv2d_plan_desc(p);
-    const int64_t xs[4] = {d->n, d->h, d->w, d->cin}, ys[4] = {d->n, d->ho, d->wo, d->cout};
-    PtlTensor *dy, *w, *dx;
-    if (!(dy = arg(m, dyo, "dy", 4, ys)) || !(w = weights_arg(m, wo, "w", p)) || !(dx = arg(m, dxo, "dx", 4, xs)))
-        return NULL;
-    RUN(ptl_cpu_conv2d_backward_input(p, ptl_tensor_data(dy), ptl_tensor_data(w), ptl_tensor_data(dx), ws, wsb));
+    RUN(ptl_cpu_conv2d_backward_input(c.p, DATA(c.t[0]), DATA(c.t[1]), DATA(c.t[2]), c.ws, c.ws_bytes));
     Py_RETURN_NONE;
 }
 
 /* cpu_conv2d_backward_weight(plan, x, dy, dw): dw += dL/dw. */
 static PyObject *py_cpu_conv2d_backward_weight(PyObject *m, PyObject *args)
 {
-    PyObject *po, *xo, *dyo, *dwo;
-    void *ws;
-    size_t wsb;
-    if (!PyArg_ParseTuple(args, "OOOO:cpu_conv2d_backward_weight", &po, &xo, &dyo, &dwo))
+    PyObject *po, *o[3];
+    conv_call c;
+    if (!PyArg_ParseTuple(args, "OOOO:cpu_conv2d_backward_weight", &po, &o[0], &o[1], &o[2]) ||
+        conv_call_args(m, po, o, (const char *[]){"x", "dy", "dw"}, (const int[]){CONV_X, CONV_Y, CONV_W}, 3, 0, &c))
         return NULL;
-    const ptl_cpu_conv2d_plan *p = plan_arg(po, &ws, &wsb);
-    if (!p)
-        return NULL;
-    const ptl_conv2d_desc *d = ptl_cpu_conv2d_plan_desc(p);
-    const int64_t xs[4] = {d->n, d->h, d->w, d->cin}, ys[4] = {d->n, d->ho, d->wo, d->cout};
-    PtlTensor *x, *dy, *dw;
-    if (!(x = arg(m, xo, "x", 4, xs)) || !(dy = arg(m, dyo, "dy", 4, ys)) || !(dw = weights_arg(m, dwo, "dw", p)))
-        return NULL;
-    RUN(ptl_cpu_conv2d_backward_weight(p, ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(dw), ws, wsb));
+    RUN(ptl_cpu_conv2d_backward_weight(c.p, DATA(c.t[0]), DATA(c.t[1]), DATA(c.t[2]), c.ws, c.ws_bytes));
     Py_RETURN_NONE;
 }
 
 /* cpu_conv2d_backward_bias(plan, dy, db): db += sum of dy over (n, ho, wo). */
 static PyObject *py_cpu_conv2d_backward_bias(PyObject *m, PyObject *args)
 {
-    PyObject *po, *dyo, *dbo;
-    void *ws;
-    size_t wsb;
-    if (!PyArg_ParseTuple(args, "OOO:cpu_conv2d_backward_bias", &po, &dyo, &dbo))
+    PyObject *po, *o[2];
+    conv_call c;
+    if (!PyArg_ParseTuple(args, "OOO:cpu_conv2d_backward_bias", &po, &o[0], &o[1]) ||
+        conv_call_args(m, po, o, (const char *[]){"dy", "db"}, (const int[]){CONV_Y, CONV_B}, 2, 0, &c))
         return NULL;
-    const ptl_cpu_conv2d_plan *p = plan_arg(po, &ws, &wsb);
-    if (!p)
-        return NULL;
-    const ptl_conv2d_desc *d = ptl_cpu_conv2d_plan_desc(p);
-    const int64_t ys[4] = {d->n, d->ho, d->wo, d->cout}, bs[1] = {d->cout};
-    PtlTensor *dy, *db;
-    if (!(dy = arg(m, dyo, "dy", 4, ys)) || !(db = arg(m, dbo, "db", 1, bs)))
-        return NULL;
-    RUN(ptl_cpu_conv2d_backward_bias(p, ptl_tensor_data(dy), ptl_tensor_data(db)));
+    RUN(ptl_cpu_conv2d_backward_bias(c.p, DATA(c.t[0]), DATA(c.t[1])));
     Py_RETURN_NONE;
 }
 
@@ -274,25 +275,24 @@ static PtlTensor *rows_arg(PyObject *m, PyObject *obj, const char *name, int64_t
 /* cpu_batchnorm_forward(x, gamma, beta, running_mean, running_var, training, act, save_mean, save_invstd, y) */
 static PyObject *py_cpu_batchnorm_forward(PyObject *m, PyObject *args)
 {
-    PyObject *xo, *go, *bo, *rmo, *rvo, *acto, *smo, *sio, *yo;
+    PyObject *xo, *o[7], *acto;
     int training;
     ptl_act act;
-    if (!PyArg_ParseTuple(args, "OOOOOpOOOO:cpu_batchnorm_forward", &xo, &go, &bo, &rmo, &rvo, &training, &acto, &smo,
-                          &sio, &yo) ||
+    if (!PyArg_ParseTuple(args, "OOOOOpOOOO:cpu_batchnorm_forward", &xo, &o[0], &o[1], &o[2], &o[3], &training, &acto,
+                          &o[4], &o[5], &o[6]) ||
         parse_act(acto, &act))
         return NULL;
     int64_t rows, cs[1];
-    PtlTensor *x = rows_arg(m, xo, "x", &rows, cs), *g, *b, *rm, *rv, *sm, *si, *y;
-    if (!x || !(g = arg(m, go, "gamma", 1, cs)) || !(b = arg(m, bo, "beta", 1, cs)) ||
-        !(rm = arg(m, rmo, "running_mean", 1, cs)) || !(rv = arg(m, rvo, "running_var", 1, cs)) ||
-        !(sm = arg(m, smo, "save_mean", 1, cs)) || !(si = arg(m, sio, "save_invstd", 1, cs)) ||
-        !(y = arg(m, yo, "y", x->ndim, x->shape)))
+    PtlTensor *x = rows_arg(m, xo, "x", &rows, cs), *t[7];
+    if (!x || tensors(m, 7, o,
+                      (const ptl_tensor_spec[]){{"gamma", 1, cs}, {"beta", 1, cs}, {"running_mean", 1, cs},
+                                                {"running_var", 1, cs}, {"save_mean", 1, cs}, {"save_invstd", 1, cs},
+                                                {"y", x->ndim, x->shape}},
+                      t))
         return NULL;
     WITH_WORKSPACE(ptl_cpu_batchnorm_workspace(rows, (int)cs[0]),
-                   ptl_cpu_batchnorm_forward(rows, (int)cs[0], ptl_tensor_data(x), ptl_tensor_data(g),
-                                             ptl_tensor_data(b), ptl_tensor_data(rm), ptl_tensor_data(rv), training,
-                                             act, ptl_tensor_data(sm), ptl_tensor_data(si), ptl_tensor_data(y), ws_,
-                                             wsb_));
+                   ptl_cpu_batchnorm_forward(rows, (int)cs[0], DATA(x), DATA(t[0]), DATA(t[1]), DATA(t[2]), DATA(t[3]),
+                                             training, act, DATA(t[4]), DATA(t[5]), DATA(t[6]), ws_, wsb_));
     Py_RETURN_NONE;
 }
 
@@ -300,83 +300,83 @@ static PyObject *py_cpu_batchnorm_forward(PyObject *m, PyObject *args)
  * dbeta|None): dx =, dgamma/dbeta += */
 static PyObject *py_cpu_batchnorm_backward(PyObject *m, PyObject *args)
 {
-    PyObject *xo, *dyo, *go, *bo, *smo, *sio, *acto, *dxo, *dgo, *dbo;
+    PyObject *xo, *o[8], *acto;
     int training;
     ptl_act act;
-    if (!PyArg_ParseTuple(args, "OOOOOOpOOOO:cpu_batchnorm_backward", &xo, &dyo, &go, &bo, &smo, &sio, &training,
-                          &acto, &dxo, &dgo, &dbo) ||
+    if (!PyArg_ParseTuple(args, "OOOOOOpOOOO:cpu_batchnorm_backward", &xo, &o[0], &o[1], &o[2], &o[3], &o[4],
+                          &training, &acto, &o[5], &o[6], &o[7]) ||
         parse_act(acto, &act))
         return NULL;
     int64_t rows, cs[1];
-    PtlTensor *x = rows_arg(m, xo, "x", &rows, cs), *dy, *g, *b, *sm, *si, *dx, *dg = NULL, *db = NULL;
-    if (!x || !(dy = arg(m, dyo, "dy", x->ndim, x->shape)) || !(g = arg(m, go, "gamma", 1, cs)) ||
-        !(b = arg(m, bo, "beta", 1, cs)) || !(sm = arg(m, smo, "save_mean", 1, cs)) ||
-        !(si = arg(m, sio, "save_invstd", 1, cs)) || !(dx = arg(m, dxo, "dx", x->ndim, x->shape)))
-        return NULL;
-    if ((dgo != Py_None && !(dg = arg(m, dgo, "dgamma", 1, cs))) || (dbo != Py_None && !(db = arg(m, dbo, "dbeta", 1, cs))))
+    PtlTensor *x = rows_arg(m, xo, "x", &rows, cs), *t[8];
+    if (!x || tensors(m, 8, o,
+                      (const ptl_tensor_spec[]){{"dy", x->ndim, x->shape}, {"gamma", 1, cs}, {"beta", 1, cs},
+                                                {"save_mean", 1, cs}, {"save_invstd", 1, cs}, {"dx", x->ndim, x->shape},
+                                                {"dgamma", 1, cs, 1}, {"dbeta", 1, cs, 1}},
+                      t))
         return NULL;
     WITH_WORKSPACE(ptl_cpu_batchnorm_workspace(rows, (int)cs[0]),
-                   ptl_cpu_batchnorm_backward(rows, (int)cs[0], ptl_tensor_data(x), ptl_tensor_data(dy),
-                                              ptl_tensor_data(g), ptl_tensor_data(b), ptl_tensor_data(sm),
-                                              ptl_tensor_data(si), training, act, ptl_tensor_data(dx),
-                                              dg ? ptl_tensor_data(dg) : NULL, db ? ptl_tensor_data(db) : NULL, ws_,
-                                              wsb_));
+                   ptl_cpu_batchnorm_backward(rows, (int)cs[0], DATA(x), DATA(t[0]), DATA(t[1]), DATA(t[2]),
+                                              DATA(t[3]), DATA(t[4]), training, act, DATA(t[5]), DATA(t[6]),
+                                              DATA(t[7]), ws_, wsb_));
     Py_RETURN_NONE;
 }
 
-/* ------------------------------------------------------------------ silu */
+/* ------------------------------------------------------------------ silu, element-wise */
+
+/* A call's tensors, all of one shape: the first's (of `ndim` dims, any if < 0), and n more (n <= 2). */
+static PtlTensor *same_shape_args(PyObject *m, PyObject *args, const char *format, const char *const *names, int ndim,
+                                  int n, PtlTensor **t)
+{
+    PyObject *o[3];
+    if (!PyArg_ParseTuple(args, format, &o[0], &o[1], &o[2]))
+        return NULL;
+    PtlTensor *x = arg(m, o[0], names[0], ndim, NULL);
+    for (int i = 0; x && i < n; i++)
+        if (!(t[i] = arg(m, o[i + 1], names[i + 1], x->ndim, x->shape)))
+            return NULL;
+    return x;
+}
 
 /* cpu_silu_forward(x, y); cpu_silu_backward(x, dy, dx) */
 static PyObject *py_cpu_silu_forward(PyObject *m, PyObject *args)
 {
-    PyObject *xo, *yo;
-    if (!PyArg_ParseTuple(args, "OO:cpu_silu_forward", &xo, &yo))
+    PtlTensor *x, *t[1];
+    if (!(x = same_shape_args(m, args, "OO:cpu_silu_forward", (const char *[]){"x", "y"}, -1, 1, t)))
         return NULL;
-    PtlTensor *x = arg(m, xo, "x", -1, NULL), *y;
-    if (!x || !(y = arg(m, yo, "y", x->ndim, x->shape)))
-        return NULL;
-    RUN(ptl_cpu_silu_forward(ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(y)));
+    RUN(ptl_cpu_silu_forward(ptl_tensor_numel(x), DATA(x), DATA(t[0])));
     Py_RETURN_NONE;
 }
 
 static PyObject *py_cpu_silu_backward(PyObject *m, PyObject *args)
 {
-    PyObject *xo, *dyo, *dxo;
-    if (!PyArg_ParseTuple(args, "OOO:cpu_silu_backward", &xo, &dyo, &dxo))
+    PtlTensor *x, *t[2];
+    if (!(x = same_shape_args(m, args, "OOO:cpu_silu_backward", (const char *[]){"x", "dy", "dx"}, -1, 2, t)))
         return NULL;
-    PtlTensor *x = arg(m, xo, "x", -1, NULL), *dy, *dx;
-    if (!x || !(dy = arg(m, dyo, "dy", x->ndim, x->shape)) || !(dx = arg(m, dxo, "dx", x->ndim, x->shape)))
-        return NULL;
-    RUN(ptl_cpu_silu_backward(ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(dx)));
+    RUN(ptl_cpu_silu_backward(ptl_tensor_numel(x), DATA(x), DATA(t[0]), DATA(t[1])));
     Py_RETURN_NONE;
 }
-
-/* ------------------------------------------------------------------ element-wise, attention */
 
 /* cpu_add(a, b, y): y = a + b; cpu_accumulate(x, y): y += x (same shapes) */
 static PyObject *py_cpu_add(PyObject *m, PyObject *args)
 {
-    PyObject *ao, *bo, *yo;
-    if (!PyArg_ParseTuple(args, "OOO:cpu_add", &ao, &bo, &yo))
+    PtlTensor *a, *t[2];
+    if (!(a = same_shape_args(m, args, "OOO:cpu_add", (const char *[]){"a", "b", "y"}, -1, 2, t)))
         return NULL;
-    PtlTensor *a = arg(m, ao, "a", -1, NULL), *b, *y;
-    if (!a || !(b = arg(m, bo, "b", a->ndim, a->shape)) || !(y = arg(m, yo, "y", a->ndim, a->shape)))
-        return NULL;
-    RUN(ptl_cpu_add(ptl_tensor_numel(a), ptl_tensor_data(a), ptl_tensor_data(b), ptl_tensor_data(y)));
+    RUN(ptl_cpu_add(ptl_tensor_numel(a), DATA(a), DATA(t[0]), DATA(t[1])));
     Py_RETURN_NONE;
 }
 
 static PyObject *py_cpu_accumulate(PyObject *m, PyObject *args)
 {
-    PyObject *xo, *yo;
-    if (!PyArg_ParseTuple(args, "OO:cpu_accumulate", &xo, &yo))
+    PtlTensor *x, *t[1];
+    if (!(x = same_shape_args(m, args, "OO:cpu_accumulate", (const char *[]){"x", "y"}, -1, 1, t)))
         return NULL;
-    PtlTensor *x = arg(m, xo, "x", -1, NULL), *y;
-    if (!x || !(y = arg(m, yo, "y", x->ndim, x->shape)))
-        return NULL;
-    RUN(ptl_cpu_accumulate(ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(y)));
+    RUN(ptl_cpu_accumulate(ptl_tensor_numel(x), DATA(x), DATA(t[0])));
     Py_RETURN_NONE;
 }
+
+/* ------------------------------------------------------------------ copies, attention */
 
 /* cpu_channel_copy(src, src_off, dst, dst_off, c, accumulate): rows of src (..., src_c) and dst (..., dst_c) */
 static PyObject *py_cpu_channel_copy(PyObject *m, PyObject *args)
@@ -397,68 +397,73 @@ static PyObject *py_cpu_channel_copy(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* qkv (b, n, heads * (2 kd + hd)) of an attention call, and the shapes of its attn and o. */
+static PtlTensor *qkv_arg(PyObject *m, PyObject *obj, int heads, int kd, int hd, int64_t *as, int64_t *os)
+{
+    if (heads <= 0 || kd <= 0 || hd <= 0) {
+        PyErr_Format(PyExc_ValueError, "heads, kd, hd: expected positive sizes, got %d, %d, %d", heads, kd, hd);
+        return NULL;
+    }
+    const int64_t qs[3] = {-1, -1, (int64_t)heads * (2 * kd + hd)};
+    PtlTensor *qkv = arg(m, obj, "qkv", 3, qs);
+    if (!qkv)
+        return NULL;
+    const int64_t b = qkv->shape[0], n = qkv->shape[1];
+    memcpy(as, (int64_t[4]){b, heads, n, n}, 4 * sizeof *as);
+    memcpy(os, (int64_t[3]){b, n, (int64_t)heads * hd}, 3 * sizeof *os);
+    return qkv;
+}
+
+#define ATTN_SIZES(qkv) (int)(qkv)->shape[0], (int)(qkv)->shape[1], heads, kd, hd
+
 /* cpu_attention_forward(qkv (b, n, cq), heads, kd, hd, attn (b, heads, n, n), o (b, n, dim), v|None) */
 static PyObject *py_cpu_attention_forward(PyObject *m, PyObject *args)
 {
-    PyObject *qo, *ao, *oo, *vo;
+    PyObject *qo, *o[3];
     int heads, kd, hd;
-    if (!PyArg_ParseTuple(args, "OiiiOOO:cpu_attention_forward", &qo, &heads, &kd, &hd, &ao, &oo, &vo))
+    if (!PyArg_ParseTuple(args, "OiiiOOO:cpu_attention_forward", &qo, &heads, &kd, &hd, &o[0], &o[1], &o[2]))
         return NULL;
-    if (heads <= 0 || kd <= 0 || hd <= 0)
-        return PyErr_Format(PyExc_ValueError, "heads, kd, hd: expected positive sizes, got %d, %d, %d", heads, kd, hd);
-    const int64_t qs[3] = {-1, -1, (int64_t)heads * (2 * kd + hd)};
-    PtlTensor *qkv = arg(m, qo, "qkv", 3, qs), *at, *o, *v = NULL;
-    if (!qkv)
+    int64_t as[4], os[3];
+    PtlTensor *qkv = qkv_arg(m, qo, heads, kd, hd, as, os), *t[3];
+    if (!qkv || tensors(m, 3, o, (const ptl_tensor_spec[]){{"attn", 4, as}, {"o", 3, os}, {"v", 3, os, 1}}, t))
         return NULL;
-    const int b = (int)qkv->shape[0], n = (int)qkv->shape[1];
-    const int64_t as[4] = {b, heads, n, n}, os[3] = {b, n, (int64_t)heads * hd};
-    if (!(at = arg(m, ao, "attn", 4, as)) || !(o = arg(m, oo, "o", 3, os)) ||
-        (vo != Py_None && !(v = arg(m, vo, "v", 3, os))))
-        return NULL;
-    WITH_WORKSPACE(ptl_cpu_attention_workspace(b, n, heads, kd, hd),
-                   ptl_cpu_attention_forward(b, n, heads, kd, hd, ptl_tensor_data(qkv), ptl_tensor_data(at),
-                                             ptl_tensor_data(o), v ? ptl_tensor_data(v) : NULL, ws_, wsb_));
+    WITH_WORKSPACE(ptl_cpu_attention_workspace(ATTN_SIZES(qkv)),
+                   ptl_cpu_attention_forward(ATTN_SIZES(qkv), DATA(qkv), DATA(t[0]), DATA(t[1]), DATA(t[2]), ws_,
+                                             wsb_));
     Py_RETURN_NONE;
 }
 
 /* cpu_attention_backward(qkv, attn, d_o, dv|None, heads, kd, hd, dqkv): dqkv = */
 static PyObject *py_cpu_attention_backward(PyObject *m, PyObject *args)
 {
-    PyObject *qo, *ao, *doo, *dvo, *dqo;
+    PyObject *qo, *o[4];
     int heads, kd, hd;
-    if (!PyArg_ParseTuple(args, "OOOOiiiO:cpu_attention_backward", &qo, &ao, &doo, &dvo, &heads, &kd, &hd, &dqo))
+    if (!PyArg_ParseTuple(args, "OOOOiiiO:cpu_attention_backward", &qo, &o[0], &o[1], &o[2], &heads, &kd, &hd, &o[3]))
         return NULL;
-    if (heads <= 0 || kd <= 0 || hd <= 0)
-        return PyErr_Format(PyExc_ValueError, "heads, kd, hd: expected positive sizes, got %d, %d, %d", heads, kd, hd);
-    const int64_t qs[3] = {-1, -1, (int64_t)heads * (2 * kd + hd)};
-    PtlTensor *qkv = arg(m, qo, "qkv", 3, qs), *at, *d_o, *dv = NULL, *dq;
-    if (!qkv)
+    int64_t as[4], os[3];
+    PtlTensor *qkv = qkv_arg(m, qo, heads, kd, hd, as, os), *t[4];
+    if (!qkv || tensors(m, 4, o,
+                        (const ptl_tensor_spec[]){{"attn", 4, as}, {"d_o", 3, os}, {"dv", 3, os, 1},
+                                                  {"dqkv", 3, qkv->shape}},
+                        t))
         return NULL;
-    const int b = (int)qkv->shape[0], n = (int)qkv->shape[1];
-    const int64_t as[4] = {b, heads, n, n}, os[3] = {b, n, (int64_t)heads * hd};
-    if (!(at = arg(m, ao, "attn", 4, as)) || !(d_o = arg(m, doo, "d_o", 3, os)) ||
-        (dvo != Py_None && !(dv = arg(m, dvo, "dv", 3, os))) || !(dq = arg(m, dqo, "dqkv", 3, qkv->shape)))
-        return NULL;
-    WITH_WORKSPACE(ptl_cpu_attention_workspace(b, n, heads, kd, hd),
-                   ptl_cpu_attention_backward(b, n, heads, kd, hd, ptl_tensor_data(qkv), ptl_tensor_data(at),
-                                              ptl_tensor_data(d_o), dv ? ptl_tensor_data(dv) : NULL,
-                                              ptl_tensor_data(dq), ws_, wsb_));
+    WITH_WORKSPACE(ptl_cpu_attention_workspace(ATTN_SIZES(qkv)),
+                   ptl_cpu_attention_backward(ATTN_SIZES(qkv), DATA(qkv), DATA(t[0]), DATA(t[1]), DATA(t[2]),
+                                              DATA(t[3]), ws_, wsb_));
     Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------------ max-pool, upsample */
 
 /* cpu_maxpool5_forward(x, y); cpu_maxpool5_backward(x, dy, dx, accumulate), all (n, h, w, c) */
+#define NHWC(t) (int)(t)->shape[0], (int)(t)->shape[1], (int)(t)->shape[2], (int)(t)->shape[3]
+
 static PyObject *py_cpu_maxpool5_forward(PyObject *m, PyObject *args)
 {
-    PyObject *xo, *yo;
-    if (!PyArg_ParseTuple(args, "OO:cpu_maxpool5_forward", &xo, &yo))
+    PtlTensor *x, *t[1];
+    if (!(x = same_shape_args(m, args, "OO:cpu_maxpool5_forward", (const char *[]){"x", "y"}, 4, 1, t)))
         return NULL;
-    PtlTensor *x = arg(m, xo, "x", 4, NULL), *y;
-    if (!x || !(y = arg(m, yo, "y", 4, x->shape)))
-        return NULL;
-    RUN(ptl_cpu_maxpool5_forward((int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3],
-                                 ptl_tensor_data(x), ptl_tensor_data(y)));
+    RUN(ptl_cpu_maxpool5_forward(NHWC(x), DATA(x), DATA(t[0])));
     Py_RETURN_NONE;
 }
 
@@ -471,8 +476,7 @@ static PyObject *py_cpu_maxpool5_backward(PyObject *m, PyObject *args)
     PtlTensor *x = arg(m, xo, "x", 4, NULL), *dy, *dx;
     if (!x || !(dy = arg(m, dyo, "dy", 4, x->shape)) || !(dx = arg(m, dxo, "dx", 4, x->shape)))
         return NULL;
-    RUN(ptl_cpu_maxpool5_backward((int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3],
-                                  ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(dx), acc));
+    RUN(ptl_cpu_maxpool5_backward(NHWC(x), DATA(x), DATA(dy), DATA(dx), acc));
     Py_RETURN_NONE;
 }
 
@@ -488,8 +492,7 @@ static PyObject *py_cpu_upsample2x_forward(PyObject *m, PyObject *args)
     const int64_t ys[4] = {x->shape[0], 2 * x->shape[1], 2 * x->shape[2], x->shape[3]};
     if (!(y = arg(m, yo, "y", 4, ys)))
         return NULL;
-    RUN(ptl_cpu_upsample2x_forward((int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3],
-                                   ptl_tensor_data(x), ptl_tensor_data(y)));
+    RUN(ptl_cpu_upsample2x_forward(NHWC(x), DATA(x), DATA(y)));
     Py_RETURN_NONE;
 }
 
@@ -505,8 +508,7 @@ static PyObject *py_cpu_upsample2x_backward(PyObject *m, PyObject *args)
     const int64_t ys[4] = {dx->shape[0], 2 * dx->shape[1], 2 * dx->shape[2], dx->shape[3]};
     if (!(dy = arg(m, dyo, "dy", 4, ys)))
         return NULL;
-    RUN(ptl_cpu_upsample2x_backward((int)dx->shape[0], (int)dx->shape[1], (int)dx->shape[2], (int)dx->shape[3],
-                                    ptl_tensor_data(dy), ptl_tensor_data(dx), acc));
+    RUN(ptl_cpu_upsample2x_backward(NHWC(dx), DATA(dy), DATA(dx), acc));
     Py_RETURN_NONE;
 }
 

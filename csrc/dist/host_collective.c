@@ -209,6 +209,39 @@ int ptl_dist_broadcast_bytes(ptl_dist_group *g, const void *data, size_t nbytes,
     return 0;
 }
 
+/* Rank 0's half of a gather: receives a frame of op from every peer and lays the blobs out in rank order,
+ * its own `data` first, after `head` free bytes of a new *blob of *total bytes; sizes[r]: rank r's bytes.
+ * *px: the peers' transfers (NULL in a world of one), kept for an answer; the caller frees them. */
+static int collect_at_root(ptl_dist_group *g, uint32_t op, const char *what, const void *data, size_t nbytes,
+                           size_t head, double deadline, const ptl_dist_poll *watch, ptl_xfer **px, char **blob,
+                           size_t *total, size_t *sizes)
+{
+    *blob = NULL;
+    ptl_xfer *x = *px = g->world > 1 ? peers_new(g) : NULL;
+    if (g->world > 1 && !x)
+        return -1;
+    for (int r = 1; r < g->world; r++) {
+        expect(&x[r - 1], op, NULL, 0);
+        x[r - 1].recv_alloc = 1;
+    }
+    if (x && ptl_dist_exchange(g, x, g->world - 1, what, deadline, watch) != 0)
+        return -1;
+    *total = head;
+    for (int r = 0; r < g->world; r++)
+        *total += sizes[r] = r == 0 ? nbytes : (size_t)x[r - 1].recv_hdr.nbytes;
+    char *b = *blob = malloc(*total ? *total : 1);
+    for (size_t r = 0, off = head; b && r < (size_t)g->world; off += sizes[r++])
+        if (sizes[r])
+            memcpy(b + off, r == 0 ? data : x[r - 1].recv_data, sizes[r]);
+    for (int r = 1; r < g->world; r++)
+        free(x[r - 1].recv_data);
+    if (b)
+        return 0;
+    char msg[64];
+    snprintf(msg, sizeof msg, "out of host memory for the %s result", what);
+    return ptl_dist_fail(g, msg);
+}
+
 /* The all-gather result travels as a table of world sizes (uint64) followed by the blobs in rank order. */
 static int unpack_gather(ptl_dist_group *g, void *blob, size_t n, size_t *sizes)
 {
@@ -236,41 +269,18 @@ int ptl_dist_all_gather(ptl_dist_group *g, const void *data, size_t nbytes, void
     double deadline;
     if (begin(g, "all_gather", &deadline) != 0)
         return -1;
-    int rc = 0;
     if (g->rank == 0) {
-        ptl_xfer *x = g->world > 1 ? peers_new(g) : NULL;
-        if (g->world > 1 && !x)
-            return -1;
-        for (int r = 1; r < g->world; r++) {
-            expect(&x[r - 1], OP_GATHER, NULL, 0);
-            x[r - 1].recv_alloc = 1;
+        const size_t table = sizeof(uint64_t) * (size_t)g->world;
+        ptl_xfer *x;
+        char *blob;
+        size_t total;
+        int rc = collect_at_root(g, OP_GATHER, "all_gather", data, nbytes, table, deadline, watch, &x, &blob, &total,
+                                 sizes);
+        for (int r = 0; rc == 0 && r < g->world; r++) {
+            const uint64_t s = sizes[r];
+            memcpy(blob + sizeof s * (size_t)r, &s, sizeof s);
         }
-        if (x && (rc = ptl_dist_exchange(g, x, g->world - 1, "all_gather", deadline, watch)) != 0) {
-            free(x);
-            return -1;
-        }
-        size_t table = sizeof(uint64_t) * (size_t)g->world, total = table + nbytes;
-        for (int r = 1; r < g->world; r++)
-            total += (size_t)x[r - 1].recv_hdr.nbytes;
-        char *blob = malloc(total);
-        if (blob) {
-            size_t off = table;
-            for (int r = 0; r < g->world; r++) {
-                const void *src = r == 0 ? data : x[r - 1].recv_data;
-                uint64_t s = r == 0 ? nbytes : x[r - 1].recv_hdr.nbytes;
-                memcpy(blob + sizeof s * (size_t)r, &s, sizeof s);
-                if (s)
-                    memcpy(blob + off, src, (size_t)s);
-                off += (size_t)s;
-            }
-        }
-        for (int r = 1; r < g->world; r++)
-            free(x[r - 1].recv_data);
-        if (!blob) {
-            free(x);
-            return ptl_dist_fail(g, "out of host memory for the all_gather result");
-        }
-        if (x)
+        if (rc == 0 && x)
             rc = send_all(g, x, OP_GATHER, blob, total, 0, "all_gather", deadline, watch);
         free(x);
         if (rc != 0 || unpack_gather(g, blob, total, sizes) != 0) {
@@ -305,32 +315,14 @@ int ptl_dist_gather(ptl_dist_group *g, const void *data, size_t nbytes, void **o
     if (begin(g, "gather", &deadline) != 0)
         return -1;
     if (g->rank == 0) {
-        ptl_xfer *x = g->world > 1 ? peers_new(g) : NULL;
-        if (g->world > 1 && !x)
-            return -1;
-        for (int r = 1; r < g->world; r++) {
-            expect(&x[r - 1], OP_GATHER_ROOT, NULL, 0);
-            x[r - 1].recv_alloc = 1;
-        }
-        if (x && ptl_dist_exchange(g, x, g->world - 1, "gather", deadline, watch) != 0) {
-            free(x);
-            return -1;
-        }
-        size_t total = nbytes;
-        for (int r = 1; r < g->world; r++)
-            total += (size_t)x[r - 1].recv_hdr.nbytes;
-        char *blob = malloc(total ? total : 1);
-        for (size_t r = 0, off = 0; blob && r < (size_t)g->world; r++) {
-            sizes[r] = r == 0 ? nbytes : (size_t)x[r - 1].recv_hdr.nbytes;
-            if (sizes[r])
-                memcpy(blob + off, r == 0 ? data : x[r - 1].recv_data, sizes[r]);
-            off += sizes[r];
-        }
-        for (int r = 1; r < g->world; r++)
-            free(x[r - 1].recv_data);
+        ptl_xfer *x;
+        char *blob;
+        size_t total;
+        const int rc = collect_at_root(g, OP_GATHER_ROOT, "gather", data, nbytes, 0, deadline, watch, &x, &blob,
+                                       &total, sizes);
         free(x);
-        if (!blob)
-            return ptl_dist_fail(g, "out of host memory for the gather result");
+        if (rc != 0)
+            return -1;
         *out = blob;
     } else {
         ptl_xfer x = {0};

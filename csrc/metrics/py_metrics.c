@@ -46,69 +46,92 @@ static int buffer_arg(PyObject *obj, const char *arg, char kind, Py_ssize_t item
     return 0;
 }
 
+#ifdef PTL_WITH_CUDA
+#define ON_CUDA(call) (call)
+#else
+#define ON_CUDA(call) ptl_set_error(PTL_ERR_VALUE, "ptl was built without CUDA")
+#endif
+
+/* A postprocess or NMS call: the head outputs it reads, the detections it writes and, on CUDA, its sort
+ * keys. */
+typedef struct {
+    PtlTensor *boxes, *scores, *out, *count, *keys;
+    int64_t B, A, nc;
+    ptl_device dev;
+    ptl_runtime *rt;
+} det_call;
+
+/* boxes (B, A, 4) and scores (B, A, nc), float32 on one device. -1 after raising. */
+static int det_inputs(PyObject *self, PyObject *bo, PyObject *so, det_call *c)
+{
+    const int64_t bshape[3] = {-1, -1, 4};
+    if (!(c->boxes = ptl_tensor_arg(self, bo, "boxes", PTL_FLOAT32, NULL, 3, bshape)))
+        return -1;
+    c->B = c->boxes->shape[0];
+    c->A = c->boxes->shape[1];
+    c->dev = c->boxes->storage->device;
+    c->rt = ptl_state(self)->rt;
+    const int64_t sshape[3] = {c->B, c->A, -1};
+    if (!(c->scores = ptl_tensor_arg(self, so, "scores", PTL_FLOAT32, &c->dev, 3, sshape)))
+        return -1;
+    c->nc = c->scores->shape[2];
+    return 0;
+}
+
+/* out (B, k, 6) float32 and count (B) int32 on the inputs' device, and nkeys int64 sort keys on CUDA.
+ * -1 after raising, with nothing held. */
+static int det_outputs(PyObject *self, det_call *c, int64_t k, int64_t nkeys)
+{
+    const int64_t oshape[3] = {c->B, k, 6}, cshape[1] = {c->B}, kshape[1] = {nkeys};
+    if (!(c->out = ptl_tensor_empty(self, 3, oshape, PTL_FLOAT32, c->dev)) ||
+        !(c->count = ptl_tensor_empty(self, 1, cshape, PTL_INT32, c->dev)) ||
+        (c->dev.type != PTL_CPU && !(c->keys = ptl_tensor_empty(self, 1, kshape, PTL_INT64, c->dev)))) {
+        Py_CLEAR(c->out);
+        Py_CLEAR(c->count);
+        return -1;
+    }
+    return 0;
+}
+
+#define DET_DATA(c) ptl_tensor_data((c).out), ptl_tensor_data((c).count)
+
+/* (out, count) of a call whose kernel returned rc, or NULL after raising. */
+static PyObject *det_result(PyObject *self, det_call *c, int rc)
+{
+    Py_CLEAR(c->keys);
+    if (rc != 0) {
+        Py_CLEAR(c->out);
+        Py_CLEAR(c->count);
+        return ptl_raise(self);
+    }
+    return Py_BuildValue("(NN)", (PyObject *)c->out, (PyObject *)c->count);
+}
+
 static PyObject *py_postprocess(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"boxes", "scores", "img_h", "img_w", "max_det", "conf", NULL};
     PyObject *bo, *so;
-    int img_h, img_w, max_det = 300;
+    int img_h, img_w, max_det = 300, rc;
     float conf = 0.001f;
-    PtlTensor *boxes, *scores, *out = NULL, *count = NULL, *keys = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOii|if:postprocess", kwlist, &bo, &so, &img_h, &img_w,
-                                     &max_det, &conf))
+    det_call c = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOii|if:postprocess", kwlist, &bo, &so, &img_h, &img_w, &max_det,
+                                     &conf) ||
+        det_inputs(self, bo, so, &c))
         return NULL;
-    int64_t bshape[3] = {-1, -1, 4};
-    boxes = ptl_tensor_arg(self, bo, "boxes", PTL_FLOAT32, NULL, 3, bshape);
-    if (!boxes)
-        return NULL;
-    int64_t B = boxes->shape[0], A = boxes->shape[1];
-    ptl_device dev = boxes->storage->device;
-    int64_t sshape[3] = {B, A, -1};
-    scores = ptl_tensor_arg(self, so, "scores", PTL_FLOAT32, &dev, 3, sshape);
-    if (!scores)
-        return NULL;
-    int64_t nc = scores->shape[2];
-    int64_t k = ptl_postprocess_check(B, A, nc, img_h, img_w, max_det);
+    const int64_t k = ptl_postprocess_check(c.B, c.A, c.nc, img_h, img_w, max_det);
     if (k < 0)
         return ptl_raise(self);
-    int64_t oshape[3] = {B, k, 6}, cshape[1] = {B}, kshape[1] = {B * A};
-    out = ptl_tensor_empty(self, 3, oshape, PTL_FLOAT32, dev);
-    count = out ? ptl_tensor_empty(self, 1, cshape, PTL_INT32, dev) : NULL;
-    if (!count)
-        goto fail;
-    int rc;
-    if (dev.type == PTL_CPU) {
-        Py_BEGIN_ALLOW_THREADS;
-        rc = ptl_postprocess_cpu(ptl_tensor_data(boxes), ptl_tensor_data(scores), B, A, nc, img_h, img_w, max_det,
-                                 conf, ptl_tensor_data(out), ptl_tensor_data(count));
-        Py_END_ALLOW_THREADS;
-    } else {
-#ifdef PTL_WITH_CUDA
-        keys = ptl_tensor_empty(self, 1, kshape, PTL_INT64, dev);
-        if (!keys)
-            goto fail;
-        ptl_runtime *rt = ptl_state(self)->rt;
-        Py_BEGIN_ALLOW_THREADS;
-        rc = ptl_postprocess_cuda(rt, dev.index, ptl_tensor_data(boxes), ptl_tensor_data(scores), B, A, nc, img_h,
-                                  img_w, max_det, conf, ptl_tensor_data(keys), ptl_tensor_data(out),
-                                  ptl_tensor_data(count));
-        Py_END_ALLOW_THREADS;
-#else
-        (void)kshape;
-        rc = ptl_set_error(PTL_ERR_VALUE, "postprocess: ptl was built without CUDA");
-#endif
-    }
-    Py_XDECREF(keys);
-    keys = NULL;
-    if (rc != 0) {
-        ptl_raise(self);
-        goto fail;
-    }
-    return Py_BuildValue("(NN)", (PyObject *)out, (PyObject *)count);
-fail:
-    Py_XDECREF(out);
-    Py_XDECREF(count);
-    Py_XDECREF(keys);
-    return NULL;
+    if (det_outputs(self, &c, k, c.B * c.A))
+        return NULL;
+    const float *boxes = ptl_tensor_data(c.boxes), *scores = ptl_tensor_data(c.scores);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = c.dev.type == PTL_CPU ? ptl_postprocess_cpu(boxes, scores, c.B, c.A, c.nc, img_h, img_w, max_det, conf,
+                                                     DET_DATA(c))
+                               : ON_CUDA(ptl_postprocess_cuda(c.rt, c.dev.index, boxes, scores, c.B, c.A, c.nc, img_h,
+                                                              img_w, max_det, conf, ptl_tensor_data(c.keys),
+                                                              DET_DATA(c)));
+    Py_END_ALLOW_THREADS;
+    return det_result(self, &c, rc);
 }
 
 static PyObject *py_nms(PyObject *self, PyObject *args, PyObject *kw)
@@ -116,68 +139,30 @@ static PyObject *py_nms(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"boxes", "scores", "img_h", "img_w", "max_det", "conf", "iou",
                              "max_nms", "agnostic", "multi_label", NULL};
     PyObject *bo, *so;
-    int img_h, img_w, max_det = 300, max_nms = PTL_NMS_MAX_NMS, agnostic = 0, multi_label = 1;
+    int img_h, img_w, max_det = 300, max_nms = PTL_NMS_MAX_NMS, agnostic = 0, multi_label = 1, rc;
     float conf = 0.001f;
     double iou = 0.7;
-    PtlTensor *boxes, *scores, *out = NULL, *count = NULL, *keys = NULL;
+    det_call c = {0};
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOii|ifdipp:nms", kwlist, &bo, &so, &img_h, &img_w, &max_det, &conf,
-                                     &iou, &max_nms, &agnostic, &multi_label))
+                                     &iou, &max_nms, &agnostic, &multi_label) ||
+        det_inputs(self, bo, so, &c))
         return NULL;
-    int64_t bshape[3] = {-1, -1, 4};
-    boxes = ptl_tensor_arg(self, bo, "boxes", PTL_FLOAT32, NULL, 3, bshape);
-    if (!boxes)
-        return NULL;
-    int64_t B = boxes->shape[0], A = boxes->shape[1];
-    ptl_device dev = boxes->storage->device;
-    int64_t sshape[3] = {B, A, -1};
-    scores = ptl_tensor_arg(self, so, "scores", PTL_FLOAT32, &dev, 3, sshape);
-    if (!scores)
-        return NULL;
-    int64_t nc = scores->shape[2];
-    if (ptl_nms_check(B, A, nc, img_h, img_w, max_det, max_nms, iou) < 0)
+    if (ptl_nms_check(c.B, c.A, c.nc, img_h, img_w, max_det, max_nms, iou) < 0)
         return ptl_raise(self);
-    int64_t oshape[3] = {B, max_det, 6}, cshape[1] = {B};
-    out = ptl_tensor_empty(self, 3, oshape, PTL_FLOAT32, dev);
-    count = out ? ptl_tensor_empty(self, 1, cshape, PTL_INT32, dev) : NULL;
-    if (!count)
-        goto fail;
-    int rc;
-    if (dev.type == PTL_CPU) {
-        Py_BEGIN_ALLOW_THREADS;
-        rc = ptl_nms_cpu(ptl_tensor_data(boxes), ptl_tensor_data(scores), B, A, nc, img_h, img_w, max_det, conf, iou,
-                         max_nms, agnostic, multi_label, ptl_tensor_data(out), ptl_tensor_data(count));
-        Py_END_ALLOW_THREADS;
-    } else {
-#ifdef PTL_WITH_CUDA
-        int64_t cap = 1;
-        while (cap < max_nms)
-            cap *= 2;
-        int64_t kshape[1] = {B * cap};
-        keys = ptl_tensor_empty(self, 1, kshape, PTL_INT64, dev);
-        if (!keys)
-            goto fail;
-        ptl_runtime *rt = ptl_state(self)->rt;
-        Py_BEGIN_ALLOW_THREADS;
-        rc = ptl_nms_cuda(rt, dev.index, ptl_tensor_data(boxes), ptl_tensor_data(scores), B, A, nc, img_h, img_w,
-                          max_det, conf, iou, max_nms, agnostic, multi_label, ptl_tensor_data(keys), ptl_tensor_data(out),
-                          ptl_tensor_data(count));
-        Py_END_ALLOW_THREADS;
-#else
-        rc = ptl_set_error(PTL_ERR_VALUE, "nms: ptl was built without CUDA");
-#endif
-    }
-    Py_XDECREF(keys);
-    keys = NULL;
-    if (rc != 0) {
-        ptl_raise(self);
-        goto fail;
-    }
-    return Py_BuildValue("(NN)", (PyObject *)out, (PyObject *)count);
-fail:
-    Py_XDECREF(out);
-    Py_XDECREF(count);
-    Py_XDECREF(keys);
-    return NULL;
+    int64_t cap = 1; /* the CUDA sort's keys per image: max_nms rounded up to a power of two */
+    while (cap < max_nms)
+        cap *= 2;
+    if (det_outputs(self, &c, max_det, c.B * cap))
+        return NULL;
+    const float *boxes = ptl_tensor_data(c.boxes), *scores = ptl_tensor_data(c.scores);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = c.dev.type == PTL_CPU ? ptl_nms_cpu(boxes, scores, c.B, c.A, c.nc, img_h, img_w, max_det, conf, iou, max_nms,
+                                             agnostic, multi_label, DET_DATA(c))
+                               : ON_CUDA(ptl_nms_cuda(c.rt, c.dev.index, boxes, scores, c.B, c.A, c.nc, img_h, img_w,
+                                                      max_det, conf, iou, max_nms, agnostic, multi_label,
+                                                      ptl_tensor_data(c.keys), DET_DATA(c)));
+    Py_END_ALLOW_THREADS;
+    return det_result(self, &c, rc);
 }
 
 static PyObject *py_scale_boxes(PyObject *self, PyObject *args)

@@ -91,8 +91,16 @@ static size_t cpu_conv_workspace(const void *plan)
 
 WITHOUT_CTX(cpu_conv_forward, ((void)ws, (void)wsb, ptl_conv2d_forward(PLAN(p), x, w, bias, y)), const void *p,
             const void *x, const void *w, const void *bias, void *y, void *ws, size_t wsb)
-WITHOUT_CTX(cpu_conv_backward_input, ((void)ws, (void)wsb, ptl_conv2d_backward_input(PLAN(p), dy, w, dx)),
-            const void *p, const void *dy, const void *w, void *dx, void *ws, size_t wsb)
+/* The executor hands no workspace here (cpu_conv_workspace: its arithmetic is the plain path's); a caller
+ * handing one of the transposed weights' size (the layer test bindings) gets the transposed-weight path. */
+static int cpu_conv_backward_input(ptl_exec_ctx *ctx, const void *p, const void *dy, const void *w, void *dx,
+                                   void *ws, size_t wsb)
+{
+    (void)ctx;
+    const cpu_plan *cp = p;
+    const size_t need = (size_t)ptl_conv2d_backward_input_workspace(&cp->d) * ptl_dtype_size(cp->dt);
+    return ptl_conv2d_backward_input_ws(&cp->d, cp->dt, dy, w, need && wsb >= need ? ws : NULL, dx);
+}
 WITHOUT_CTX(cpu_conv_backward_weight, ((void)ws, (void)wsb, ptl_conv2d_backward_weight(PLAN(p), x, dy, dw)),
             const void *p, const void *x, const void *dy, void *dw, void *ws, size_t wsb)
 WITHOUT_CTX(cpu_conv_backward_bias, ((void)ws, (void)wsb, ptl_conv2d_backward_bias(PLAN(p), dy, db)), const void *p,

@@ -1,10 +1,13 @@
 /* Python bindings of the layer kernels, for tests: ptl._C.layer_* functions. Each runs on the device of
  * its first tensor through the executor's backend table (executor.h): the CPU reference kernels
  * (float32, float64) or the CUDA kernels (float32, bfloat16, float16; BatchNorm parameters and
- * statistics float32 there). Convolutions here are the CPU's; on CUDA they run through a plan
- * (../cuda/py_conv2d_cuda.c). Forwards return new tensors; backwards write into the gradient tensors
- * they are given (activation gradients overwritten, parameter gradients accumulated, as the C
+ * statistics float32 there). A convolution runs through a plan of that backend (layer_conv2d_plan), as
+ * the executor runs it; the CUDA-only questions about a plan are ../cuda/py_conv2d_cuda.c's. Forwards
+ * return new tensors (a convolution's may be given its output); backwards write into the gradient
+ * tensors they are given (activation gradients overwritten, parameter gradients accumulated, as the C
  * functions do). */
+#include <stdlib.h>
+
 #include "../py.h"
 #include "activation.h"
 #include "attention.h"
@@ -14,6 +17,7 @@
 #include "elementwise.h"
 #include "executor.h"
 #include "maxpool.h"
+#include "py_layers.h"
 #include "upsample.h"
 
 static const ptl_device CPU = {PTL_CPU, 0};
@@ -80,17 +84,6 @@ static PtlTensor *cpu_arg(PyObject *m, PyObject *obj, const char *name, int dt, 
     return t;
 }
 
-static PtlTensor *opt_cpu_arg(PyObject *m, PyObject *obj, const char *name, int dt, int ndim, const int64_t *shape,
-                              int *err)
-{
-    if (obj == Py_None)
-        return NULL;
-    PtlTensor *t = cpu_arg(m, obj, name, dt, ndim, shape);
-    if (!t)
-        *err = 1;
-    return t;
-}
-
 /* The kernels of t's device and its execution context. */
 typedef struct {
     const ptl_net_backend *be;
@@ -146,105 +139,182 @@ static int conv_desc(PyObject *m, PtlTensor *x, PtlTensor *w, int stride, int gr
     return 0;
 }
 
+#define PLAN_CAPSULE "ptl._C.conv2d_plan"
+
+static void plan_capsule_free(PyObject *cap)
+{
+    ptl_py_conv_plan *p = PyCapsule_GetPointer(cap, PLAN_CAPSULE);
+    p->be->conv_plan_free(p->plan);
+    free(p);
+}
+
+ptl_py_conv_plan *ptl_py_conv_plan_arg(PyObject *obj)
+{
+    if (!PyCapsule_IsValid(obj, PLAN_CAPSULE)) {
+        PyErr_SetString(PyExc_TypeError, "plan: expected a plan from layer_conv2d_plan");
+        return NULL;
+    }
+    return PyCapsule_GetPointer(obj, PLAN_CAPSULE);
+}
+
+/* layer_conv2d_plan(x, w, stride, groups, deterministic=True, allow_tf32=False, find=False) -> the plan of
+ * x's device's backend for x's shape and dtype and w (cout, k, k, cin/groups). The options choose CUDA's
+ * algorithms (the CPU reference has one); CUDA plans come from the device's plan cache. */
+static PyObject *py_conv2d_plan(PyObject *m, PyObject *args, PyObject *kwargs)
+{
+    static char *kw[] = {"x", "w", "stride", "groups", "deterministic", "allow_tf32", "find", NULL};
+    PyObject *xo, *wo;
+    int stride, groups;
+    ptl_net_conv_opts o = {.deterministic = 1};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOii|ppp:layer_conv2d_plan", kw, &xo, &wo, &stride, &groups,
+                                     &o.deterministic, &o.allow_tf32, &o.find))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", NULL, 4, NULL), *w;
+    ptl_conv2d_desc d;
+    kernels k;
+    if (!x || !(w = arg(m, wo, "w", x, 4, NULL)) || conv_desc(m, x, w, stride, groups, &d) || kernels_of(m, x, &k))
+        return NULL;
+    ptl_py_conv_plan *p = malloc(sizeof *p);
+    if (!p)
+        return PyErr_NoMemory();
+    *p = (ptl_py_conv_plan){k.be, k.ctx, x->storage->device, x->dtype, d, NULL};
+    RUN(k.be->conv_plan(k.ctx, &d, x->dtype, &o, 1, &p->plan)); /* bias 1: a forward may be given one */
+    PyObject *cap = PyCapsule_New(p, PLAN_CAPSULE, plan_capsule_free);
+    if (!cap) {
+        k.be->conv_plan_free(p->plan);
+        free(p);
+    }
+    return cap;
+fail:
+    free(p);
+    return ptl_raise(m);
+}
+
+enum { CONV_X, CONV_Y, CONV_W, CONV_B };
+
+/* A tensor of the plan: on its device, in its dtype, of the shape of its role (x, y, w or bias). */
+static PtlTensor *plan_tensor(PyObject *m, const ptl_py_conv_plan *p, PyObject *obj, const char *name, int role)
+{
+    const ptl_conv2d_desc *d = &p->d;
+    const int64_t shapes[4][4] = {{d->n, d->h, d->w, d->cin},
+                                  {d->n, d->ho, d->wo, d->cout},
+                                  {d->cout, d->k, d->k, d->cin / d->groups},
+                                  {d->cout}};
+    PtlTensor *t = ptl_tensor_arg(m, obj, name, -1, &p->device, role == CONV_B ? 1 : 4, shapes[role]);
+    if (t && t->dtype != p->dt) {
+        PyErr_Format(PyExc_TypeError, "plan: made for dtype %s, %s is %s", ptl_dtype_name(p->dt), name,
+                     ptl_dtype_name(t->dtype));
+        return NULL;
+    }
+    return t;
+}
+
+/* A call's plan, its tensors by role (None given as NULL where the role is in `optional`, a bit mask), and
+ * the workspace (a tensor of any dtype on the plan's device, or None). -1 after raising. */
+typedef struct {
+    const ptl_py_conv_plan *p;
+    PtlTensor *t[4];
+    void *ws;
+    size_t ws_bytes;
+} conv_call;
+
+static int conv_call_args(PyObject *m, PyObject *po, PyObject *const *objs, const char *const *names,
+                          const int *roles, int n, unsigned optional, PyObject *wso, conv_call *c)
+{
+    if (!(c->p = ptl_py_conv_plan_arg(po)))
+        return -1;
+    for (int i = 0; i < n; i++) {
+        c->t[i] = NULL;
+        if (objs[i] == Py_None && (optional >> i & 1))
+            continue;
+        if (!(c->t[i] = plan_tensor(m, c->p, objs[i], names[i], roles[i])))
+            return -1;
+    }
+    c->ws = NULL;
+    c->ws_bytes = 0;
+    if (wso != Py_None) {
+        PtlTensor *ws = ptl_tensor_arg(m, wso, "workspace", -1, &c->p->device, -1, NULL);
+        if (!ws)
+            return -1;
+        c->ws = ptl_tensor_data(ws);
+        c->ws_bytes = ptl_tensor_nbytes(ws);
+    }
+    return 0;
+}
+
+#define D(i) data_or_null(c.t[i])
+
+/* layer_conv2d_forward(plan, x, w, bias|None, y=None, workspace=None) -> y: y = conv(x, w) (+ bias), into
+ * y when given, else into a new tensor. */
 static PyObject *py_conv2d_forward(PyObject *m, PyObject *args)
 {
-    PyObject *xo, *wo, *bo;
-    int stride, groups, err = 0;
-    if (!PyArg_ParseTuple(args, "OOOii:layer_conv2d_forward", &xo, &wo, &bo, &stride, &groups))
+    PyObject *o[4], *po, *wso = Py_None;
+    o[3] = Py_None;
+    conv_call c;
+    if (!PyArg_ParseTuple(args, "OOOO|OO:layer_conv2d_forward", &po, &o[0], &o[1], &o[2], &o[3], &wso) ||
+        conv_call_args(m, po, o, (const char *[]){"x", "w", "bias", "y"}, (const int[]){CONV_X, CONV_W, CONV_B, CONV_Y},
+                       4, 0xc, wso, &c))
         return NULL;
-    PtlTensor *x = cpu_arg(m, xo, "x", -1, 4, NULL), *w, *b, *y;
-    if (!x || !(w = cpu_arg(m, wo, "w", x->dtype, 4, NULL)))
+    const ptl_conv2d_desc *d = &c.p->d;
+    const int64_t ys[4] = {d->n, d->ho, d->wo, d->cout};
+    PtlTensor *y = c.t[3];
+    if (y)
+        Py_INCREF(y);
+    else if (!(y = new_like(m, c.t[0], 4, ys, c.p->dt)))
         return NULL;
-    ptl_conv2d_desc d;
-    if (conv_desc(m, x, w, stride, groups, &d))
-        return NULL;
-    const int64_t bs[1] = {d.cout};
-    b = opt_cpu_arg(m, bo, "bias", x->dtype, 1, bs, &err);
-    if (err)
-        return NULL;
-    const int64_t ys[4] = {d.n, d.ho, d.wo, d.cout};
-    if (!(y = ptl_tensor_empty(m, 4, ys, x->dtype, CPU)))
-        return NULL;
-    RUN(ptl_conv2d_forward(&d, x->dtype, ptl_tensor_data(x), ptl_tensor_data(w), data_or_null(b),
-                           ptl_tensor_data(y)));
+    RUN(c.p->be->conv_forward(c.p->ctx, c.p->plan, D(0), D(1), D(2), ptl_tensor_data(y), c.ws, c.ws_bytes));
     return (PyObject *)y;
 fail:
     Py_DECREF(y);
     return ptl_raise(m);
 }
 
-/* layer_conv2d_backward_input(dy, w, dx, stride, groups, workspace=False): dx (n, h, w, cin) is
- * overwritten; workspace=True takes the ptl_conv2d_backward_input_ws path. */
+/* layer_conv2d_backward_input(plan, dy, w, dx, workspace=None): dx = dL/dx. On the CPU a workspace of w's
+ * size takes the reference's transposed-weight path (groups 1). */
 static PyObject *py_conv2d_backward_input(PyObject *m, PyObject *args)
 {
-    PyObject *dyo, *wo, *dxo;
-    int stride, groups, use_ws = 0;
-    PtlTensor *ws = NULL;
-    if (!PyArg_ParseTuple(args, "OOOii|p:layer_conv2d_backward_input", &dyo, &wo, &dxo, &stride, &groups, &use_ws))
+    PyObject *o[3], *po, *wso = Py_None;
+    conv_call c;
+    if (!PyArg_ParseTuple(args, "OOOO|O:layer_conv2d_backward_input", &po, &o[0], &o[1], &o[2], &wso) ||
+        conv_call_args(m, po, o, (const char *[]){"dy", "w", "dx"}, (const int[]){CONV_Y, CONV_W, CONV_X}, 3, 0, wso,
+                       &c))
         return NULL;
-    PtlTensor *dx = cpu_arg(m, dxo, "dx", -1, 4, NULL), *w, *dy;
-    if (!dx || !(w = cpu_arg(m, wo, "w", dx->dtype, 4, NULL)))
-        return NULL;
-    ptl_conv2d_desc d;
-    if (conv_desc(m, dx, w, stride, groups, &d))
-        return NULL;
-    const int64_t ys[4] = {d.n, d.ho, d.wo, d.cout};
-    if (!(dy = cpu_arg(m, dyo, "dy", dx->dtype, 4, ys)))
-        return NULL;
-    const int64_t wsn[1] = {ptl_conv2d_backward_input_workspace(&d)};
-    if (use_ws && wsn[0] > 0 && !(ws = ptl_tensor_empty(m, 1, wsn, dx->dtype, CPU)))
-        return NULL;
-    RUN(ptl_conv2d_backward_input_ws(&d, dx->dtype, ptl_tensor_data(dy), ptl_tensor_data(w), data_or_null(ws),
-                                     ptl_tensor_data(dx)));
-    Py_XDECREF(ws);
+    RUN(c.p->be->conv_backward_input(c.p->ctx, c.p->plan, D(0), D(1), D(2), c.ws, c.ws_bytes));
     Py_RETURN_NONE;
 fail:
-    Py_XDECREF(ws);
     return ptl_raise(m);
 }
 
-/* layer_conv2d_backward_weight(x, dy, dw, stride, groups): dw += dL/dw. */
+/* layer_conv2d_backward_weight(plan, x, dy, dw, workspace=None): dw += dL/dw. */
 static PyObject *py_conv2d_backward_weight(PyObject *m, PyObject *args)
 {
-    PyObject *xo, *dyo, *dwo;
-    int stride, groups;
-    if (!PyArg_ParseTuple(args, "OOOii:layer_conv2d_backward_weight", &xo, &dyo, &dwo, &stride, &groups))
+    PyObject *o[3], *po, *wso = Py_None;
+    conv_call c;
+    if (!PyArg_ParseTuple(args, "OOOO|O:layer_conv2d_backward_weight", &po, &o[0], &o[1], &o[2], &wso) ||
+        conv_call_args(m, po, o, (const char *[]){"x", "dy", "dw"}, (const int[]){CONV_X, CONV_Y, CONV_W}, 3, 0, wso,
+                       &c))
         return NULL;
-    PtlTensor *x = cpu_arg(m, xo, "x", -1, 4, NULL), *dw, *dy;
-    if (!x || !(dw = cpu_arg(m, dwo, "dw", x->dtype, 4, NULL)))
-        return NULL;
-    ptl_conv2d_desc d;
-    if (conv_desc(m, x, dw, stride, groups, &d))
-        return NULL;
-    const int64_t ys[4] = {d.n, d.ho, d.wo, d.cout};
-    if (!(dy = cpu_arg(m, dyo, "dy", x->dtype, 4, ys)))
-        return NULL;
-    RUN(ptl_conv2d_backward_weight(&d, x->dtype, ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(dw)));
+    RUN(c.p->be->conv_backward_weight(c.p->ctx, c.p->plan, D(0), D(1), D(2), c.ws, c.ws_bytes));
     Py_RETURN_NONE;
 fail:
     return ptl_raise(m);
 }
 
-/* layer_conv2d_backward_bias(dy, db): db += sum of dy over (n, ho, wo). */
+/* layer_conv2d_backward_bias(plan, dy, db, workspace=None): db += sum of dy over (n, ho, wo). */
 static PyObject *py_conv2d_backward_bias(PyObject *m, PyObject *args)
 {
-    PyObject *dyo, *dbo;
-    if (!PyArg_ParseTuple(args, "OO:layer_conv2d_backward_bias", &dyo, &dbo))
+    PyObject *o[2], *po, *wso = Py_None;
+    conv_call c;
+    if (!PyArg_ParseTuple(args, "OOO|O:layer_conv2d_backward_bias", &po, &o[0], &o[1], &wso) ||
+        conv_call_args(m, po, o, (const char *[]){"dy", "db"}, (const int[]){CONV_Y, CONV_B}, 2, 0, wso, &c))
         return NULL;
-    PtlTensor *dy = cpu_arg(m, dyo, "dy", -1, 4, NULL), *db;
-    if (!dy)
-        return NULL;
-    const int64_t bs[1] = {dy->shape[3]};
-    if (!(db = cpu_arg(m, dbo, "db", dy->dtype, 1, bs)))
-        return NULL;
-    ptl_conv2d_desc d;
-    if (ptl_conv2d_init(&d, (int)dy->shape[0], (int)dy->shape[1], (int)dy->shape[2], 1, (int)dy->shape[3], 1, 1, 1))
-        return ptl_raise(m);
-    RUN(ptl_conv2d_backward_bias(&d, dy->dtype, ptl_tensor_data(dy), ptl_tensor_data(db)));
+    RUN(c.p->be->conv_backward_bias(c.p->ctx, c.p->plan, D(0), D(1), c.ws, c.ws_bytes));
     Py_RETURN_NONE;
 fail:
     return ptl_raise(m);
 }
+
+#undef D
 
 /* layer_conv2d_weight_layout(w, to_ohwi): OIHW (cout, cin_g, k, k) <-> OHWI (cout, k, k, cin_g). */
 static PyObject *py_conv2d_weight_layout(PyObject *m, PyObject *args)
@@ -728,10 +798,12 @@ fail:
 }
 
 static PyMethodDef methods[] = {
-    {"layer_conv2d_forward", py_conv2d_forward, METH_VARARGS, "(x, w_ohwi, bias|None, stride, groups) -> y"},
-    {"layer_conv2d_backward_input", py_conv2d_backward_input, METH_VARARGS, "(dy, w, dx, stride, groups, workspace=False); dx ="},
-    {"layer_conv2d_backward_weight", py_conv2d_backward_weight, METH_VARARGS, "(x, dy, dw, stride, groups); dw +="},
-    {"layer_conv2d_backward_bias", py_conv2d_backward_bias, METH_VARARGS, "(dy, db); db +="},
+    {"layer_conv2d_plan", (PyCFunction)(void (*)(void))py_conv2d_plan, METH_VARARGS | METH_KEYWORDS,
+     "(x, w_ohwi, stride, groups, deterministic=True, allow_tf32=False, find=False) -> plan"},
+    {"layer_conv2d_forward", py_conv2d_forward, METH_VARARGS, "(plan, x, w, bias|None, y=None, workspace=None) -> y"},
+    {"layer_conv2d_backward_input", py_conv2d_backward_input, METH_VARARGS, "(plan, dy, w, dx, workspace=None); dx ="},
+    {"layer_conv2d_backward_weight", py_conv2d_backward_weight, METH_VARARGS, "(plan, x, dy, dw, workspace=None); dw +="},
+    {"layer_conv2d_backward_bias", py_conv2d_backward_bias, METH_VARARGS, "(plan, dy, db, workspace=None); db +="},
     {"layer_conv2d_weight_layout", py_conv2d_weight_layout, METH_VARARGS, "(w, to_ohwi) -> w in the other layout"},
     {"layer_batchnorm_forward", py_batchnorm_forward, METH_VARARGS,
      "(x, gamma, beta, running_mean, running_var, training, act) -> (y, save_mean, save_invstd)"},
