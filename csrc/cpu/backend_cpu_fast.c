@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../nn/backend_cpu_storage.h"
 #include "../nn/executor.h"
 #include "attention.h"
 #include "backend_cpu_fast.h"
@@ -272,8 +273,18 @@ int ptl_net_cpu_backend_choose(const char *kernels, ptl_dtype dt, const ptl_net_
         *out = &ptl_net_backend_cpu;
         return 0;
     }
+    const int bf16 = !strcmp(kernels, "bfloat16-storage");
+    if (bf16 || !strcmp(kernels, "float16-storage")) {
+        if (dt != PTL_FLOAT32)
+            return ptl_set_error(PTL_ERR_VALUE, "%s: '%s' computes in float32; this network is %s", from, kernels,
+                                 ptl_dtype_name(dt));
+        *out = ptl_net_backend_cpu_storage(bf16 ? PTL_BFLOAT16 : PTL_FLOAT16);
+        return 0;
+    }
     if (strcmp(kernels, "fast"))
-        return ptl_set_error(PTL_ERR_VALUE, "%s: expected 'fast' or 'reference', got '%s'", from, kernels);
+        return ptl_set_error(PTL_ERR_VALUE,
+                             "%s: expected 'fast', 'reference', 'bfloat16-storage' or 'float16-storage', got '%s'",
+                             from, kernels);
     const ptl_net_backend *fast = ptl_net_backend_cpu_fast();
     if (fast && dt == PTL_FLOAT32) {
         *out = fast;

@@ -20,8 +20,9 @@ extern "C" {
  * the reference kernels except for its convolutions, whose plans it refuses. */
 const ptl_net_backend *ptl_net_backend_cpu_fast(void);
 
-/* The backend of a CPU executor computing in dt. kernels: "fast", "reference", or NULL for the
- * environment's PTL_CPU_KERNELS, else PTL_CPU_KERNELS_DEFAULT. An explicit "fast" that cannot be had
+/* The backend of a CPU executor computing in dt. kernels: "fast", "reference", "bfloat16-storage" or
+ * "float16-storage" (the reference rounding what CUDA stores in low precision, ../nn/backend_cpu_storage.h;
+ * float32 only), or NULL for the environment's PTL_CPU_KERNELS, else PTL_CPU_KERNELS_DEFAULT. An explicit "fast" that cannot be had
  * (float64, no oneDNN) is an error; the default and the environment fall back to the reference. */
 int ptl_net_cpu_backend_choose(const char *kernels, ptl_dtype dt, const ptl_net_backend **out);
 

@@ -74,6 +74,8 @@ static int cpu_conv_plan(ptl_exec_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype 
 
 static void cpu_conv_plan_free(void *plan) { free(plan); }
 
+const ptl_conv2d_desc *ptl_net_cpu_plan_desc(const void *plan) { return &((const cpu_plan *)plan)->d; }
+
 static size_t cpu_conv_workspace(const void *plan)
 {
     (void)plan;

@@ -159,6 +159,8 @@ typedef struct ptl_net_backend {
 } ptl_net_backend;
 
 extern const ptl_net_backend ptl_net_backend_cpu;
+/* The convolution a plan of ptl_net_backend_cpu describes (for backends built on its plans). */
+const ptl_conv2d_desc *ptl_net_cpu_plan_desc(const void *plan);
 /* Blocks the CPU backend holds now, over all executors (tests check that nothing leaks). */
 long ptl_net_cpu_live_blocks(void);
 #ifdef PTL_WITH_CUDA
