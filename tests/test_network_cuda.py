@@ -21,20 +21,24 @@ TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
 # mode: 7e-7 overall). So two correct float32 implementations that round differently cannot agree to
 # 1e-4 there. Training-mode float32 gradients are checked against the CPU to 1e-4 downstream of the
 # pools and against the float64 truth (relative to the CPU float32 error) everywhere.
-# For bfloat16/float16 *storage* of activations (what the CUDA path does), a CPU emulation of the
-# executor (CPU kernels with every stored value rounded to bfloat16 / float16; since retired) measured
-# on a state like this one, against the float32 CPU network, training mode: bf16 outputs 2.4e-2,
-# gradients 4.6e-1; fp16 outputs 3.3e-3, gradients 8.5e-2; running-statistic updates 3.8e-3 / 6.4e-4;
-# eval mode: bf16 outputs 2.9e-3, gradients 2.7e-3; fp16 2.9e-4 / 3.4e-4. The issue's 2e-2 is asserted
-# where it is attainable (eval mode, running statistics); training-mode low-precision outputs get 2x the
-# emulated error. Measured on an H200 (2026-12-02): bf16 gradients 5.0e-1 overall, 4.0e-1 downstream of
-# the pools; fp16 1.2e-1 / 5.4e-2; so the float32 network is the wrong oracle for these gradients even
-# where no max-pool routes them: training-mode BatchNorm's backward subtracts per-channel means of dy and
-# dy*x_hat, and through ~60 such layers the cancellation amplifies the storage rounding (per tensor, the
-# BN-bias gradients that cancel to ~0 in exact arithmetic have cosines near 0 or negative against float32
-# in both precisions). The tight oracle is the CPU emulation of the same storage rounding (to be rebuilt);
-# until then the bounds stay at 2x the emulated whole-vector error, and the test prints the finer numbers.
-TRAIN_LOWP = {"bfloat16": (5e-2, 0.92), "float16": (7e-3, 0.17)}  # (outputs, gradients)
+# For bfloat16/float16 storage the oracle is the CPU reference executor storing what CUDA stores in the
+# compute dtype rounded to it (PTL_CPU_KERNELS=bfloat16-storage / float16-storage,
+# csrc/nn/backend_cpu_storage.c). Measured on an H200 (2026-12-02, this state, batch 2, 640), CUDA
+# against that emulation: eval mode, outputs bf16 3.2e-4 (boxes 1.0e-3), fp16 6.0e-5, gradients bf16 8.3e-4,
+# fp16 1.4e-4 (3x and 2.4x closer than to the float32 network); training mode, outputs bf16 4.1e-3 (boxes
+# 1.5e-2), fp16 5.6e-4 (2.1e-3), running-statistic updates 2.6e-3 / 3.5e-4, gradients bf16 3.4e-1, fp16
+# 7.5e-2 (float32 network: 5.0e-1, 1.2e-1). The training-mode gradients are ill-conditioned, not
+# mis-implemented: training-mode BatchNorm's backward subtracts per-channel means of dy and dy*x_hat, and
+# through ~60 such layers a rounding difference anywhere (here cuDNN's summation order against the CPU's)
+# grows to the whole-vector level, so no second implementation agrees more closely (291 of 366 bf16
+# tensors have a cosine below 0.99, the BN biases that cancel to ~0 near 0). Those are therefore held to the
+# network's own spread: twice the difference CUDA makes to itself when the input images are rounded
+# another way (a random choice between the two neighbouring storage values instead of the nearest).
+# Every other bound is twice the measured error.
+EMULATION_TOL = {  # dtype: (eval outputs, eval gradients, train outputs, train running statistics)
+    "bfloat16": (2e-3, 2e-3, 3e-2, 6e-3),
+    "float16": (2e-4, 3e-4, 5e-3, 1e-3),
+}
 
 
 def _rel(a, b):
@@ -170,43 +174,71 @@ def _downstream_of_pools():
     return mask
 
 
-def _cosines(a, b):
-    """Per parameter tensor: (name, cosine similarity of a and b, downstream of the pools?)."""
-    upstream = tuple("model.%d." % i for i in range(9)) + ("model.9.cv1.",)
-    out = []
-    for name, off, shape in Detector("yolo26n", num_classes=80).parameter_table():
-        n = int(np.prod(shape))
-        x, y = np.asarray(a[off:off + n], np.float64), np.asarray(b[off:off + n], np.float64)
-        if np.linalg.norm(y) == 0:
-            continue
-        out.append((name, float(x @ y / max(np.linalg.norm(x) * np.linalg.norm(y), 1e-300)),
-                    not name.startswith(upstream)))
-    return out
+def _to_storage(x, dtype, rng=None):
+    """x (float32) in the storage dtype, back as float32: rounded to nearest even, or with rng, to either
+    neighbour at random (a different, equally valid rounding)."""
+    x = np.asarray(x, np.float32)
+    if rng is None:
+        if dtype == "float16":
+            return x.astype(np.float16).astype(np.float32)
+        u = x.view(np.uint32).astype(np.uint64)
+        return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    if dtype == "float16":
+        lo = x.astype(np.float16)
+        lo = np.where(lo.astype(np.float32) > x, np.nextafter(lo, np.float16(-np.inf)), lo)
+        hi = np.nextafter(lo, np.float16(np.inf))
+    else:  # x >= 0 here (images): truncation is the lower neighbour
+        lo = (x.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+        hi = (lo.view(np.uint32) + np.uint32(0x10000)).view(np.float32)
+    return np.where(rng.random(x.shape) < 0.5, lo, hi).astype(np.float32)
+
+
+def _emulated(sd, x, R, training, dtype, monkeypatch):
+    """The CPU network with CUDA's storage rounding: outputs, gradients, BN buffers before and after."""
+    with monkeypatch.context() as m:
+        m.setenv("PTL_CPU_KERNELS", dtype + "-storage")
+        det = _detector(sd, training)
+        assert det.info()["backend"] == dtype + "_storage"
+    buf0 = det.flat_buffers.numpy()
+    out = det.forward(_to_storage(x, dtype))
+    det.zero_grad()
+    det.backward(R)
+    return {br: tuple(np.asarray(a, np.float32) for a in out[br]) for br in out}, det.flat_gradients.numpy(), \
+        buf0, det.flat_buffers.numpy()
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_matches_cpu_train_low_precision(case, dtype):
-    """Training mode, bfloat16/float16 compute: running-statistics update within the issue's 2e-2;
-    outputs and gradients within 2x the error of the CPU emulation of the same storage rounding (see
-    TRAIN_LOWP), and finite; prints the error downstream of the pools and the lowest per-tensor cosines."""
+def test_low_precision_matches_storage_emulation(case, dtype, monkeypatch):
+    """bfloat16/float16 compute against the CPU emulation of the same storage rounding (EMULATION_TOL):
+    eval-mode outputs and gradients, training-mode outputs and running statistics at twice the measured
+    error; training-mode gradients within twice the network's own spread under another rounding of
+    its input."""
     sd, x, ref = case
-    r = ref[True]
-    _, out, grads, buf, _ = _run_cuda(sd, x, r["R"], True, dtype)
-    out_tol, grad_tol = TRAIN_LOWP[dtype]
-    _check_outputs(out, r["out"], out_tol, f"{dtype} train")
-    serr = _rel(buf - r["buf0"], r["buf"] - r["buf0"])
-    assert serr <= TOL[dtype], f"{dtype} running statistics update: rel err {serr:.3e}"
-    assert np.isfinite(grads).all()
-    gerr = _rel(grads, r["grads"])
-    down = _downstream_of_pools()
-    cos = _cosines(grads, r["grads"])
-    worst_down = min((c, n) for n, c, d in cos if d)
-    worst_up = min((c, n) for n, c, d in cos if not d)
-    print(f"cuda {dtype} train: gradients {gerr:.2e} (downstream of the pools {_rel(grads[down], r['grads'][down]):.2e}), "
-          f"running statistics {serr:.2e}; lowest cosine downstream {worst_down[0]:.6f} ({worst_down[1]}), "
-          f"upstream {worst_up[0]:.6f} ({worst_up[1]})")
-    assert gerr <= grad_tol, f"{dtype} train gradients: rel err {gerr:.3e} > {grad_tol}"
+    ev_out, ev_grad, tr_out, tr_stat = EMULATION_TOL[dtype]
+    for training in (False, True):
+        R = ref[training]["R"]
+        e_out, e_grads, e_buf0, e_buf = _emulated(sd, x, R, training, dtype, monkeypatch)
+        _, out, grads, buf, _ = _run_cuda(sd, x, R, training, dtype)
+        mode = "train" if training else "eval"
+        _check_outputs(out, e_out, tr_out if training else ev_out, f"{dtype} {mode} vs emulation")
+        assert np.isfinite(grads).all()
+        gerr = _rel(grads, e_grads)
+        if not training:
+            print(f"cuda {dtype} eval vs emulation: gradients {gerr:.2e}")
+            assert gerr <= ev_grad, f"{dtype} eval gradients: rel err {gerr:.3e} > {ev_grad}"
+            assert np.array_equal(buf, e_buf0)
+            continue
+        serr = _rel(buf - e_buf0, e_buf - e_buf0)
+        assert serr <= tr_stat, f"{dtype} running statistics update: rel err {serr:.3e} > {tr_stat}"
+        x2 = _to_storage(x, dtype, np.random.default_rng(11))
+        _, _, grads2, _, _ = _run_cuda(sd, x2, R, training, dtype)
+        spread = _rel(grads2, grads)
+        print(f"cuda {dtype} train vs emulation: gradients {gerr:.2e}, running statistics {serr:.2e}; the CUDA "
+              f"network's own spread under another input rounding {spread:.2e}; against the float32 network "
+              f"{_rel(grads, ref[True]['grads']):.2e}")
+        assert 0 < spread < 1
+        assert gerr <= 2 * spread, f"{dtype} train gradients: rel err {gerr:.3e} > 2 x the spread {spread:.3e}"
 
 
 @pytest.mark.cuda

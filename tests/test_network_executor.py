@@ -202,3 +202,48 @@ def test_eval_shapes_leave_the_training_slots():
     for B, H, W in train_shapes:
         net.step(*_inputs(B, H, W))
         assert _C.executor_cpu_live_blocks() == before
+
+
+def _representable(a, dtype):
+    a = np.asarray(a, np.float32)
+    if dtype == "float16":
+        return np.array_equal(a.astype(np.float16).astype(np.float32), a)
+    return not (a.view(np.uint32) & 0xFFFF).any()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_storage_emulation_rounds_what_cuda_stores(dtype, monkeypatch):
+    """PTL_CPU_KERNELS=<dtype>-storage (csrc/nn/backend_cpu_storage.c, the oracle of the low-precision CUDA
+    network): the head outputs (float32 copies of stored maps) and the conv weight gradients (one addition of
+    a stored value into zeroed master gradients) hold storage-dtype values, the BatchNorm gradients (master
+    arithmetic) do not all; and in eval mode it stays within 2 unit roundoffs of the float32 reference."""
+    sd = _state()
+    monkeypatch.setenv("PTL_CPU_KERNELS", dtype + "-storage")
+    em = Net(sd, training=False)
+    assert _C.executor_info(em.x)["backend"] == dtype + "_storage"
+    monkeypatch.setenv("PTL_CPU_KERNELS", "reference")
+    ref = Net(sd, training=False)
+    x, grads = _inputs(1, 64, 96)
+    xs = x.astype(np.float16).astype(np.float32) if dtype == "float16" else \
+        (x.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)  # truncation is one valid rounding
+    (eo, eg, _, _), (ro, rg, _, _) = em.step(xs, grads, False), ref.step(xs, grads, False)
+    assert all(_representable(o, dtype) for o in eo)
+    conv = np.zeros(eg.shape, bool)
+    for name, off, shape in em.det.parameter_table():
+        if name.endswith("conv.weight"):
+            conv[off:off + int(np.prod(shape))] = True
+    assert _representable(eg[conv], dtype) and not _representable(eg[~conv], dtype)
+    # eval mode, so the error stays near one rounding (measured 0.4-0.7 units)
+    unit = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
+    for a, b in zip(eo, ro):
+        assert 0 < np.linalg.norm(a - b) / np.linalg.norm(b) < 2 * unit
+    assert 0 < np.linalg.norm(eg - rg) / np.linalg.norm(rg) < 2 * unit
+
+
+def test_storage_emulation_needs_float32(monkeypatch):
+    monkeypatch.setenv("PTL_CPU_KERNELS", "bfloat16-storage")
+    with pytest.raises(ValueError, match="bfloat16-storage.*float32"):
+        Detector("yolo26n", num_classes=80, dtype="float64")
+    monkeypatch.setenv("PTL_CPU_KERNELS", "bf16")
+    with pytest.raises(ValueError, match="'bfloat16-storage' or 'float16-storage'"):
+        Detector("yolo26n", num_classes=80)
