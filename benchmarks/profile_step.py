@@ -6,7 +6,8 @@ through the Trainer's engine (``--what step``: upload, forward, objective, backw
 Kernels and CUDA API calls are recorded with torch.profiler (CUPTI traces every kernel in the process,
 ptl's included), so this needs torch on the GPU machine. Prints, per iteration: wall time with a
 synchronisation, host time to enqueue, summed kernel time, kernel count; then the top kernels and API
-calls. ``--trace FILE`` keeps the Chrome trace.
+calls, and the peak allocated and reserved device memory of ptl's allocator. ``--trace FILE`` keeps the
+Chrome trace.
 
     python benchmarks/profile_step.py [--what network|step] [--capture] [--batch 4] [--dtype bfloat16]
                                       [--iters 20] [--no-profile]
@@ -133,6 +134,9 @@ def main():
     print(f"{what} batch {args.batch} {args.dtype} {args.imgsz}: wall {np.median(wall):.2f} ms median "
           f"({np.min(wall):.2f}-{np.max(wall):.2f}), mean {np.mean(wall):.2f} over {args.iters}; host enqueue "
           f"{np.median(enq):.2f} ms median; back to back {b2b:.2f} ms per step")
+    mib = 1 << 20
+    print(f"device memory (ptl's allocator, since the process began): peak allocated "
+          f"{ptl.cuda.max_memory_allocated() / mib:.0f} MiB, peak reserved {ptl.cuda.max_memory_reserved() / mib:.0f} MiB")
     if args.no_profile:
         return
     try:
