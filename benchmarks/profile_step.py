@@ -10,7 +10,7 @@ calls, and the peak allocated and reserved device memory of ptl's allocator. ``-
 Chrome trace.
 
     python benchmarks/profile_step.py [--what network|step] [--capture] [--batch 4] [--dtype bfloat16]
-                                      [--iters 20] [--no-profile]
+                                      [--tf32] [--iters 20] [--no-profile]
 """
 import argparse
 import collections
@@ -40,6 +40,7 @@ def train_step(args):
     from ptl.engine import Engine as _Engine
     prec = {"bfloat16": "bf16-mixed", "float32": "32-true"}[args.dtype]
     trainer = ptl.Trainer(max_epochs=100, precision=prec, accelerator="cuda", enable_progress_bar=False,
+                          float32_matmul_precision="high" if args.tf32 else "highest",
                           enable_checkpointing=False, logger=False,
                           default_root_dir=tempfile.mkdtemp(prefix="ptl-prof-"))
     if not coco256_yaml():
@@ -110,6 +111,7 @@ def main():
     ap.add_argument("--trace", default=None)
     ap.add_argument("--no-profile", action="store_true", help="timings only")
     ap.add_argument("--capture", action="store_true", help="step: replay the recorded network (capture_network)")
+    ap.add_argument("--tf32", action="store_true", help="step, float32: float32_matmul_precision='high' (TF32 convs)")
     args = ap.parse_args()
     if not ptl.cuda.is_available():
         sys.exit("benchmarks/profile_step.py needs a CUDA device")
