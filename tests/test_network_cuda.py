@@ -32,8 +32,9 @@ TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
 # through ~60 such layers a rounding difference anywhere (here cuDNN's summation order against the CPU's)
 # grows to the whole-vector level, so no second implementation agrees more closely (291 of 366 bf16
 # tensors have a cosine below 0.99, the BN biases that cancel to ~0 near 0). Those are therefore held to the
-# network's own spread: twice the difference CUDA makes to itself when the input images are rounded
-# another way (a random choice between the two neighbouring storage values instead of the nearest).
+# network's own spread: CUDA must be closer to the emulation than to itself when the input images are
+# rounded another way (a random choice between the two neighbouring storage values instead of the
+# nearest); measured: spread 6.7e-1 (bf16) and 1.6e-1 (fp16), about twice the emulation's distance.
 # Every other bound is twice the measured error.
 EMULATION_TOL = {  # dtype: (eval outputs, eval gradients, train outputs, train running statistics)
     "bfloat16": (2e-3, 2e-3, 3e-2, 6e-3),
@@ -212,8 +213,8 @@ def _emulated(sd, x, R, training, dtype, monkeypatch):
 def test_low_precision_matches_storage_emulation(case, dtype, monkeypatch):
     """bfloat16/float16 compute against the CPU emulation of the same storage rounding (EMULATION_TOL):
     eval-mode outputs and gradients, training-mode outputs and running statistics at twice the measured
-    error; training-mode gradients within twice the network's own spread under another rounding of
-    its input."""
+    error; training-mode gradients closer to the emulation than the network's own spread under another
+    rounding of its input."""
     sd, x, ref = case
     ev_out, ev_grad, tr_out, tr_stat = EMULATION_TOL[dtype]
     for training in (False, True):
@@ -238,7 +239,7 @@ def test_low_precision_matches_storage_emulation(case, dtype, monkeypatch):
               f"network's own spread under another input rounding {spread:.2e}; against the float32 network "
               f"{_rel(grads, ref[True]['grads']):.2e}")
         assert 0 < spread < 1
-        assert gerr <= 2 * spread, f"{dtype} train gradients: rel err {gerr:.3e} > 2 x the spread {spread:.3e}"
+        assert gerr <= spread, f"{dtype} train gradients: rel err {gerr:.3e} > the network's spread {spread:.3e}"
 
 
 @pytest.mark.cuda
