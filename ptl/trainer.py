@@ -185,7 +185,9 @@ class Trainer:
     data's seeds are their own), ``patience`` (Ultralytics: stop when ``fitness`` has not improved for N
     validations, an EarlyStopping on fitness; None or 0: off) and ``freeze`` (Ultralytics: N layers or a
     list of layer indices / parameter-name prefixes; recorded in hparams and args.yaml, the parameter
-    names in ``trainer.frozen_parameters``).
+    names in ``trainer.frozen_parameters``, the BatchNorm statistics of the modules it selects whole in
+    ``trainer.frozen_buffers``): frozen parameters get no gradient and no update, and those BatchNorms
+    run in eval mode, as 8.4.190 (docs/training.md).
 
     A time budget (``max_time``; ``time=H`` hours on the command line) works as Ultralytics' ``time``: the
     fit stops after the optimizer step that passes it (then validates and checkpoints as at an epoch's
