@@ -291,3 +291,43 @@ def test_cli_freeze(coco256, tmp_path, capsys):
     frozen = {n for n in start if n.startswith(("model.0.", "model.1.", "model.2."))}
     assert frozen <= same and len(same - frozen) < 0.05 * len(start)
     assert not same & {n for n in start if n.startswith(("model.3.", "model.4.", "model.5."))}
+
+
+# ------------------------------------------------------------------------------------------------- CUDA
+
+@pytest.mark.cuda
+def test_cuda_frozen_gradients_skipped_and_the_rest_unchanged():
+    """The executor's skipping on the CUDA backend: frozen gradients stay zero, trainable ones are the bits of
+    the same forward's backward without frozen parameters."""
+    model = ptl.Detector("yolo26n", num_classes=3).to("cuda", dtype="float32")
+    fp, fb = frozen_names(model, [4, "model.9.cv1."])
+    same_forward, _ = backward(model, fb)
+    got, _ = backward(model, fp + fb)
+    assert all(not got[n].any() for n in fp)
+    assert all(np.array_equal(got[n], same_forward[n]) for n in got if n not in set(fp))
+
+
+@pytest.mark.cuda
+def test_cuda_fit_with_freeze_replays_the_eager_fit(coco256, tmp_path):
+    """A CUDA fit with freeze leaves the frozen tensors bit-identical, and its recorded network (made after
+    the mask was set) gives the eager fit's digests."""
+    digests, seen = [], []
+
+    class Watch(ptl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append(pl_module.recorded)
+
+    for capture in (False, True):
+        model = ptl.Detector("yolo26n", num_classes=80, hparams=HP)
+        start = model.state_dict()
+        seen.clear()
+        tr = Trainer(default_root_dir=str(tmp_path / str(capture)), accelerator="cuda", devices=1, max_epochs=1,
+                     limit_train_batches=3, limit_val_batches=1, enable_progress_bar=False, seed=0, freeze=3,
+                     callbacks=[Watch()])
+        tr.fit(model, small_data(coco256), capture_network=capture)
+        assert any(seen) == capture  # the captured fit replayed
+        end = model.state_dict()
+        fp, fb = frozen_names(model, 3)
+        assert all(np.array_equal(end[n], start[n]) for n in fp + fb)
+        digests.append(tr.digest())
+    assert digests[0] == digests[1]
