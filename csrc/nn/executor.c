@@ -335,7 +335,8 @@ static int grad_inputs(const ptl_net_op *op, int ins[PTL_NET_MAX_PARTS])
     }
 }
 
-/* Per op: which of its tensors the mask freezes. -1 when the mask splits a BatchNorm's running statistics. */
+/* Which of op's tensors the mask freezes (PTL_NET_FROZEN_* bits); -1 when it splits a BatchNorm's running
+ * statistics. */
 static int op_frozen_bits(const ptl_network *net, const ptl_net_op *op, const uint8_t *frozen, uint8_t *bits)
 {
     const struct {
@@ -378,21 +379,17 @@ int ptl_net_exec_set_frozen(ptl_net_exec *x, const uint8_t *frozen, int64_t n)
     }
     uint8_t *bits = calloc((size_t)net->nops, 1), *need = calloc((size_t)net->nvalues, 1);
     if (!bits || !need) {
-        free(bits);
-        free(need);
-        return oom();
+        oom();
+        goto fail;
     }
     int nbackward = 0;
     /* in op order (producers first): a value needs a gradient when its op trains a parameter or passes the
      * gradient on to an input that needs one; the image needs one only when asked (the backward's d_images) */
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
-        if (op_frozen_bits(net, op, frozen, &bits[i])) {
-            free(bits);
-            free(need);
-            return -1;
-        }
-        const uint8_t all = op->kind == PTL_OP_CONV       ? PTL_NET_FROZEN_W | PTL_NET_FROZEN_GAMMA | PTL_NET_FROZEN_BETA
+        PTL_CHECK(op_frozen_bits(net, op, frozen, &bits[i]));
+        const uint8_t conv = PTL_NET_FROZEN_W | PTL_NET_FROZEN_GAMMA | PTL_NET_FROZEN_BETA;
+        const uint8_t all = op->kind == PTL_OP_CONV        ? conv
                             : op->kind == PTL_OP_CONV_BIAS ? PTL_NET_FROZEN_W | PTL_NET_FROZEN_BIAS
                                                            : 0;
         int needed = (bits[i] & all) != all;
@@ -415,6 +412,10 @@ int ptl_net_exec_set_frozen(ptl_net_exec *x, const uint8_t *frozen, int64_t n)
     ptl_net_exec_retire(x);
     x->have_forward = 0;
     return 0;
+fail:
+    free(bits);
+    free(need);
+    return -1;
 }
 
 static void drop_slots(ptl_net_exec *x)
