@@ -29,7 +29,8 @@ _FLOAT_DTYPES = ("F32", "F64", "F16", "BF16")
 # settings that change what the rest of a resumed fit computes (batch size and image size are errors)
 _MODEL_SETTINGS = ("optimizer", "lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum",
                    "warmup_bias_lr", "nbs", "cos_lr", "ema_decay", "ema_tau", "box", "cls", "dfl")
-_TRAINER_SETTINGS = ("precision", "accumulate_grad_batches", "gradient_clip_val", "limit_train_batches", "end2end")
+_TRAINER_SETTINGS = ("precision", "accumulate_grad_batches", "gradient_clip_val", "limit_train_batches", "end2end",
+                     "freeze")
 # the data settings that change the batches (the cache, its folder and the workers do not)
 _DATA_SETTINGS = ("seed", "mosaic", "degrees", "translate", "scale", "shear", "perspective", "hsv_h", "hsv_s",
                   "hsv_v", "flipud", "fliplr", "rect", "single_cls", "fraction", "close_mosaic", "max_pixels",

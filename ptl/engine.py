@@ -123,12 +123,16 @@ class Engine:
                                       nc=model.num_classes, n_train_images=self.train_loader.num_images,
                                       max_norm=trainer.gradient_clip_val or 0.0,
                                       **{k: v for k, v in hp.items() if k in _optim.OptimConfig.__dataclass_fields__})
+        # freeze (Trainer): no gradient and no update for these parameters, eval-mode BatchNorm for these
+        # statistics' layers; the fit's own choice, so a model frozen by an earlier fit is unfrozen here
+        frozen = list(getattr(trainer, "frozen_parameters", ()))
+        model.set_frozen(frozen + list(getattr(trainer, "frozen_buffers", ())))
         model.zero_grad()
         model.train()
         self.opt, self.schedule = _optim.build_optimizer(
             self.params, self.grads, self.ptable, self.cfg, trainer.num_training_batches,
             scaler=self.compute == "float16",
-            bn_buffers=self.buffers, bn_table=self.btable)
+            bn_buffers=self.buffers, bn_table=self.btable, frozen=frozen)
         self.fixed_accumulate = trainer.accumulate_grad_batches
         data.epochs = trainer.max_epochs_effective  # close_mosaic counts back from the fit's last epoch
         model.names = data.names  # the classes it learns (predictions and weight files carry them)

@@ -97,6 +97,7 @@ class Detector:
         self.hparams = hparams
         self.training = True
         self._layout = "nchw"  # layout of the last forward's images, for input gradients
+        self._frozen = frozenset()  # set_frozen's names
         self._attach("cpu", self.dtype)
         self.names = names
         if wf is not None:  # weights: start from a file, transferring what matches (ptl.weights)
@@ -186,6 +187,8 @@ class Detector:
         self._exec = _C.executor_create(self._net, device, dtype)
         self._flat = _C.executor_tensors(self._exec)  # params, grads, buffers on the device
         _C.executor_configure(self._exec, training=self.training)
+        if self._frozen:
+            _C.executor_set_frozen(self._exec, self._frozen_flags(self._frozen))
         self.device, self._compute = device, dtype
 
     def _download(self, grads=False):
@@ -240,6 +243,32 @@ class Detector:
         """Re-initialise every parameter and BN statistic (spec §1.7)."""
         _C.network_init(self._net, int(seed))
         self._upload()
+
+    # ---------------------------------------------------------------------------------- freezing
+    def set_frozen(self, names=()) -> None:
+        """Freezes the named tensors (Ultralytics' ``freeze``, which ``Trainer(freeze=...)`` resolves to
+        names; docs/training.md): a frozen parameter's gradient is never computed, so backward leaves it
+        as it is in :attr:`flat_gradients` (the optimizer must leave it out too: ``FlatOptimizer(frozen=)``);
+        naming a BatchNorm's ``running_mean`` and ``running_var`` (both or neither) runs that BatchNorm in
+        eval mode in training too. Gradients nothing trainable needs are skipped; the trainable tensors'
+        gradients are the bits of an unfrozen backward. ``set_frozen()`` unfreezes everything. It holds
+        across :meth:`to` and drops graph recordings."""
+        if isinstance(names, str):
+            raise TypeError("names: expected a collection of tensor names, got the string %r" % (names,))
+        chosen = frozenset(names or ())
+        unknown = sorted(n for n in chosen if n not in self._index)
+        if unknown:
+            raise ValueError("names: not tensors of %s: %s" % (self.model_name, ", ".join(map(repr, unknown[:3]))))
+        _C.executor_set_frozen(self._exec, self._frozen_flags(chosen) if chosen else None)
+        self._frozen = chosen
+
+    def _frozen_flags(self, chosen):
+        return [int(name in chosen) for name, *_ in self._entries]
+
+    @property
+    def frozen(self) -> list:
+        """The names :meth:`set_frozen` froze, in state_dict order."""
+        return [name for name, *_ in self._entries if name in self._frozen]
 
     # ---------------------------------------------------------------------------------- modes
     def train(self, mode: bool = True) -> "Detector":

@@ -251,9 +251,11 @@ def ema_decay(updates, decay=OptimConfig.ema_decay, tau=OptimConfig.ema_tau):
 # the C tables
 
 
-def _build_plan(specs, groups, n, ns_batched=True):
+def _build_plan(specs, groups, n, ns_batched=True, frozen=frozenset()):
     """The int64 tables of csrc/optim/optim.h: ptab, call, cmuon, sgtab, and the arena sizes.
-    ns_batched=False gives every matrix its own row of sgtab (one GEMM per matrix, as torch's loop)."""
+    ns_batched=False gives every matrix its own row of sgtab (one GEMM per matrix, as torch's loop).
+    frozen: indices of parameters that keep their group but are in no chunk and no Newton-Schulz batch
+    (flagged in ptab), so they are never updated and never counted by the clip norm."""
     group_of = np.full(len(specs), -1, np.int64)
     for k, g in enumerate(groups):
         for i in g["params"]:
@@ -271,8 +273,11 @@ def _build_plan(specs, groups, n, ns_batched=True):
         cols = s.numel // rows
         d2, d1 = (s.shape[-2], s.shape[-1]) if len(s.shape) >= 2 else (1, 1)
         for col, v in (("off", s.offset), ("numel", s.numel), ("rows", rows), ("cols", cols), ("group", group_of[i]),
-                       ("xoff", -1), ("tall", int(rows > cols)), ("midx", -1), ("d2", d2), ("d1", d1)):
+                       ("xoff", -1), ("tall", int(rows > cols)), ("midx", -1), ("d2", d2), ("d1", d1),
+                       ("frozen", int(i in frozen))):
             ptab[i, PT[col]] = v
+        if i in frozen:
+            continue
         for st in range(0, s.numel, CHUNK):
             call.append((s.offset + st, min(CHUNK, s.numel - st), i))
         if groups[group_of[i]]["kind"] == "muon":
@@ -314,6 +319,9 @@ class FlatOptimizer:
     strided-batched GEMM per product, False issues one GEMM per matrix. With every matrix 512-byte
     aligned the batched form reproduced torch's per-matrix loop in the torchref test (H200).
     ns_bf16 (CPU only) rounds the CPU's Newton-Schulz to bfloat16 at the points CUDA does.
+    frozen: names of parameters that are never updated (Ultralytics' freeze: requires_grad=False, so
+    torch's optimizers and the clip skip them): they stay in their groups, as 8.4.190 builds them, but get
+    no update, decay or momentum and do not count in the clip norm.
     """
 
     def __init__(self, params, grads, table, optimizer="MuSGD", lr0=0.01, momentum=0.937, weight_decay=5e-4,
@@ -321,7 +329,7 @@ class FlatOptimizer:
                  growth_interval=DEFAULTS["growth_interval"], bn_buffers=None, bn_table=None, ema=True,
                  ema_decay_max=OptimConfig.ema_decay, ema_tau=OptimConfig.ema_tau, beta2=DEFAULTS["beta2"],
                  eps=DEFAULTS["eps"], muon_w=MUON_W, sgd_w=SGD_W, ns_bf16=False, zero_grad=True, ns_replay=True,
-                 ns_batched=True):
+                 ns_batched=True, frozen=()):
         for nm, t in (("params", params), ("grads", grads)):
             if not isinstance(t, _C.Tensor) or t.ndim != 1:
                 raise TypeError("%s: expected a 1-D ptl.Tensor" % nm)
@@ -341,7 +349,14 @@ class FlatOptimizer:
         self.nesterov, self.max_norm, self.scaler = bool(nesterov), float(max_norm or 0.0), bool(scaler)
         self.growth_interval, self.beta2, self.eps = int(growth_interval), float(beta2), float(eps)
         self.muon_w, self.sgd_w, self.ns_bf16, self.zero_grad = float(muon_w), float(sgd_w), bool(ns_bf16), zero_grad
-        plan = _build_plan(self.specs, self.param_groups, self.n, ns_batched)
+        if isinstance(frozen, str):
+            raise TypeError("frozen: expected a collection of parameter names, got the string %r" % (frozen,))
+        index = {s.name: i for i, s in enumerate(self.specs)}
+        unknown = sorted(set(frozen) - set(index))
+        if unknown:
+            raise ValueError("frozen: not in the parameter table: %s" % ", ".join(map(repr, unknown[:3])))
+        self.frozen = [s.name for s in self.specs if s.name in set(frozen)]
+        plan = _build_plan(self.specs, self.param_groups, self.n, ns_batched, {index[k] for k in self.frozen})
         self._plan = plan
         dev = self.device
         self._ptab = _C.tensor(plan["ptab"], device=dev)
@@ -580,13 +595,15 @@ class Schedule:
         self.last_opt_step = int(state["schedule.last_opt_step"])
 
 
-def build_optimizer(params, grads, table, cfg, batches_per_epoch, scaler=False, bn_buffers=None, bn_table=None):
-    """The optimizer=auto choice, groups with the scaled decay, and the matching Schedule."""
+def build_optimizer(params, grads, table, cfg, batches_per_epoch, scaler=False, bn_buffers=None, bn_table=None,
+                    frozen=()):
+    """The optimizer=auto choice, groups with the scaled decay, and the matching Schedule; ``frozen``
+    parameters are never updated (FlatOptimizer)."""
     name, lr0, mom, wbl = choose_optimizer(cfg)
     wd = scaled_weight_decay(cfg.weight_decay, cfg.batch, cfg.nbs)
     opt = FlatOptimizer(params, grads, table, optimizer=name, lr0=lr0, momentum=mom, weight_decay=wd,
                         max_norm=cfg.max_norm, scaler=scaler, bn_buffers=bn_buffers, bn_table=bn_table,
-                        ema_decay_max=cfg.ema_decay, ema_tau=cfg.ema_tau)
+                        ema_decay_max=cfg.ema_decay, ema_tau=cfg.ema_tau, frozen=frozen)
     return opt, Schedule(cfg, batches_per_epoch, wbl, mom)
 
 

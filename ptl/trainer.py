@@ -119,6 +119,19 @@ def frozen_parameter_names(freeze, names):
     return [n for n in names if any(n.startswith(p) for p in prefixes)]
 
 
+def frozen_buffer_names(freeze, names):
+    """The BatchNorm statistics (``<module>.running_mean`` / ``.running_var`` out of ``names``) of the
+    modules ``freeze`` selects whole: 8.4.190 puts a BatchNorm in eval mode for the fit when a frozen
+    layer's name (``model.{i}.``) is in the module's name, so its running statistics are used and never
+    updated. A name prefix selects a module when it selects every name under it (``model.3.`` and
+    ``model.3.bn`` do, ``model.3.bn.weight`` does not)."""
+    if freeze is None:
+        return []
+    items = range(freeze) if isinstance(freeze, numbers.Integral) else freeze
+    prefixes = [f if isinstance(f, str) else "model.%d." % f for f in items]
+    return [n for n in names if any((n.rsplit(".", 1)[0] + ".").startswith(p) for p in prefixes)]
+
+
 def _recorded_best(path):
     """The best checkpoint that the ModelCheckpoint state in checkpoint ``path`` names, read from the file's
     header alone; None when there is none or the header cannot be read (the caller looks further)."""
@@ -172,7 +185,9 @@ class Trainer:
     data's seeds are their own), ``patience`` (Ultralytics: stop when ``fitness`` has not improved for N
     validations, an EarlyStopping on fitness; None or 0: off) and ``freeze`` (Ultralytics: N layers or a
     list of layer indices / parameter-name prefixes; recorded in hparams and args.yaml, the parameter
-    names in ``trainer.frozen_parameters``).
+    names in ``trainer.frozen_parameters``, the BatchNorm statistics of the modules it selects whole in
+    ``trainer.frozen_buffers``): frozen parameters get no gradient and no update, and those BatchNorms
+    run in eval mode, as 8.4.190 (docs/training.md).
 
     A time budget (``max_time``; ``time=H`` hours on the command line) works as Ultralytics' ``time``: the
     fit stops after the optimizer step that passes it (then validates and checkpoints as at an epoch's
@@ -345,6 +360,7 @@ class Trainer:
         self.val_history = []
         self.ap_per_class = {}  # class name -> AP50-95 of the last validation
         self.frozen_parameters = []  # the parameter names ``freeze`` selects (set when a fit starts)
+        self.frozen_buffers = []  # the BatchNorm statistics of the modules it selects whole (eval-mode BN)
         self.run_args = {}  # flat arguments args.yaml records beyond the objects' own (the CLI's weights file)
         self.datamodule = None
         self.model = None
@@ -514,6 +530,7 @@ class Trainer:
         self.capture_network = bool(capture_network)
         self.model, self.datamodule = model, datamodule
         self.frozen_parameters = frozen
+        self.frozen_buffers = frozen_buffer_names(self.freeze, [n for n, _, _ in model.buffer_table()])
         self.should_stop = False
         self.state.fn = "fit"
         self._configure_run_dir()
@@ -558,7 +575,7 @@ class Trainer:
             raise ConfigError(str(exc)) from None
 
     def _start_messages(self, ckpt_path):
-        """What the fit does that the user may not expect: ignored hyperparameters, an unapplied freeze."""
+        """What the fit does that the user may not expect: ignored hyperparameters, a freeze."""
         hp = dict(getattr(self.model, "hparams", None) or {})
         ignored = [k for k in ("lr0", "momentum", "warmup_bias_lr") if k in hp]
         if str(hp.get("optimizer", "auto")).lower() == "auto" and ignored:
@@ -568,9 +585,8 @@ class Trainer:
                               ", ".join("%s=%r" % (k, hp[k]) for k in ignored), name, lr0, momentum),
                           UserWarning, stacklevel=4)
         if self.frozen_parameters:
-            warnings.warn("freeze=%r selects %d parameter tensors (trainer.frozen_parameters); it is recorded in "
-                          "hparams.yaml and args.yaml but this executor does not freeze them yet"
-                          % (self.freeze, len(self.frozen_parameters)), UserWarning, stacklevel=4)
+            log.info("freeze=%r: %d parameter tensors frozen, %d BatchNorm layers in eval mode", self.freeze,
+                     len(self.frozen_parameters), len(self.frozen_buffers) // 2)
         if ckpt_path is not None:
             log.info("resuming from %s at epoch %d", ckpt_path, self._state.epoch)
         if self.max_time is not None:

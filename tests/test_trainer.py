@@ -922,9 +922,11 @@ def test_ignored_hyperparameters_and_freeze_are_said(coco256, tmp_path):
         tr.fit(model, small_data(coco256))
     messages = [str(w.message) for w in rec]
     assert any("optimizer=auto found, ignoring lr0=0.02: auto chose AdamW" in m for m in messages), messages
-    assert any("freeze=2 selects" in m and "does not freeze them yet" in m for m in messages), messages
+    assert not any("freeze" in m for m in messages), messages  # applied (tests/test_freeze.py), not warned about
     names = [n for n, _, _ in model.parameter_table()]
     assert tr.frozen_parameters == [n for n in names if n.startswith(("model.0.", "model.1."))]
+    buffers = [n for n, _, _ in model.buffer_table()]
+    assert tr.frozen_buffers == [n for n in buffers if n.startswith(("model.0.", "model.1."))]
     assert tr.hparams()["trainer"]["freeze"] == 2
     with pytest.raises(ptl.ConfigError, match="freezes every parameter"):
         small_trainer(tmp_path, freeze=30).fit(ptl.Detector("yolo26n"), small_data(coco256))
@@ -937,6 +939,17 @@ def test_frozen_parameter_names():
     assert frozen_parameter_names(0, names) == []
     assert frozen_parameter_names(2, names) == names[:2]  # model.1. is not a prefix of model.10.
     assert frozen_parameter_names([10, "model.23.cv2"], names) == names[2:]
+
+
+def test_frozen_buffer_names():
+    """A BatchNorm goes to eval mode when freeze selects its whole module (8.4.190's module-name rule)."""
+    from ptl.trainer import frozen_buffer_names
+    names = ["model.0.bn.running_mean", "model.0.bn.running_var", "model.10.m.0.bn.running_mean",
+             "model.3.bn.running_mean"]
+    assert frozen_buffer_names(None, names) == []
+    assert frozen_buffer_names(1, names) == names[:2]
+    assert frozen_buffer_names([10, "model.3.bn"], names) == names[2:]
+    assert frozen_buffer_names(["model.0.bn.", "model.3.bn.weight"], names) == names[:2]
 
 
 def test_run_folder_yaml_files_load_back(coco256, tmp_path):

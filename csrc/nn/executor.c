@@ -179,6 +179,8 @@ void ptl_net_exec_free(ptl_net_exec *x)
     bfree(x, &x->wtab);
     ptl_net_grad_plan_free(&x->gp);
     ptl_net_wtab_free(&x->wt);
+    free(x->op_frozen);
+    free(x->grad_needed);
     free(x);
 }
 
@@ -225,6 +227,13 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     }
     PTL_CHECK(ptl_net_grad_plan_build(net, &x->gp));
     PTL_CHECK(ptl_net_wtab_build(net, be->cast_biases, &x->wt));
+    x->op_frozen = calloc((size_t)net->nops, 1);
+    x->grad_needed = calloc((size_t)net->nvalues, 1);
+    if (!x->op_frozen || !x->grad_needed) {
+        oom();
+        goto fail;
+    }
+    PTL_CHECK(ptl_net_exec_set_frozen(x, NULL, 0));
     const int64_t sizes[4] = {net->nparams, net->nparams, net->nbuffers, net->nstats};
     void **dst[4] = {&x->params, &x->grads, &x->buffers, &x->stats};
     for (int i = 0; i < 4; i++) {
@@ -292,6 +301,121 @@ void ptl_net_exec_use_weights(ptl_net_exec *x, void *params, void *buffers)
     x->params = params ? params : x->own_params;
     x->buffers = buffers ? buffers : x->own_buffers;
     x->have_forward = 0;
+}
+
+/* The description's tensor at `offset` of the params (is_buffer 0) or buffers (1), -1 when none. */
+static int entry_at(const ptl_network *net, int is_buffer, int64_t offset)
+{
+    for (int e = 0; e < net->nentries; e++)
+        if (net->entries[e].is_buffer == is_buffer && net->entries[e].offset == offset)
+            return e;
+    return -1;
+}
+
+/* The inputs op i's backward writes a gradient into (an input marked no_dx receives none). */
+static int grad_inputs(const ptl_net_op *op, int ins[PTL_NET_MAX_PARTS])
+{
+    switch (op->kind) {
+    case PTL_OP_CONV:
+    case PTL_OP_CONV_BIAS:
+    case PTL_OP_ATTN:
+        ins[0] = op->in;
+        return op->no_dx ? 0 : 1;
+    case PTL_OP_ADD:
+        ins[0] = op->in;
+        ins[1] = op->in2;
+        return 2;
+    case PTL_OP_CAT:
+        for (int p = 0; p < op->nparts; p++)
+            ins[p] = op->parts[p].value;
+        return op->nparts;
+    default: /* pool, up, head */
+        ins[0] = op->in;
+        return 1;
+    }
+}
+
+/* Which of op's tensors the mask freezes (PTL_NET_FROZEN_* bits); -1 when it splits a BatchNorm's running
+ * statistics. */
+static int op_frozen_bits(const ptl_network *net, const ptl_net_op *op, const uint8_t *frozen, uint8_t *bits)
+{
+    const struct {
+        int is_buffer;
+        int64_t off;
+        uint8_t bit;
+    } t[5] = {{0, op->w_off, PTL_NET_FROZEN_W},
+              {0, op->kind == PTL_OP_CONV ? op->gamma_off : op->bias_off,
+               op->kind == PTL_OP_CONV ? PTL_NET_FROZEN_GAMMA : PTL_NET_FROZEN_BIAS},
+              {0, op->beta_off, PTL_NET_FROZEN_BETA},
+              {1, op->rmean_off, PTL_NET_FROZEN_BN_EVAL},
+              {1, op->rvar_off, PTL_NET_FROZEN_BN_EVAL}};
+    const int n = op->kind == PTL_OP_CONV ? 5 : op->kind == PTL_OP_CONV_BIAS ? 2 : 0;
+    int e[5];
+    *bits = 0;
+    for (int k = 0; k < n; k++) {
+        if ((e[k] = entry_at(net, t[k].is_buffer, t[k].off)) < 0)
+            return ptl_set_error(PTL_ERR_RUNTIME, "network description: op of layer %d has no tensor at %s offset "
+                                 "%lld", op->layer, t[k].is_buffer ? "buffer" : "parameter", (long long)t[k].off);
+        if (frozen && frozen[e[k]])
+            *bits |= t[k].bit;
+    }
+    if (n == 5 && frozen && frozen[e[3]] != frozen[e[4]])
+        return ptl_set_error(PTL_ERR_VALUE, "frozen: %s and %s are frozen together or not at all (a frozen "
+                             "BatchNorm runs in eval mode)", net->entries[e[3]].name, net->entries[e[4]].name);
+    return 0;
+}
+
+int ptl_net_exec_set_frozen(ptl_net_exec *x, const uint8_t *frozen, int64_t n)
+{
+    const ptl_network *net = x->net;
+    if (frozen && n != net->nentries)
+        return ptl_set_error(PTL_ERR_VALUE, "frozen: expected one flag per tensor of the network (%d), got %lld",
+                             net->nentries, (long long)n);
+    int nfrozen = 0;
+    for (int64_t e = 0; frozen && e < n; e++) {
+        if (frozen[e] > 1)
+            return ptl_set_error(PTL_ERR_VALUE, "frozen: the flag of %s is not 0 or 1", net->entries[e].name);
+        nfrozen += frozen[e];
+    }
+    uint8_t *bits = calloc((size_t)net->nops, 1), *need = calloc((size_t)net->nvalues, 1);
+    if (!bits || !need) {
+        oom();
+        goto fail;
+    }
+    int nbackward = 0;
+    /* in op order (producers first): a value needs a gradient when its op trains a parameter or passes the
+     * gradient on to an input that needs one; the image needs one only when asked (the backward's d_images) */
+    for (int i = 0; i < net->nops; i++) {
+        const ptl_net_op *op = &net->ops[i];
+        PTL_CHECK(op_frozen_bits(net, op, frozen, &bits[i]));
+        const uint8_t conv = PTL_NET_FROZEN_W | PTL_NET_FROZEN_GAMMA | PTL_NET_FROZEN_BETA;
+        const uint8_t all = op->kind == PTL_OP_CONV        ? conv
+                            : op->kind == PTL_OP_CONV_BIAS ? PTL_NET_FROZEN_W | PTL_NET_FROZEN_BIAS
+                                                           : 0;
+        int needed = (bits[i] & all) != all;
+        int ins[PTL_NET_MAX_PARTS];
+        const int nin = grad_inputs(op, ins);
+        for (int j = 0; j < nin; j++)
+            needed |= need[ins[j]];
+        if (op->out >= 0)
+            need[op->out] = (uint8_t)needed;
+        if (op->kind == PTL_OP_ATTN && op->out2 >= 0)
+            need[op->out2] = (uint8_t)needed;
+        nbackward += needed;
+    }
+    memcpy(x->op_frozen, bits, (size_t)net->nops);
+    memcpy(x->grad_needed, need, (size_t)net->nvalues);
+    free(bits);
+    free(need);
+    x->nfrozen = nfrozen;
+    x->backward_ops = nbackward;
+    ptl_net_exec_retire(x);
+    x->have_forward = 0;
+    return 0;
+fail:
+    free(bits);
+    free(need);
+    return -1;
 }
 
 static void drop_slots(ptl_net_exec *x)
@@ -369,7 +493,8 @@ static int forward_op(ptl_net_exec *x, int i)
                                    S->ws_bytes));
         return be->batchnorm_forward(x->ctx, dt, dims(x, op->out).m, op->cout, AT(act, vo[op->z]),
                                      PAR(x->params, op->gamma_off), PAR(x->params, op->beta_off),
-                                     PAR(x->buffers, op->rmean_off), PAR(x->buffers, op->rvar_off), x->training,
+                                     PAR(x->buffers, op->rmean_off), PAR(x->buffers, op->rvar_off),
+                                     x->training && !(x->op_frozen[i] & PTL_NET_FROZEN_BN_EVAL),
                                      op->act ? PTL_ACT_SILU : PTL_ACT_NONE, PAR(x->stats, op->stat_off),
                                      PAR(x->stats, op->stat_off + op->cout), AT(act, vo[op->out]));
     }
@@ -413,22 +538,27 @@ fail:
     return -1;
 }
 
-/* Conv backward from dy: bias and weight gradients, then dx into grad(in): written directly by the
- * first writer of that gradient, else through scratch and added. */
+/* Whether value v's gradient is wanted: it depends on a trainable parameter, or the image gradient is
+ * asked for (every value depends on the image). */
+static int needs(const ptl_net_exec *x, int v, int want_input_grad) { return want_input_grad || x->grad_needed[v]; }
+
+/* Conv backward from dy: bias and weight gradients (of trainable tensors), then dx into grad(in) when
+ * wanted: written directly by the first writer of that gradient, else through scratch and added. */
 static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_grad)
 {
     const ptl_net_backend *be = x->be;
     ptl_net_slot *const S = x->cur;
     const ptl_net_op *op = &x->net->ops[i];
     const void *p = S->plans[i];
-    if (op->kind == PTL_OP_CONV_BIAS) {
+    const uint8_t fz = x->op_frozen[i];
+    if (op->kind == PTL_OP_CONV_BIAS && !(fz & PTL_NET_FROZEN_BIAS)) {
         void *db = x->wt.op_b[i] >= 0 ? AT(x->wgc.ptr, x->wt.op_b[i]) : PAR(x->grads, op->bias_off);
         PTL_CHECK(be->conv_backward_bias(x->ctx, p, dy, db, S->ws.ptr, S->ws_bytes));
     }
-    PTL_CHECK(be->conv_backward_weight(x->ctx, p, AT(S->act.ptr, S->L.voff[op->in]), dy,
-                                       AT(x->wgc.ptr, x->wt.op_w[i]), S->ws.ptr, S->ws_bytes));
-    /* the image gradient is computed only when the caller asks for it */
-    if (op->no_dx || (op->in == x->net->input && !want_input_grad))
+    if (!(fz & PTL_NET_FROZEN_W))
+        PTL_CHECK(be->conv_backward_weight(x->ctx, p, AT(S->act.ptr, S->L.voff[op->in]), dy,
+                                           AT(x->wgc.ptr, x->wt.op_w[i]), S->ws.ptr, S->ws_bytes));
+    if (op->no_dx || !needs(x, op->in, want_input_grad))
         return 0;
     void *gin = AT(S->gact.ptr, S->L.goff[op->in]);
     const void *w = AT(x->wc.ptr, x->wt.op_w[i]);
@@ -458,27 +588,36 @@ static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], in
     const ptl_dtype dt = x->cdt;
     const uint32_t first = x->gp.first[i];
     void *act = S->act.ptr, *g = S->gact.ptr;
+    const uint8_t fz = x->op_frozen[i];
     switch (op->kind) {
     case PTL_OP_CONV:
-        PTL_CHECK(be->batchnorm_backward(x->ctx, dt, dims(x, op->out).m, op->cout, AT(act, vo[op->z]),
-                                         AT(g, go[op->out]), PAR(x->params, op->gamma_off),
-                                         PAR(x->params, op->beta_off), PAR(x->stats, op->stat_off),
-                                         PAR(x->stats, op->stat_off + op->cout), x->fwd_training,
-                                         op->act ? PTL_ACT_SILU : PTL_ACT_NONE, AT(g, go[op->z]),
-                                         PAR(x->grads, op->gamma_off), PAR(x->grads, op->beta_off)));
+        PTL_CHECK(be->batchnorm_backward(
+            x->ctx, dt, dims(x, op->out).m, op->cout, AT(act, vo[op->z]), AT(g, go[op->out]),
+            PAR(x->params, op->gamma_off), PAR(x->params, op->beta_off), PAR(x->stats, op->stat_off),
+            PAR(x->stats, op->stat_off + op->cout), x->fwd_training && !(fz & PTL_NET_FROZEN_BN_EVAL),
+            op->act ? PTL_ACT_SILU : PTL_ACT_NONE, AT(g, go[op->z]),
+            fz & PTL_NET_FROZEN_GAMMA ? NULL : PAR(x->grads, op->gamma_off),
+            fz & PTL_NET_FROZEN_BETA ? NULL : PAR(x->grads, op->beta_off)));
         return conv_backward(x, i, AT(g, go[op->z]), want_input_grad);
     case PTL_OP_CONV_BIAS:
         return conv_backward(x, i, AT(g, go[op->out]), want_input_grad);
     case PTL_OP_ADD: {
         const int64_t n = dims(x, op->out).m * V[op->out].C;
-        PTL_CHECK(pass_through(x, first & 1u, n, AT(g, go[op->out]), AT(g, go[op->in])));
-        return pass_through(x, first & 2u, n, AT(g, go[op->out]), AT(g, go[op->in2]));
+        if (needs(x, op->in, want_input_grad))
+            PTL_CHECK(pass_through(x, first & 1u, n, AT(g, go[op->out]), AT(g, go[op->in])));
+        return needs(x, op->in2, want_input_grad)
+                   ? pass_through(x, first & 2u, n, AT(g, go[op->out]), AT(g, go[op->in2]))
+                   : 0;
     }
     case PTL_OP_CAT: {
         const int64_t m = dims(x, op->out).m;
         int src = 0;
         for (int p = 0; p < op->nparts; p++) {
             const ptl_net_part *pt = &op->parts[p];
+            if (!needs(x, pt->value, want_input_grad)) {
+                src += pt->nc;
+                continue;
+            }
             /* a first writer of only some channels finds its slot zeroed (zero_op) and adds */
             const int overwrite = (first >> (2 + p)) & 1u && x->gp.zero_op[pt->value] != i;
             PTL_CHECK(be->channel_copy(x->ctx, dt, m, pt->nc, AT(g, go[op->out]), V[op->out].C, src,
@@ -544,13 +683,20 @@ int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *
         return ptl_set_error(PTL_ERR_RUNTIME, "network backward needs a successful forward of the same shape first");
     PTL_CHECK(activate(x->be, x->ctx));
     PTL_CHECK(x->be->zero(x->ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz));
+    const int want = d_images != NULL;
+    /* A gradient nothing needs is never written, read or zeroed: all its writers (the consumers of its
+     * value) skip it and so does its reader (the producer, which then has nothing to do); every needed
+     * gradient keeps the writers, first writer and zeroing of the gradient plan. */
     for (int i = x->net->nops - 1; i >= 0; i--) {
+        const ptl_net_op *op = &x->net->ops[i];
         for (int k = x->gp.zero_begin[i]; k < x->gp.zero_begin[i + 1]; k++) {
             const int v = x->gp.zero_list[k];
-            PTL_CHECK(x->be->zero(x->ctx, AT(S->gact.ptr, S->L.goff[v]),
-                                  (size_t)dims(x, v).m * x->net->values[v].C * x->csz));
+            if (needs(x, v, want))
+                PTL_CHECK(x->be->zero(x->ctx, AT(S->gact.ptr, S->L.goff[v]),
+                                      (size_t)dims(x, v).m * x->net->values[v].C * x->csz));
         }
-        PTL_CHECK(backward_op(x, i, d_out, d_images != NULL));
+        if (needs(x, op->kind == PTL_OP_HEAD ? op->in : op->out, want))
+            PTL_CHECK(backward_op(x, i, d_out, want));
     }
     PTL_CHECK(x->be->weight_grad(x->ctx, x->cdt, x->wtab.ptr, x->wt.n, x->wt.total, x->wgc.ptr, x->grads));
     if (d_images)

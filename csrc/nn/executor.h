@@ -196,6 +196,10 @@ typedef struct ptl_net_exec {
     ptl_net_conv_opts opts;
     ptl_net_grad_plan gp;
     ptl_net_wtab wt;
+    /* freezing (ptl_net_exec_set_frozen): per op its PTL_NET_FROZEN_* bits; per value whether its gradient
+     * is needed (it depends on a trainable parameter); the counts executor_info reports */
+    uint8_t *op_frozen, *grad_needed;
+    int nfrozen, backward_ops;
 
     /* master storage (aliasing the description's host storage when `aliased`); params and buffers may
      * point at other weights for a while (ptl_net_exec_use_weights), own_* are the executor's */
@@ -233,6 +237,19 @@ int ptl_net_exec_forward(ptl_net_exec *x, const void *images, int B, int H, int 
  * (NULL = zero). Parameter gradients add (+=) into the master gradient; d_images (compute dtype) is
  * written when not NULL, else the image gradient is not computed. */
 int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *d_images);
+
+/* Frozen tensors (Ultralytics' freeze): frozen[e] is 0 or 1 for each of the description's n == nentries
+ * tensors (NULL: none). A frozen parameter's gradient is never computed (it stays as it is in the
+ * gradient buffer); a BatchNorm whose running_mean and running_var are frozen (both or neither) runs in
+ * eval mode in training forwards too (running statistics used, not updated; the eval backward). The
+ * backward skips every gradient that no trainable parameter needs: an op's input gradient when nothing
+ * upstream of it trains, a whole op when nothing in or before it trains; the image gradient still
+ * flows through everything when d_images is asked. The writes left keep their order, so the trainable
+ * parameters' gradients are bit-identical to an unfrozen backward's. Drops every slot's recording and
+ * the last forward. */
+enum { PTL_NET_FROZEN_W = 1, PTL_NET_FROZEN_BIAS = 2, PTL_NET_FROZEN_GAMMA = 4, PTL_NET_FROZEN_BETA = 8,
+       PTL_NET_FROZEN_BN_EVAL = 16 };
+int ptl_net_exec_set_frozen(ptl_net_exec *x, const uint8_t *frozen, int64_t n);
 
 /* The BatchNorm mode of the next forward. A recording made in the other mode is kept, unused until
  * the mode is back. */

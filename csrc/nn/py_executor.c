@@ -322,6 +322,46 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
     Py_RETURN_NONE;
 }
 
+/* executor_set_frozen(x, flags): flags is None (nothing frozen) or a sequence of 0/1 (or bools), one per
+ * tensor of the network in network_entries order (ptl_net_exec_set_frozen). */
+static PyObject *py_set_frozen(PyObject *self, PyObject *args)
+{
+    PyObject *cap, *flags;
+    if (!PyArg_ParseTuple(args, "OO:executor_set_frozen", &cap, &flags))
+        return NULL;
+    ptl_net_exec *x = ptl_py_executor(cap);
+    if (!x)
+        return NULL;
+    uint8_t *mask = NULL;
+    Py_ssize_t n = 0;
+    if (flags != Py_None) {
+        PyObject *seq = PySequence_Fast(flags, "frozen: expected None or a sequence of 0/1 flags, one per tensor");
+        if (!seq)
+            return NULL;
+        n = PySequence_Fast_GET_SIZE(seq);
+        mask = PyMem_Malloc(n ? (size_t)n : 1);
+        if (!mask) {
+            Py_DECREF(seq);
+            return PyErr_NoMemory();
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+            if (v == -1 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                PyMem_Free(mask);
+                return PyErr_Format(PyExc_TypeError, "frozen: flag %zd is not an int or a bool", i);
+            }
+            mask[i] = (uint8_t)(v == 0 || v == 1 ? v : 2); /* 2: what the library's check rejects */
+        }
+        Py_DECREF(seq);
+    }
+    const int rc = ptl_net_exec_set_frozen(x, mask, (int64_t)n);
+    PyMem_Free(mask);
+    if (rc)
+        return ptl_raise(self);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_info(PyObject *self, PyObject *cap)
 {
     (void)self;
@@ -334,12 +374,13 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
     PyObject *dev = ptl_device_str(x->device);
     if (!dev)
         return NULL;
-    return Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:i,s:{s:O,s:O,s:O}}", "device", dev,
-                         "backend", x->be->name, "dtype", ptl_dtype_name(x->cdt), "master_dtype",
+    return Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:i,s:i,s:i,s:i,s:{s:O,s:O,s:O}}",
+                         "device", dev, "backend", x->be->name, "dtype", ptl_dtype_name(x->cdt), "master_dtype",
                          ptl_dtype_name(x->mdt), "training", x->training, "num_parameters", (long long)x->net->nparams,
                          "batch_shape", L->B, L->H, L->W, "anchors", (long long)L->A, "fixed_bytes", (long long)fixed,
                          "shape_bytes", (long long)shape, "gradient_arena", (long long)L->gact_numel, "recorded",
-                         ptl_net_recorded(x) ? Py_True : Py_False, "have_forward", x->have_forward, "conv_options",
+                         ptl_net_recorded(x) ? Py_True : Py_False, "have_forward", x->have_forward, "frozen_tensors",
+                         x->nfrozen, "backward_ops", x->backward_ops, "ops", x->net->nops, "conv_options",
                          "deterministic", x->opts.deterministic ? Py_True : Py_False, "allow_tf32",
                          x->opts.allow_tf32 ? Py_True : Py_False, "find", x->opts.find ? Py_True : Py_False);
 }
@@ -451,6 +492,8 @@ static PyMethodDef methods[] = {
      "executor_use_weights(x, params, buffers): forwards on other weights (None, None: its own)."},
     {"executor_configure", (PyCFunction)(void (*)(void))py_configure, METH_VARARGS | METH_KEYWORDS,
      "executor_configure(x, training=None, share_gradients=None, deterministic=None, allow_tf32=None, find=None)."},
+    {"executor_set_frozen", py_set_frozen, METH_VARARGS,
+     "executor_set_frozen(x, flags): freeze the tensors flagged 1 (network_entries order; None: none)."},
     {"executor_info", py_info, METH_O, "executor_info(x) -> dict."},
     {"executor_record", py_record, METH_VARARGS,
      "executor_record(x, images, d_boxes, d_scores, d_boxes_o2o, d_scores_o2o): capture for replay (CUDA)."},

@@ -85,7 +85,7 @@ int ptl_optim_step_cpu(const ptl_optim_buffers *b, const ptl_optim_hp *hp)
     int64_t maxrc = 0, maxr = 0;
     for (int64_t pi = 0; pi < b->nparams; pi++) {
         const int64_t *row = b->ptab + pi * PTL_PT_NCOLS;
-        if (hp->kind[row[PTL_PT_GROUP]] != PTL_OPT_MUON)
+        if (hp->kind[row[PTL_PT_GROUP]] != PTL_OPT_MUON || row[PTL_PT_FROZEN])
             continue;
         const int64_t r = row[PTL_PT_ROWS], c = row[PTL_PT_COLS], mn = r < c ? r : c;
         maxrc = r * c > maxrc ? r * c : maxrc;
@@ -104,6 +104,8 @@ int ptl_optim_step_cpu(const ptl_optim_buffers *b, const ptl_optim_hp *hp)
         double step = scalar_get(b, PTL_OPT_S_STEP) + 1.0;
         for (int64_t pi = 0; pi < b->nparams; pi++) {
             const int64_t *row = b->ptab + pi * PTL_PT_NCOLS;
+            if (row[PTL_PT_FROZEN]) /* freeze: no update, decay or momentum (its gradient is not read) */
+                continue;
             int grp = (int)row[PTL_PT_GROUP], kind = hp->kind[grp];
             int64_t off = row[PTL_PT_OFF], n = row[PTL_PT_NUMEL];
             double lr = hp->lr[grp], mu = hp->momentum[grp], wd = hp->wd[grp];

@@ -63,6 +63,7 @@ enum {
     PTL_PT_D1,
     PTL_PT_CFIRST,   /* its first chunk in cmuon and the number of them */
     PTL_PT_CCOUNT,
+    PTL_PT_FROZEN,   /* 1: never updated (freeze): in no chunk of call or cmuon, XOFF and MIDX -1 */
     PTL_PT_NCOLS
 };
 

@@ -59,6 +59,10 @@ int ptl_optim_check(const ptl_optim_buffers *b, const ptl_optim_hp *hp, ptl_devi
         const int64_t r = row[PTL_PT_ROWS], c = row[PTL_PT_COLS];
         if (hp->kind[grp] == PTL_OPT_MUON && (r <= 0 || c <= 0 || r * c != row[PTL_PT_NUMEL]))
             return ptl_set_error(PTL_ERR_VALUE, "optimizer: parameter %lld has a bad 2-D view", (long long)pi);
+        if (row[PTL_PT_FROZEN] != 0 && (row[PTL_PT_FROZEN] != 1 || row[PTL_PT_MIDX] >= 0))
+            return ptl_set_error(PTL_ERR_VALUE, "optimizer: parameter %lld has frozen flag %lld (0, or 1 for a "
+                                 "parameter outside the Newton-Schulz work)", (long long)pi,
+                                 (long long)row[PTL_PT_FROZEN]);
     }
     /* the gradient statistics walk the chunk table, not ptab */
     for (int64_t c = 0; c < b->nchunks; c++) {
@@ -69,6 +73,9 @@ int ptl_optim_check(const ptl_optim_buffers *b, const ptl_optim_hp *hp, ptl_devi
                                  "buffer of %lld elements or the %lld parameters",
                                  (long long)c, (long long)ch[0], (long long)ch[1], (long long)ch[2], (long long)b->n,
                                  (long long)b->nparams);
+        if (b->ptab[ch[2] * PTL_PT_NCOLS + PTL_PT_FROZEN])
+            return ptl_set_error(PTL_ERR_VALUE, "call: chunk %lld belongs to frozen parameter %lld (the clip norm "
+                                 "leaves frozen parameters out)", (long long)c, (long long)ch[2]);
     }
     return 0;
 }

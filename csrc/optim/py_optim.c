@@ -364,7 +364,7 @@ static PyMethodDef methods[] = {
 
 /* The layouts and defaults of optim.h, by name, for ptl/optim.py (one source: this header). */
 static const char *const table_columns[] = {"off",  "numel", "rows", "cols", "group", "xoff",
-                                            "tall", "midx",  "d2",   "d1",   "cfirst", "ccount"};
+                                            "tall", "midx",  "d2",   "d1",   "cfirst", "ccount", "frozen"};
 static const char *const scalar_slots[] = {"scale", "growth", "found_inf", "norm", "coef", "step", "skipped"};
 _Static_assert(sizeof table_columns / sizeof *table_columns == PTL_PT_NCOLS, "optim.h: ptab columns");
 _Static_assert(sizeof scalar_slots / sizeof *scalar_slots == PTL_OPT_S_SKIPPED + 1, "optim.h: scalar slots");
