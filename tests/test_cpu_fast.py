@@ -493,7 +493,7 @@ def test_cpu_executors_choose_their_kernels(monkeypatch):
     monkeypatch.setenv("PTL_CPU_KERNELS", "fast")
     assert backend(net32) == fast and backend(net64) == "cpu"  # a preference: float64 stays on the reference
     monkeypatch.setenv("PTL_CPU_KERNELS", "quick")
-    with pytest.raises(ValueError, match="PTL_CPU_KERNELS: expected 'fast' or 'reference', got 'quick'"):
+    with pytest.raises(ValueError, match="PTL_CPU_KERNELS: expected 'fast', 'reference', 'bfloat16-storage' or 'float16-storage', got 'quick'"):
         C.executor_create(net32)
     with pytest.raises(ValueError, match="cpu_kernels: 'fast' (computes in float32 only|needs oneDNN)"):
         C.executor_create(net64, cpu_kernels="fast")
