@@ -1,9 +1,8 @@
-/* Fast CPU SiLU (see activation.h): fixed chunks of 16384 elements per task. */
+/* Fast CPU SiLU (see activation.h): fixed chunks of PTL_CPU_CHUNK elements per task. */
 #include "activation.h"
 
 #include "vector.h"
 
-#define CHUNK 16384
 
 PTL_CPU_CLONES
 static void silu_range(int64_t i0, int64_t i1, const float *x, float *y)
@@ -27,10 +26,7 @@ int ptl_cpu_silu_forward(int64_t n, const float *x, float *y)
 {
     if (n < 0)
         return ptl_set_error(PTL_ERR_VALUE, "cpu_silu_forward: negative length %lld", (long long)n);
-    const int64_t nchunks = (n + CHUNK - 1) / CHUNK;
-#pragma omp parallel for schedule(dynamic, 1) if (n > PTL_CPU_PAR_MIN)
-    for (int64_t k = 0; k < nchunks; k++)
-        silu_range(k * CHUNK, k + 1 < nchunks ? (k + 1) * CHUNK : n, x, y);
+    PTL_CPU_FOR_CHUNKS(n, i0, i1, silu_range(i0, i1, x, y));
     return 0;
 }
 
@@ -38,9 +34,6 @@ int ptl_cpu_silu_backward(int64_t n, const float *x, const float *dy, float *dx)
 {
     if (n < 0)
         return ptl_set_error(PTL_ERR_VALUE, "cpu_silu_backward: negative length %lld", (long long)n);
-    const int64_t nchunks = (n + CHUNK - 1) / CHUNK;
-#pragma omp parallel for schedule(dynamic, 1) if (n > PTL_CPU_PAR_MIN)
-    for (int64_t k = 0; k < nchunks; k++)
-        silu_grad_range(k * CHUNK, k + 1 < nchunks ? (k + 1) * CHUNK : n, x, dy, dx);
+    PTL_CPU_FOR_CHUNKS(n, i0, i1, silu_grad_range(i0, i1, x, dy, dx));
     return 0;
 }

@@ -5,8 +5,6 @@
 
 #include "vector.h"
 
-/* Elements per task: 64 KiB of float. */
-#define CHUNK 16384
 
 PTL_CPU_CLONES
 static void add_range(int64_t i0, int64_t i1, const float *a, const float *b, float *y)
@@ -28,10 +26,7 @@ int ptl_cpu_add(int64_t n, const float *a, const float *b, float *y)
 {
     if (n < 0)
         return ptl_set_error(PTL_ERR_VALUE, "cpu_add: negative length %lld", (long long)n);
-    const int64_t nchunks = (n + CHUNK - 1) / CHUNK;
-#pragma omp parallel for schedule(dynamic, 1) if (n > PTL_CPU_PAR_MIN)
-    for (int64_t k = 0; k < nchunks; k++)
-        add_range(k * CHUNK, k + 1 < nchunks ? (k + 1) * CHUNK : n, a, b, y);
+    PTL_CPU_FOR_CHUNKS(n, i0, i1, add_range(i0, i1, a, b, y));
     return 0;
 }
 
@@ -39,10 +34,7 @@ int ptl_cpu_accumulate(int64_t n, const float *x, float *y)
 {
     if (n < 0)
         return ptl_set_error(PTL_ERR_VALUE, "cpu_accumulate: negative length %lld", (long long)n);
-    const int64_t nchunks = (n + CHUNK - 1) / CHUNK;
-#pragma omp parallel for schedule(dynamic, 1) if (n > PTL_CPU_PAR_MIN)
-    for (int64_t k = 0; k < nchunks; k++)
-        accumulate_range(k * CHUNK, k + 1 < nchunks ? (k + 1) * CHUNK : n, x, y);
+    PTL_CPU_FOR_CHUNKS(n, i0, i1, accumulate_range(i0, i1, x, y));
     return 0;
 }
 
@@ -72,7 +64,7 @@ int ptl_cpu_channel_copy(int64_t m, int c, const float *src, int src_c, int src_
                              c, src_off, c, src_c, dst_off, c, dst_c, (long long)m);
     if (!m || !c)
         return 0;
-    const int64_t rows = c >= CHUNK ? 1 : CHUNK / c, nchunks = (m + rows - 1) / rows;
+    const int64_t rows = c >= PTL_CPU_CHUNK ? 1 : PTL_CPU_CHUNK / c, nchunks = (m + rows - 1) / rows;
 #pragma omp parallel for schedule(dynamic, 1) if (m * c > PTL_CPU_PAR_MIN)
     for (int64_t k = 0; k < nchunks; k++)
         copy_rows(k * rows, k + 1 < nchunks ? (k + 1) * rows : m, c, src + src_off, src_c, dst + dst_off, dst_c,

@@ -22,6 +22,20 @@
 /* Below this many elements a loop runs on the calling thread: waking the team costs more. */
 #define PTL_CPU_PAR_MIN 32768
 
+/* An element-wise pass over n elements: `stmt` runs for [i0, i1) on fixed chunks of PTL_CPU_CHUNK
+ * elements (64 KiB of float), one task each, in parallel above PTL_CPU_PAR_MIN; the chunks, not the
+ * thread count, decide the split. */
+#define PTL_CPU_CHUNK 16384
+#define PTL_CPU_FOR_CHUNKS(n, i0, i1, stmt)                                                                \
+    do {                                                                                                   \
+        const int64_t n_ = (n), nchunks_ = (n_ + PTL_CPU_CHUNK - 1) / PTL_CPU_CHUNK;                      \
+        _Pragma("omp parallel for schedule(dynamic, 1) if (n_ > PTL_CPU_PAR_MIN)")                         \
+        for (int64_t k_ = 0; k_ < nchunks_; k_++) {                                                        \
+            const int64_t i0 = k_ * PTL_CPU_CHUNK, i1 = k_ + 1 < nchunks_ ? i0 + PTL_CPU_CHUNK : n_;       \
+            stmt;                                                                                          \
+        }                                                                                                  \
+    } while (0)
+
 /* e^x in float, within 1.5 ulp of the exact value for |x| <= 87 (Cephes' polynomial on a
  * round-to-nearest range reduction); arguments are clamped to [-87, 88], NaN propagates. Branch-free,
  * so a loop calling it vectorises. */
