@@ -15,6 +15,8 @@ from ptl import metrics
 from ptl.data import DetectionData
 from ptl.trainer import Trainer
 
+from oracles import signal_state_dict
+
 IMGSZ = 64
 
 
@@ -130,15 +132,9 @@ def signal_detector(seed=0, num_classes=3):
     init's scale), class biases that put about half the anchors above predict's conf 0.25, and box biases
     that make neighbouring boxes overlap, so that NMS suppresses."""
     det = ptl.Detector("yolo26n", num_classes=num_classes, seed=seed)
-    sd, rng = det.state_dict(), np.random.default_rng(seed)
+    sd = signal_state_dict(det, seed)
     for k in sd:
-        if k.endswith("bn.weight") or k.endswith("running_var"):
-            sd[k] = rng.uniform(0.5, 1.5, sd[k].shape).astype(np.float32)
-        elif k.endswith("bn.bias") or k.endswith("running_mean"):
-            sd[k] = rng.uniform(-0.3, 0.3, sd[k].shape).astype(np.float32)
-        elif k.endswith("conv.weight"):
-            sd[k] = sd[k] * 2
-        elif class_bias(k):
+        if class_bias(k):
             sd[k] = np.full_like(sd[k], -1.15)
         elif re.fullmatch(r"model\.23\.(one2one_)?cv2\.\d\.2\.bias", k):
             sd[k] = np.full_like(sd[k], 3.0)

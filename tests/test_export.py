@@ -11,6 +11,8 @@ import pytest
 
 import ptl
 
+from oracles import signal_state_dict
+
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
@@ -22,15 +24,7 @@ def signal_model(scale, num_classes=80, seed=0):
     """A detector whose outputs depend on the image: BatchNorm away from its init and conv weights at twice
     the init's scale (the init shrinks activations layer by layer, leaving outputs near their biases)."""
     det = ptl.Detector("yolo26" + scale, num_classes=num_classes, seed=seed)
-    sd = det.state_dict()
-    rng = np.random.default_rng(seed)
-    for k in sd:
-        if k.endswith("bn.weight") or k.endswith("running_var"):
-            sd[k] = rng.uniform(0.5, 1.5, sd[k].shape).astype(np.float32)
-        elif k.endswith("bn.bias") or k.endswith("running_mean"):
-            sd[k] = rng.uniform(-0.3, 0.3, sd[k].shape).astype(np.float32)
-        elif k.endswith("conv.weight"):
-            sd[k] = sd[k] * 2
+    sd = signal_state_dict(det, seed)
     det.load_state_dict(sd)
     return det.eval()
 

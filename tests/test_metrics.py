@@ -3,8 +3,6 @@ end-to-end), matching, AP with its curves, per-class results and the confusion m
 transcriptions of the rules written here, hand-worked cases, the CUDA post-processing against the CPU,
 and pycocotools as an independent (definitionally different) check. The real package is the oracle in
 tests/test_ultralytics_parity.py."""
-import contextlib
-import io
 import pathlib
 import struct
 
@@ -13,6 +11,8 @@ import pytest
 
 import ptl
 from ptl import metrics
+
+from oracles import pycocotools_stats
 
 F = np.float32
 IOUV = np.linspace(0.5, 0.95, 10).astype(F)
@@ -692,9 +692,6 @@ def test_against_pycocotools(coco256):
     2. ptl's metric is within 0.005 of COCO's.
     """
     pytest.importorskip("pycocotools")
-    from pycocotools.coco import COCO
-    from pycocotools.cocoeval import COCOeval
-
     rng = np.random.default_rng(0)
     data = coco256_val(coco256)
     assert len(data) > 100
@@ -724,15 +721,7 @@ def test_against_pycocotools(coco256):
             dets.append({"image_id": img_id, "category_id": int(c), "score": float(s),
                          "bbox": [float(b[0]), float(b[1]), float(b[2] - b[0]), float(b[3] - b[1])]})
     ours = dm.compute()
-    with contextlib.redirect_stdout(io.StringIO()):
-        coco = COCO()
-        coco.dataset = gt
-        coco.createIndex()
-        ev = COCOeval(coco, coco.loadRes(dets), "bbox")
-        ev.evaluate()
-        ev.accumulate()
-        ev.summarize()
-    c95, c50 = ev.stats[0], ev.stats[1]
+    c95, c50 = pycocotools_stats(gt, dets)[:2]
     s95, s50 = coco_style_map(*(np.concatenate(s) for s in zip(*stats)))
     print("\nptl mAP50-95 %.5f mAP50 %.5f | pycocotools %.5f %.5f | ptl - coco %+.5f %+.5f | "
           "COCO formula on ptl matches %.5f %.5f (%+.5f %+.5f)"

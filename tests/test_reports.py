@@ -21,6 +21,8 @@ from ptl.data import label_path
 from ptl.loggers import CSVLogger, TensorBoardLogger
 from ptl.runlog import RESULTS_COLUMNS
 
+from oracles import pycocotools_stats
+
 PICTURES = ["confusion_matrix.png", "confusion_matrix_normalized.png", "BoxPR_curve.png", "BoxP_curve.png",
             "BoxR_curve.png", "BoxF1_curve.png", "labels.jpg", "train_batch0.jpg", "train_batch1.jpg",
             "train_batch2.jpg", "val_batch0_labels.jpg", "val_batch0_pred.jpg", "results.png"]
@@ -309,21 +311,6 @@ def _coco_gt_from_files(coco256):
             "categories": [{"id": i + 1, "name": n} for i, n in enumerate(d["names"])]}
 
 
-def _pycocotools_stats(gt, results):
-    pytest.importorskip("pycocotools")
-    from pycocotools.coco import COCO
-    from pycocotools.cocoeval import COCOeval
-    with contextlib.redirect_stdout(io.StringIO()):
-        g = COCO()
-        g.dataset = gt
-        g.createIndex()
-        ev = COCOeval(g, g.loadRes(results), "bbox")
-        ev.evaluate()
-        ev.accumulate()
-        ev.summarize()
-    return ev.stats
-
-
 def _run_evaluator(coco256, tmp_path, make_dets):
     """Feeds every validation batch of coco256 (imgsz 128) through a COCOEvaluator with detections made
     from the batch by make_dets(batch, h, w)."""
@@ -366,7 +353,7 @@ def test_coco_eval_equals_pycocotools_on_predictions_json(coco256, tmp_path):
     assert results and set(results[0]) == {"image_id", "category_id", "bbox", "score"}
     gt = _coco_gt_from_files(coco256)
     assert len(gt["annotations"]) == 898
-    ref = _pycocotools_stats(gt, results)
+    ref = pycocotools_stats(gt, results)
     got = [ev.stats[k] for k in coco_eval.STAT_NAMES]
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-12)
     assert 0.3 < ev.stats["AP"] < 0.95 and logged["metrics/coco/AP"] == ev.stats["AP"]
