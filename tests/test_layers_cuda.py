@@ -92,6 +92,7 @@ CONV_CASES = [
     (2, 6, 5, 4, 4, 3, 1, 4),       # depthwise
     (1, 7, 7, 8, 8, 3, 2, 8),       # depthwise stride 2
     (2, 20, 20, 64, 64, 3, 1, 64),  # depthwise, a weight gradient reduced over many chunks
+    (1, 9, 11, 12, 12, 3, 2, 12),   # depthwise: 16-byte packs in float32 only (12 channels)
     (1, 6, 6, 4, 4, 5, 1, 4),       # depthwise 5x5 (through cuDNN; the direct kernels are 3x3)
     (2, 4, 5, 6, 3, 1, 1, 1),       # 1x1
     (1, 5, 6, 4, 6, 3, 1, 2),       # general groups
@@ -388,7 +389,7 @@ def test_add_and_accumulate(dt):
 
 
 @pytest.mark.parametrize("dt", DTYPES)
-@pytest.mark.parametrize("shape", [(2, 7, 9, 5), (1, 3, 2, 17), (2, 20, 20, 64)])
+@pytest.mark.parametrize("shape", [(2, 7, 9, 5), (1, 3, 2, 17), (2, 20, 20, 64), (3, 17, 11, 40)])
 @pytest.mark.parametrize("ties", [False, True])
 def test_maxpool_matches_cpu(shape, ties, dt):
     rng = np.random.default_rng(11)
@@ -443,12 +444,17 @@ def test_upsample_matches_cpu(dt):
 # ---------------------------------------------------------------------------------------------- channel copy
 
 
+# (source width, destination width, slices): odd widths take the element-wise kernel; widths and offsets
+# that are multiples of 8 take the 16-byte one (4 elements in float32), offset 4 only in float32
+@pytest.mark.parametrize("widths", [(10, 7, ((2, 1, 5), (0, 0, 7), (3, 0, 7))),
+                                    (24, 40, ((8, 16, 16), (0, 0, 24), (4, 8, 8), (16, 32, 8)))])
 @pytest.mark.parametrize("dt", DTYPES)
-def test_channel_copy_matches_cpu(dt):
+def test_channel_copy_matches_cpu(dt, widths):
     rng = np.random.default_rng(13)
-    src = rounded(rng.standard_normal((2, 3, 4, 10)), dt)
-    dst0 = rounded(rng.standard_normal((2, 3, 4, 7)), dt)
-    for (soff, doff, c) in ((2, 1, 5), (0, 0, 7), (3, 0, 7)):
+    src_c, dst_c, cases = widths
+    src = rounded(rng.standard_normal((2, 3, 5, src_c)), dt)
+    dst0 = rounded(rng.standard_normal((2, 3, 5, dst_c)), dt)
+    for (soff, doff, c) in cases:
         for acc in (False, True):
             d = gpu(dst0, dt)
             C.layer_channel_copy(gpu(src, dt), soff, d, doff, c, acc)
@@ -466,7 +472,7 @@ def test_channel_copy_matches_cpu(dt):
     C.layer_channel_copy(gpu(same, dt), 0, d, 0, 6, False)
     assert np.array_equal(host(d), same)
     with pytest.raises(ValueError, match="out of range"):
-        C.layer_channel_copy(gpu(src, dt), 6, gpu(dst0, dt), 0, 5, False)
+        C.layer_channel_copy(gpu(src, dt), src_c - 4, gpu(dst0, dt), 0, 5, False)
 
 
 # ---------------------------------------------------------------------------------------------- attention

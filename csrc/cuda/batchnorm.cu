@@ -77,18 +77,7 @@ __global__ void bn_eval_stats(int c, const float *rm, const float *rv, float *sm
     sinv[ch] = (float)(1.0 / sqrt((double)rv[ch] + PTL_BN_EPS));
 }
 
-/* The element-wise passes move V elements per thread (one 16-byte access when the channel count is a
- * multiple of V and the pointers allow it, else V = 1), indexing with I = int when m*c fits. */
-template <typename T, int V>
-struct alignas(sizeof(T) * V) pack {
-    T v[V];
-};
-
-static int vec_ok(int c, int v, const void *a, const void *b, const void *d)
-{
-    return c % v == 0 && (((uintptr_t)a | (uintptr_t)b | (uintptr_t)d) & 15) == 0;
-}
-
+/* The element-wise passes move V elements per thread (ptl_pack), indexing with I = int when m*c fits. */
 template <typename T, typename I, int V>
 __global__ void bn_apply(I groups, int c, const T *x, const float *gamma, const float *beta, const float *smean,
                          const float *sinv, int silu, T *y)
@@ -96,15 +85,15 @@ __global__ void bn_apply(I groups, int c, const T *x, const float *gamma, const 
     const I stride = (I)gridDim.x * blockDim.x;
     for (I gi = (I)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += stride) {
         const int ch0 = (int)((gi * V) % c);
-        const pack<T, V> xv = reinterpret_cast<const pack<T, V> *>(x)[gi];
-        pack<T, V> yv;
+        const ptl_pack<T, V> xv = reinterpret_cast<const ptl_pack<T, V> *>(x)[gi];
+        ptl_pack<T, V> yv;
 #pragma unroll
         for (int k = 0; k < V; k++) {
             const int ch = ch0 + k;
             const float z = (ptl_ld(&xv.v[k]) - smean[ch]) * sinv[ch] * gamma[ch] + beta[ch];
             ptl_st(&yv.v[k], silu ? z * ptl_sigmoidf(z) : z);
         }
-        reinterpret_cast<pack<T, V> *>(y)[gi] = yv;
+        reinterpret_cast<ptl_pack<T, V> *>(y)[gi] = yv;
     }
 }
 
@@ -148,9 +137,9 @@ __global__ void bn_bwd_apply(I groups, int c, const T *x, const T *dy, const flo
     const I stride = (I)gridDim.x * blockDim.x;
     for (I gi = (I)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += stride) {
         const int ch0 = (int)((gi * V) % c);
-        const pack<T, V> xv = reinterpret_cast<const pack<T, V> *>(x)[gi];
-        const pack<T, V> dyv = reinterpret_cast<const pack<T, V> *>(dy)[gi];
-        pack<T, V> dxv;
+        const ptl_pack<T, V> xv = reinterpret_cast<const ptl_pack<T, V> *>(x)[gi];
+        const ptl_pack<T, V> dyv = reinterpret_cast<const ptl_pack<T, V> *>(dy)[gi];
+        ptl_pack<T, V> dxv;
 #pragma unroll
         for (int k = 0; k < V; k++) {
             const int ch = ch0 + k;
@@ -164,7 +153,7 @@ __global__ void bn_bwd_apply(I groups, int c, const T *x, const T *dy, const flo
             const float scale = gamma[ch] * sinv[ch];
             ptl_st(&dxv.v[k], training ? scale * (g - mean_g[ch] - xhat * mean_gx[ch]) : scale * g);
         }
-        reinterpret_cast<pack<T, V> *>(dx)[gi] = dxv;
+        reinterpret_cast<ptl_pack<T, V> *>(dx)[gi] = dxv;
     }
 }
 
@@ -221,7 +210,7 @@ static int bn_forward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const flo
         bn_eval_stats<<<cblocks, 128, 0, st>>>(c, rm, rv, smean, sinv);
         PTL_LAUNCH_CHECK("bn_eval_stats");
     }
-    if (vec_ok(c, 16 / sizeof(T), x, y, y))
+    if (ptl_vec_ok(c, 16 / sizeof(T), x, y, y))
         bn_apply_launch<T, 16 / sizeof(T)>(st, total, c, x, gamma, beta, smean, sinv, silu, y);
     else
         bn_apply_launch<T, 1>(st, total, c, x, gamma, beta, smean, sinv, silu, y);
@@ -254,7 +243,7 @@ static int bn_backward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const T 
         mean_g = mg;
         mean_gx = mg + c;
     }
-    if (vec_ok(c, 16 / sizeof(T), x, dy, dx))
+    if (ptl_vec_ok(c, 16 / sizeof(T), x, dy, dx))
         bn_bwd_apply_launch<T, 16 / sizeof(T)>(st, total, c, x, dy, gamma, beta, smean, sinv, mean_g, mean_gx,
                                                training, silu, dx);
     else

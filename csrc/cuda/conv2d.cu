@@ -480,48 +480,62 @@ __global__ void bias_grad_finish(int c, int nchunks, const double *part, T *db)
  * row-major tap order; the weight gradient is a per-channel sum over output pixels of 9 products, by the
  * deterministic column reduction (double partial sums, fixed order). Weights are OHWI with one input
  * channel: w[ch * 9 + ky * 3 + kx]. */
-template <typename T, typename I>
-__global__ void dw_forward_kernel(I total, ptl_conv2d_desc d, const T *x, const T *w, T *y)
+template <typename T, typename I, int V>
+__global__ void dw_forward_kernel(I groups, ptl_conv2d_desc d, const T *x, const T *w, T *y)
 {
+    typedef ptl_pack<T, V> P;
     const I stride = (I)gridDim.x * blockDim.x;
-    const int c = d.cout;
-    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        const int ch = (int)(i % c);
-        I pix = i / c;
+    const int cg = d.cout / V;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < groups; i += stride) {
+        const int ch0 = (int)(i % cg) * V;
+        I pix = i / cg;
         const int ox = (int)(pix % d.wo);
         pix /= d.wo;
         const int oy = (int)(pix % d.ho);
         const I b = pix / d.ho;
-        const T *wc = w + ch * DW_TAPS;
-        float acc = 0.0f;
+        float acc[V];
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            acc[k] = 0.0f;
         for (int ky = 0; ky < DW_K; ky++) {
             const int iy = oy * d.stride + ky - d.pad;
             if (iy < 0 || iy >= d.h)
                 continue;
             for (int kx = 0; kx < DW_K; kx++) {
                 const int ix = ox * d.stride + kx - d.pad;
-                if (ix >= 0 && ix < d.w)
-                    acc += ptl_ld(x + ((b * d.h + iy) * d.w + ix) * c + ch) * ptl_ld(wc + ky * DW_K + kx);
+                if (ix < 0 || ix >= d.w)
+                    continue;
+                const P xv = reinterpret_cast<const P *>(x + ((b * d.h + iy) * d.w + ix) * d.cout + ch0)[0];
+#pragma unroll
+                for (int k = 0; k < V; k++)
+                    acc[k] += ptl_ld(&xv.v[k]) * ptl_ld(w + (ch0 + k) * DW_TAPS + ky * DW_K + kx);
             }
         }
-        ptl_st(y + i, acc);
+        P yv;
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            ptl_st(&yv.v[k], acc[k]);
+        reinterpret_cast<P *>(y)[i] = yv;
     }
 }
 
-template <typename T, typename I>
-__global__ void dw_backward_input_kernel(I total, ptl_conv2d_desc d, const T *dy, const T *w, T *dx)
+template <typename T, typename I, int V>
+__global__ void dw_backward_input_kernel(I groups, ptl_conv2d_desc d, const T *dy, const T *w, T *dx)
 {
+    typedef ptl_pack<T, V> P;
     const I stride = (I)gridDim.x * blockDim.x;
-    const int c = d.cin;
-    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        const int ch = (int)(i % c);
-        I pix = i / c;
+    const int cg = d.cin / V;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < groups; i += stride) {
+        const int ch0 = (int)(i % cg) * V;
+        I pix = i / cg;
         const int ix = (int)(pix % d.w);
         pix /= d.w;
         const int iy = (int)(pix % d.h);
         const I b = pix / d.h;
-        const T *wc = w + ch * DW_TAPS;
-        float acc = 0.0f;
+        float acc[V];
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            acc[k] = 0.0f;
         for (int ky = 0; ky < DW_K; ky++) {
             const int ty = iy + d.pad - ky; /* = oy * stride */
             if (ty < 0 || ty % d.stride || ty / d.stride >= d.ho)
@@ -531,10 +545,17 @@ __global__ void dw_backward_input_kernel(I total, ptl_conv2d_desc d, const T *dy
                 const int tx = ix + d.pad - kx;
                 if (tx < 0 || tx % d.stride || tx / d.stride >= d.wo)
                     continue;
-                acc += ptl_ld(dy + ((b * d.ho + oy) * d.wo + tx / d.stride) * c + ch) * ptl_ld(wc + ky * DW_K + kx);
+                const P gv = reinterpret_cast<const P *>(dy + ((b * d.ho + oy) * d.wo + tx / d.stride) * d.cin + ch0)[0];
+#pragma unroll
+                for (int k = 0; k < V; k++)
+                    acc[k] += ptl_ld(&gv.v[k]) * ptl_ld(w + (ch0 + k) * DW_TAPS + ky * DW_K + kx);
             }
         }
-        ptl_st(dx + i, acc);
+        P xv;
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            ptl_st(&xv.v[k], acc[k]);
+        reinterpret_cast<P *>(dx)[i] = xv;
     }
 }
 
@@ -577,18 +598,25 @@ __global__ void dw_grad_finish(int c, int nchunks, const double *part, T *dw)
     }
 }
 
-/* Launches kernel<T, I> over `total` elements, with 32-bit indices when both activations' sizes fit. */
-#define DW_LAUNCH(fn, kernel, p, total, ...)                                                                      \
+/* Launches kernel<T, I, V> over `total` elements, V channels per thread (a 16-byte pack when the channel
+ * count and the pointers allow it), with 32-bit indices when both activations' sizes fit. */
+#define DW_LAUNCH_V(kernel, p, total, V, ...)                                                                     \
     do {                                                                                                          \
+        const int64_t groups_ = (total) / (V);                                                                    \
         if ((int64_t)(p)->d.n * (p)->d.h * (p)->d.w * (p)->d.cin < INT32_MAX &&                                   \
             (int64_t)(p)->d.n * (p)->d.ho * (p)->d.wo * (p)->d.cout < INT32_MAX)                                  \
-            PTL_LAYER_DISPATCH(fn, (p)->dt,                                                                       \
-                               kernel<T, int><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>((int)(total),     \
-                                                                                                 __VA_ARGS__));   \
+            kernel<T, int, V><<<ptl_grid_for(groups_, 256), 256, 0, ctx->stream>>>((int)groups_, __VA_ARGS__);    \
         else                                                                                                      \
-            PTL_LAYER_DISPATCH(fn, (p)->dt,                                                                       \
-                               kernel<T, int64_t><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>((total),      \
-                                                                                                     __VA_ARGS__)); \
+            kernel<T, int64_t, V><<<ptl_grid_for(groups_, 256), 256, 0, ctx->stream>>>(groups_, __VA_ARGS__);     \
+    } while (0)
+#define DW_LAUNCH(fn, kernel, p, total, a, b, out)                                                                \
+    do {                                                                                                          \
+        PTL_LAYER_DISPATCH(fn, (p)->dt, {                                                                         \
+            if (ptl_vec_ok((p)->d.cout, 16 / sizeof(T), a, out, out))                                            \
+                DW_LAUNCH_V(kernel, p, total, 16 / sizeof(T), (p)->d, (const T *)(a), (const T *)(b), (T *)(out)); \
+            else                                                                                                  \
+                DW_LAUNCH_V(kernel, p, total, 1, (p)->d, (const T *)(a), (const T *)(b), (T *)(out));             \
+        });                                                                                                       \
         PTL_LAUNCH_CHECK(#kernel);                                                                                \
     } while (0)
 
@@ -604,7 +632,7 @@ extern "C" int ptl_conv2d_forward_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan 
                  p->d.cin, 0.0f, y, p->d.cout))
             return -1;
     } else if (p->depthwise) {
-        DW_LAUNCH("conv2d_forward_cuda", dw_forward_kernel, p, total, p->d, (const T *)x, (const T *)w, (T *)y);
+        DW_LAUNCH("conv2d_forward_cuda", dw_forward_kernel, p, total, x, w, y);
     } else {
         PTL_CUDNN_TRY(cudnnConvolutionForward(ctx->cudnn, &one, p->xd, x, p->wd, w, p->cf, p->af, workspace,
                                               workspace_bytes, &zero, p->yd, y));
@@ -636,8 +664,7 @@ extern "C" int ptl_conv2d_backward_input_cuda(ptl_cuda_ctx *ctx, const ptl_conv2
                     p->d.cout, 0.0f, dx, p->d.cin);
     if (p->depthwise) {
         const int64_t total = (int64_t)p->d.n * p->d.h * p->d.w * p->d.cin;
-        DW_LAUNCH("conv2d_backward_input_cuda", dw_backward_input_kernel, p, total, p->d, (const T *)dy, (const T *)w,
-                  (T *)dx);
+        DW_LAUNCH("conv2d_backward_input_cuda", dw_backward_input_kernel, p, total, dy, w, dx);
         return 0;
     }
     PTL_CUDNN_TRY(cudnnConvolutionBackwardData(ctx->cudnn, &one, p->wd, w, p->yd, dy, p->cbd, p->abd, workspace,

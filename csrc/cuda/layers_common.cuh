@@ -40,6 +40,18 @@ __device__ __forceinline__ void ptl_st(__half *p, float v) { *p = __float2half_r
         }                                                                                                   \
     } while (0)
 
+/* V consecutive elements moved as one access (16 bytes when V = 16 / sizeof(T)); element-wise kernels
+ * take this path when every width, offset and pointer is a multiple of it (ptl_vec_ok), else V = 1. */
+template <typename T, int V>
+struct alignas(sizeof(T) * V) ptl_pack {
+    T v[V];
+};
+
+static inline int ptl_vec_ok(int width, int v, const void *a, const void *b, const void *c)
+{
+    return width % v == 0 && (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
+}
+
 /* Blocks for a grid-stride loop over n items with `threads` per block: enough to fill the GPU, never
  * more than the work needs. */
 static inline unsigned ptl_grid_for(int64_t n, int threads)

@@ -3,7 +3,8 @@
  * Forward: one thread per output, the window scanned rows first and a value taking over only when
  * strictly greater (or NaN), as on the CPU. Backward: a gather instead of the CPU's scatter, with the
  * same result bit for bit: each input sums, in output scan order, the gradients of the outputs (of
- * the up to 25 whose windows contain it) whose first maximum it is, so no atomics are needed. */
+ * the up to 25 whose windows contain it) whose first maximum it is, so no atomics are needed; the
+ * argmaxes are found once per tile (maxpool_bwd_kernel). */
 #include <math.h>
 
 #include "../nn/maxpool.h"
@@ -53,27 +54,47 @@ __device__ __forceinline__ int window_argmax(const T *xb, int h, int w, int c, i
     return arg;
 }
 
+/* Backward tiles: a block takes TILE x TILE input pixels of one image and BWD_CW channels. It first finds
+ * the argmax of every output whose window can reach the tile (the tile and an R-wide halo) once, into
+ * shared memory, then each input sums, in output scan order, the gradients of the outputs that picked it.
+ * Scanning each of the 25 windows for each of its 25 inputs instead would load every value 625 times. */
+#define TILE 8
+#define HALO (TILE + 2 * R)
+#define BWD_CW 32
+#define BWD_RY 8
+
 template <typename T>
-__global__ void maxpool_bwd_kernel(int64_t total, int h, int w, int c, const T *x, const T *dy, T *dx,
-                                   int accumulate)
+__global__ void maxpool_bwd_kernel(int h, int w, int c, const T *x, const T *dy, T *dx, int accumulate)
 {
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        const int ch = (int)(i % c);
-        const int64_t pix = i / c;
-        const int ix = (int)(pix % w), iy = (int)((pix / w) % h);
-        const int64_t b = pix / ((int64_t)w * h);
-        const T *xb = x + b * h * w * c;
-        const T *dyb = dy + b * h * w * c;
+    __shared__ int arg[HALO * HALO][BWD_CW];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int ch = blockIdx.z % ((c + BWD_CW - 1) / BWD_CW) * BWD_CW + tx;
+    const int64_t b = blockIdx.z / ((c + BWD_CW - 1) / BWD_CW);
+    const int ty0 = blockIdx.y * TILE, tx0 = blockIdx.x * TILE;
+    const T *xb = x + b * h * w * c;
+    const T *dyb = dy + b * h * w * c;
+    if (ch < c)
+        for (int p = ty; p < HALO * HALO; p += BWD_RY) {
+            const int oy = ty0 - R + p / HALO, ox = tx0 - R + p % HALO;
+            arg[p][tx] = oy >= 0 && oy < h && ox >= 0 && ox < w ? window_argmax(xb, h, w, c, ch, oy, ox) : -1;
+        }
+    __syncthreads();
+    if (ch >= c)
+        return;
+    for (int p = ty; p < TILE * TILE; p += BWD_RY) {
+        const int iy = ty0 + p / TILE, ix = tx0 + p % TILE;
+        if (iy >= h || ix >= w)
+            continue;
         const int me = iy * w + ix;
-        float s = accumulate ? ptl_ld(dx + i) : 0.0f;
+        const int64_t i = ((int64_t)me) * c + ch;
+        float s = accumulate ? ptl_ld(dx + b * h * w * c + i) : 0.0f;
         const int y0 = iy - R < 0 ? 0 : iy - R, y1 = iy + R >= h ? h - 1 : iy + R;
         const int x0 = ix - R < 0 ? 0 : ix - R, x1 = ix + R >= w ? w - 1 : ix + R;
         for (int oy = y0; oy <= y1; oy++)
             for (int ox = x0; ox <= x1; ox++)
-                if (window_argmax(xb, h, w, c, ch, oy, ox) == me)
+                if (arg[(oy - ty0 + R) * HALO + (ox - tx0 + R)][tx] == me)
                     s += ptl_ld(dyb + ((int64_t)oy * w + ox) * c + ch);
-        ptl_st(dx + i, s);
+        ptl_st(dx + b * h * w * c + i, s);
     }
 }
 
@@ -102,12 +123,17 @@ fail:
 extern "C" int ptl_maxpool5_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c,
                                           const void *x, const void *dy, void *dx, int accumulate)
 {
-    const int64_t total = (int64_t)n * h * w * c;
     if (check("maxpool5_backward_cuda", n, h, w, c))
         return -1;
+    const int64_t zblocks = (int64_t)n * ((c + BWD_CW - 1) / BWD_CW);
+    if (zblocks > 65535 || (h + TILE - 1) / TILE > 65535)
+        return ptl_set_error(PTL_ERR_VALUE, "maxpool5_backward_cuda: n=%d h=%d c=%d exceed the launch grid (at most "
+                             "65535 image-channel blocks and 65535 tile rows)", n, h, c);
+    const dim3 grid((unsigned)((w + TILE - 1) / TILE), (unsigned)((h + TILE - 1) / TILE), (unsigned)zblocks),
+        block(BWD_CW, BWD_RY);
     PTL_LAYER_DISPATCH("maxpool5_backward_cuda", dt,
-                       maxpool_bwd_kernel<T><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>(
-                           total, h, w, c, (const T *)x, (const T *)dy, (T *)dx, accumulate));
+                       maxpool_bwd_kernel<T><<<grid, block, 0, ctx->stream>>>(h, w, c, (const T *)x, (const T *)dy,
+                                                                              (T *)dx, accumulate));
     PTL_LAUNCH_CHECK("maxpool_bwd_kernel");
     return 0;
 fail:
