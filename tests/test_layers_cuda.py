@@ -104,6 +104,16 @@ CONV_CASES = [
 ]
 
 
+@pytest.fixture(params=["graph", "legacy"])
+def cudnn_api(request, monkeypatch):
+    """Plans made through cuDNN's graph API (the default) or its legacy entry points (PTL_CUDNN_API)."""
+    if request.param == "legacy":
+        monkeypatch.setenv("PTL_CUDNN_API", "legacy")
+    else:
+        monkeypatch.delenv("PTL_CUDNN_API", raising=False)
+    return request.param
+
+
 def cpu_conv(x, wt, s, g):
     """The CPU reference's plan for float64 copies of x and wt, and the copies."""
     x64, w64 = T64(x), T64(wt)
@@ -123,7 +133,7 @@ def conv_setup(case, dt, rng, **opts):
 
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("case", CONV_CASES)
-def test_conv2d_forward_backward_match_cpu(case, dt):
+def test_conv2d_forward_backward_match_cpu(case, dt, cudnn_api):
     rng = np.random.default_rng(seed(case))
     n, h, w, cin, cout, k, s, g = case
     x, wt, xg, wg, plan, info, ws = conv_setup(case, dt, rng)
@@ -162,19 +172,22 @@ def test_conv2d_forward_backward_match_cpu(case, dt):
     assert rel(host(dbg), N(db_ref)) <= tol(dt, 1e-5 if dt == "float32" else LOW[dt])
 
 
-def test_conv2d_float32_plans_are_true_float32_and_deterministic():
+def test_conv2d_float32_plans_are_true_float32_and_deterministic(cudnn_api):
     rng = np.random.default_rng(1)
     case = (2, 16, 16, 32, 64, 3, 1, 1)
     _, _, xg, wg, plan, info, ws = conv_setup(case, "float32", rng)
+    assert info["path"] == "cudnn-" + cudnn_api
     assert info["tensor_op"] == (False, False, False)
     assert info["dtype"] == "float32"
     assert min(info["algos"]) >= 0
     # 1x1 stride-1 ungrouped convolutions run as cuBLAS GEMMs (no cuDNN algorithm)
     _, _, _, _, _, info1, _ = conv_setup((2, 8, 8, 32, 16, 1, 1, 1), "float32", rng)
     assert info1["algos"] == (-1, -1, -1) and info1["tensor_op"] == (False, False, False)
+    assert info1["path"] == "cublas"
     # depthwise 3x3 runs the direct kernels (no cuDNN algorithm, no heuristics query when planning)
     _, _, _, _, _, info2, _ = conv_setup((2, 8, 8, 16, 16, 3, 1, 16), "float32", rng)
     assert info2["algos"] == (-1, -1, -1) and info2["tensor_op"] == (False, False, False)
+    assert info2["path"] == "direct"
     _, _, _, _, _, info3, _ = conv_setup((2, 8, 8, 16, 16, 5, 1, 16), "float32", rng)
     assert min(info3["algos"]) >= 0
     # the float32 plans rerun bitwise: forward and every backward
@@ -198,7 +211,7 @@ def test_conv2d_float32_plans_are_true_float32_and_deterministic():
 @pytest.mark.parametrize("dt", ["float32", "bfloat16"])
 @pytest.mark.parametrize("case", [(4, 40, 40, 32, 64, 3, 1, 1), (4, 80, 80, 64, 32, 1, 1, 1),
                                   (4, 40, 40, 64, 64, 3, 1, 64)])  # cuDNN, GEMM, depthwise
-def test_conv2d_reruns_are_bitwise_equal(case, dt):
+def test_conv2d_reruns_are_bitwise_equal(case, dt, cudnn_api):
     rng = np.random.default_rng(2)
     x, wt, xg, wg, plan, info, ws = conv_setup(case, dt, rng)
     dyg = gpu(rng.standard_normal(info["y_shape"]), dt)
@@ -218,7 +231,7 @@ def test_conv2d_reruns_are_bitwise_equal(case, dt):
 
 
 @pytest.mark.parametrize("dt", ["float32", "bfloat16"])
-def test_conv2d_find_mode_and_workspace_checks(dt):
+def test_conv2d_find_mode_and_workspace_checks(dt, cudnn_api):
     rng = np.random.default_rng(3)
     case = (2, 12, 12, 16, 16, 3, 1, 1)
     x, wt, xg, wg, plan, info, ws = conv_setup(case, dt, rng, find=True)

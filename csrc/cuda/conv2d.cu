@@ -1,8 +1,11 @@
-/* 2-D convolution through cuDNN (legacy convolution API): per-shape plans with algorithms chosen once,
+/* 2-D convolution through cuDNN (graph-API execution plans, conv2d_cudnn_graph.h, or the legacy convolution
+ * API), cuBLAS (1x1) or direct kernels (3x3 depthwise): per-shape plans with algorithms chosen once,
  * caller-owned workspace, no allocation or synchronisation when executing. See conv2d.h. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "conv2d.h"
+#include "conv2d_cudnn_graph.h"
 #include "layers_common.cuh"
 
 /* depthwise kernels' size (see the depthwise section) */
@@ -24,6 +27,7 @@ struct ptl_conv2d_plan {
     int gemm;                    /* 1x1, stride 1, ungrouped: plain cuBLAS GEMMs instead of cuDNN */
     cublasComputeType_t gemm_ct; /* its compute type */
     int depthwise;               /* 3x3, groups == cin == cout: the direct kernels below instead of cuDNN */
+    ptl_cudnn_conv_exec *exec[3]; /* graph-API plans per direction (all three, or none: the legacy API) */
     ptl_colsum_geom dw_geom;     /* the depthwise weight gradient's reduction over output pixels */
     size_t ws_f, ws_bd, ws_bf, ws_bias, ws;
     ptl_colsum_geom bias_geom;
@@ -36,6 +40,8 @@ extern "C" ptl_conv2d_plan_opts ptl_conv2d_plan_opts_default(void)
     o.allow_tf32 = 0;
     o.find = 0;
     o.workspace_limit = 0;
+    const char *api = getenv("PTL_CUDNN_API");
+    o.legacy_api = api && !strcmp(api, "legacy");
     return o;
 }
 
@@ -289,6 +295,8 @@ extern "C" void ptl_conv2d_plan_destroy(ptl_conv2d_plan *p)
         cudnnDestroyConvolutionDescriptor(p->cbd);
     if (p->cbf)
         cudnnDestroyConvolutionDescriptor(p->cbf);
+    for (int i = 0; i < 3; i++)
+        ptl_cudnn_conv_exec_destroy(p->exec[i]);
     free(p);
 }
 
@@ -381,6 +389,31 @@ extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *
         goto sizes;
     }
 
+    if (!o->legacy_api) {
+        static const ptl_conv_direction dirs[3] = {PTL_CONV_FORWARD, PTL_CONV_BACKWARD_DATA,
+                                                   PTL_CONV_BACKWARD_FILTER};
+        size_t *ws[3] = {&p->ws_f, &p->ws_bd, &p->ws_bf};
+        int n = 0;
+        for (int i = 0; i < 3; i++) {
+            if (ptl_cudnn_conv_exec_create(ctx, d, dt, dirs[i], strict, o, &p->exec[i]))
+                goto fail;
+            n += p->exec[i] != NULL;
+        }
+        if (n == 3) {
+            for (int i = 0; i < 3; i++) {
+                *ws[i] = ptl_cudnn_conv_exec_workspace(p->exec[i]);
+                p->tensor_op[i] = ptl_cudnn_conv_exec_tensor_op(p->exec[i]);
+            }
+            p->af = (cudnnConvolutionFwdAlgo_t)ptl_cudnn_conv_exec_engine(p->exec[0]);
+            p->abd = (cudnnConvolutionBwdDataAlgo_t)ptl_cudnn_conv_exec_engine(p->exec[1]);
+            p->abf = (cudnnConvolutionBwdFilterAlgo_t)ptl_cudnn_conv_exec_engine(p->exec[2]);
+            goto sizes;
+        }
+        for (int i = 0; i < 3; i++) { /* an engine missing for one direction: all three go legacy */
+            ptl_cudnn_conv_exec_destroy(p->exec[i]);
+            p->exec[i] = NULL;
+        }
+    }
     if (choose(p, ctx, o, strict, mt0))
         goto fail;
 
@@ -407,6 +440,11 @@ fail:
 extern "C" const ptl_conv2d_desc *ptl_conv2d_plan_desc(const ptl_conv2d_plan *p) { return &p->d; }
 extern "C" ptl_dtype ptl_conv2d_plan_dtype(const ptl_conv2d_plan *p) { return p->dt; }
 extern "C" size_t ptl_conv2d_plan_workspace(const ptl_conv2d_plan *p) { return p->ws; }
+
+extern "C" const char *ptl_conv2d_plan_path(const ptl_conv2d_plan *p)
+{
+    return p->gemm ? "cublas" : p->depthwise ? "direct" : p->exec[0] ? "cudnn-graph" : "cudnn-legacy";
+}
 
 extern "C" void ptl_conv2d_plan_algos(const ptl_conv2d_plan *p, int algo[3], int tensor_op[3])
 {
@@ -633,6 +671,9 @@ extern "C" int ptl_conv2d_forward_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan 
             return -1;
     } else if (p->depthwise) {
         DW_LAUNCH("conv2d_forward_cuda", dw_forward_kernel, p, total, x, w, y);
+    } else if (p->exec[0]) {
+        if (ptl_cudnn_conv_exec_run(ctx, p->exec[0], x, w, y, workspace))
+            return -1;
     } else {
         PTL_CUDNN_TRY(cudnnConvolutionForward(ctx->cudnn, &one, p->xd, x, p->wd, w, p->cf, p->af, workspace,
                                               workspace_bytes, &zero, p->yd, y));
@@ -667,6 +708,8 @@ extern "C" int ptl_conv2d_backward_input_cuda(ptl_cuda_ctx *ctx, const ptl_conv2
         DW_LAUNCH("conv2d_backward_input_cuda", dw_backward_input_kernel, p, total, dy, w, dx);
         return 0;
     }
+    if (p->exec[1])
+        return ptl_cudnn_conv_exec_run(ctx, p->exec[1], dx, w, dy, workspace);
     PTL_CUDNN_TRY(cudnnConvolutionBackwardData(ctx->cudnn, &one, p->wd, w, p->yd, dy, p->cbd, p->abd, workspace,
                                                workspace_bytes, &zero, p->xd, dx));
     return 0;
@@ -697,6 +740,8 @@ extern "C" int ptl_conv2d_backward_weight_cuda(ptl_cuda_ctx *ctx, const ptl_conv
         });
         return 0;
     }
+    if (p->exec[2])
+        return ptl_cudnn_conv_exec_run(ctx, p->exec[2], x, dw, dy, workspace);
     PTL_CUDNN_TRY(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, p->xd, x, p->yd, dy, p->cbf, p->abf, workspace,
                                                  workspace_bytes, &one, p->wd, dw));
     return 0;

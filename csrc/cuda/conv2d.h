@@ -33,9 +33,13 @@ typedef struct {
     int find;               /* time the heuristics' candidates (under both permitted math types) on
                              * scratch buffers and keep the fastest, instead of taking the first */
     size_t workspace_limit; /* skip algorithms needing more workspace than this; 0 = no limit */
+    int legacy_api;         /* cuDNN's legacy entry points instead of graph-API execution plans
+                             * (conv2d_cudnn_graph.h), which cost a few us of host time per call instead
+                             * of 33-83 us; also taken when no graph-API engine meets the options */
 } ptl_conv2d_plan_opts;
 
-/* The defaults: deterministic, no TF32, heuristics, no workspace limit. */
+/* The defaults: deterministic, no TF32, heuristics, no workspace limit, the graph API unless the
+ * environment says PTL_CUDNN_API=legacy (for comparisons). */
 ptl_conv2d_plan_opts ptl_conv2d_plan_opts_default(void);
 
 /* Builds the plan for `d` and activations of dtype `dt` (float32, bfloat16 or float16) on ctx's device.
@@ -61,9 +65,13 @@ const ptl_conv2d_desc *ptl_conv2d_plan_desc(const ptl_conv2d_plan *p);
 ptl_dtype ptl_conv2d_plan_dtype(const ptl_conv2d_plan *p);
 /* Workspace bytes every call below needs (the maximum over the directions and the bias gradient). */
 size_t ptl_conv2d_plan_workspace(const ptl_conv2d_plan *p);
-/* The chosen cuDNN algorithm numbers (cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t; -1 for the GEMM
- * path) and whether each may run on tensor cores, for logs and tests. */
+/* The chosen cuDNN algorithm numbers (cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t, or the graph API's
+ * engine indices; -1 for the GEMM and direct paths) and whether each may run on tensor cores, for logs and
+ * tests. */
 void ptl_conv2d_plan_algos(const ptl_conv2d_plan *p, int algo[3], int tensor_op[3]);
+/* Which path runs the plan: "cublas" (1x1 GEMMs), "direct" (depthwise kernels), "cudnn-graph" or
+ * "cudnn-legacy". */
+const char *ptl_conv2d_plan_path(const ptl_conv2d_plan *p);
 
 /* y = conv(x, w) (+ bias) (overwrite). bias may be NULL. */
 int ptl_conv2d_forward_cuda(struct ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *x, const void *w,

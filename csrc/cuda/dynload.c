@@ -136,7 +136,27 @@
        cudnnConvolutionBwdFilterAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *beta,    \
        const cudnnFilterDescriptor_t dwDesc, void *dw),                                                         \
       (handle, alpha, xDesc, x, dyDesc, dy, convDesc, algo, workSpace, workSpaceSizeInBytes, beta, dwDesc, dw), \
-      CUDNN_STATUS_NOT_INITIALIZED)
+      CUDNN_STATUS_NOT_INITIALIZED)                                                                             \
+    X(cudnnStatus_t, cudnnBackendCreateDescriptor,                                                              \
+      (cudnnBackendDescriptorType_t descriptorType, cudnnBackendDescriptor_t * descriptor),                     \
+      (descriptorType, descriptor), CUDNN_STATUS_NOT_INITIALIZED)                                               \
+    X(cudnnStatus_t, cudnnBackendDestroyDescriptor, (cudnnBackendDescriptor_t descriptor), (descriptor),        \
+      CUDNN_STATUS_NOT_INITIALIZED)                                                                             \
+    X(cudnnStatus_t, cudnnBackendFinalize, (cudnnBackendDescriptor_t descriptor), (descriptor),                 \
+      CUDNN_STATUS_NOT_INITIALIZED)                                                                             \
+    X(cudnnStatus_t, cudnnBackendSetAttribute,                                                                  \
+      (cudnnBackendDescriptor_t descriptor, cudnnBackendAttributeName_t attributeName,                         \
+       cudnnBackendAttributeType_t attributeType, int64_t elementCount, const void *arrayOfElements),          \
+      (descriptor, attributeName, attributeType, elementCount, arrayOfElements), CUDNN_STATUS_NOT_INITIALIZED)  \
+    X(cudnnStatus_t, cudnnBackendGetAttribute,                                                                  \
+      (cudnnBackendDescriptor_t const descriptor, cudnnBackendAttributeName_t attributeName,                   \
+       cudnnBackendAttributeType_t attributeType, int64_t requestedElementCount, int64_t *elementCount,        \
+       void *arrayOfElements),                                                                                  \
+      (descriptor, attributeName, attributeType, requestedElementCount, elementCount, arrayOfElements),        \
+      CUDNN_STATUS_NOT_INITIALIZED)                                                                             \
+    X(cudnnStatus_t, cudnnBackendExecute,                                                                       \
+      (cudnnHandle_t handle, cudnnBackendDescriptor_t executionPlan, cudnnBackendDescriptor_t variantPack),     \
+      (handle, executionPlan, variantPack), CUDNN_STATUS_NOT_INITIALIZED)
 
 /* NCCL, for data parallelism over GPUs (cuda/nccl_comm.c); only a job of several GPUs opens it. */
 #define NCCL_FUNCTIONS(X)                                                                                       \

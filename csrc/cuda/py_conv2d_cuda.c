@@ -6,7 +6,8 @@
 #include "device.h"
 #include "layer_scratch.h"
 
-/* layer_cuda_conv2d_plan_info(plan) -> dict: shapes, workspace bytes, algorithms, tensor-core use. */
+/* layer_cuda_conv2d_plan_info(plan) -> dict: shapes, workspace bytes, algorithms, tensor-core use, the path
+ * that runs it (ptl_conv2d_plan_path). */
 static PyObject *py_conv2d_plan_info(PyObject *m, PyObject *po)
 {
     (void)m;
@@ -19,10 +20,11 @@ static PyObject *py_conv2d_plan_info(PyObject *m, PyObject *po)
     const ptl_conv2d_desc *d = ptl_conv2d_plan_desc(p);
     int algo[3], top[3];
     ptl_conv2d_plan_algos(p, algo, top);
-    return Py_BuildValue("{s(iiii)s(iiii)snsss(iii)s(OOO)}", "x_shape", d->n, d->h, d->w, d->cin, "y_shape", d->n,
-                         d->ho, d->wo, d->cout, "workspace", (Py_ssize_t)ptl_conv2d_plan_workspace(p), "dtype",
+    return Py_BuildValue("{s(iiii)s(iiii)snsss(iii)s(OOO)ss}", "x_shape", d->n, d->h, d->w, d->cin, "y_shape",
+                         d->n, d->ho, d->wo, d->cout, "workspace", (Py_ssize_t)ptl_conv2d_plan_workspace(p), "dtype",
                          ptl_dtype_name(ptl_conv2d_plan_dtype(p)), "algos", algo[0], algo[1], algo[2], "tensor_op",
-                         top[0] ? Py_True : Py_False, top[1] ? Py_True : Py_False, top[2] ? Py_True : Py_False);
+                         top[0] ? Py_True : Py_False, top[1] ? Py_True : Py_False, top[2] ? Py_True : Py_False,
+                         "path", ptl_conv2d_plan_path(p));
 }
 
 /* layer_cuda_reserve_scratch(device_index, bytes): grows the per-device layer scratch once. */
