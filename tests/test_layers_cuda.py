@@ -430,6 +430,15 @@ def test_maxpool_nan_propagates():
     y = host(C.layer_maxpool5_forward(gpu(x)))
     ref = N(C.layer_maxpool5_forward(T64(x)))
     assert np.array_equal(np.isnan(y), np.isnan(ref)) and np.isnan(y).any()
+    # the backward routes each gradient to the same cell as the CPU: the first NaN, else the first maximum
+    x[0, 4, 1, 0] = x[0, 1, 5, 1] = np.nan
+    x[0, 3, 3, 0] = -np.inf
+    dy = np.random.default_rng(14).standard_normal(x.shape).astype(np.float32)
+    dx = gpu(np.zeros(x.shape))
+    C.layer_maxpool5_backward(gpu(x), gpu(dy), dx, False)
+    ref = ptl.tensor(np.zeros(x.shape, np.float32))
+    C.layer_maxpool5_backward(ptl.tensor(x.astype(np.float32)), ptl.tensor(dy), ref, False)
+    assert np.array_equal(host(dx), N(ref))
 
 
 @pytest.mark.parametrize("dt", DTYPES)

@@ -34,49 +34,68 @@ __global__ void maxpool_fwd_kernel(int64_t total, int h, int w, int c, const T *
     }
 }
 
-/* The CPU backward's argmax rule: first strictly greater value, a NaN replacing a number, position of
- * the first window cell if nothing else wins. Returns iy * w + ix. */
-template <typename T>
-__device__ __forceinline__ int window_argmax(const T *xb, int h, int w, int c, int ch, int oy, int ox)
-{
-    const int y0 = oy - R < 0 ? 0 : oy - R, y1 = oy + R >= h ? h - 1 : oy + R;
-    const int x0 = ox - R < 0 ? 0 : ox - R, x1 = ox + R >= w ? w - 1 : ox + R;
-    float best = -INFINITY;
-    int arg = -1;
-    for (int iy = y0; iy <= y1; iy++)
-        for (int ix = x0; ix <= x1; ix++) {
-            const float v = ptl_ld(xb + ((int64_t)iy * w + ix) * c + ch);
-            if (v > best || (v != v && best == best) || arg < 0) {
-                best = v;
-                arg = iy * w + ix;
-            }
-        }
-    return arg;
-}
-
 /* Backward tiles: a block takes TILE x TILE input pixels of one image and BWD_CW channels. It first finds
  * the argmax of every output whose window can reach the tile (the tile and an R-wide halo) once, into
- * shared memory, then each input sums, in output scan order, the gradients of the outputs that picked it.
- * Scanning each of the 25 windows for each of its 25 inputs instead would load every value 625 times. */
+ * shared memory, in two passes: each row's segment of 5, then the window's 5 rows' results, both by
+ * argmax_step's rule, which picks the cell a row-major scan of the whole window picks. Then each input sums, in output scan order, the gradients of the outputs that
+ * picked it. Scanning each of the 25 windows for each of its 25 inputs would load every value 625 times. */
 #define TILE 8
-#define HALO (TILE + 2 * R)
+#define HALO (TILE + 2 * R)       /* outputs per side whose windows reach the tile */
+#define ROWS (TILE + 4 * R)       /* input rows those windows cover */
 #define BWD_CW 32
-#define BWD_RY 8
+#define BWD_RY 16
+
+/* The CPU backward's argmax rule, one candidate v at position pos at a time in scan order: the first
+ * strictly greater value, a NaN replacing a number, the first candidate if nothing else wins. */
+__device__ __forceinline__ void argmax_step(float v, int pos, float *best, int *arg)
+{
+    if (v > *best || (v != v && *best == *best) || *arg < 0) {
+        *best = v;
+        *arg = pos;
+    }
+}
 
 template <typename T>
 __global__ void maxpool_bwd_kernel(int h, int w, int c, const T *x, const T *dy, T *dx, int accumulate)
 {
-    __shared__ int arg[HALO * HALO][BWD_CW];
+    __shared__ float rowv[ROWS * HALO][BWD_CW];
+    __shared__ unsigned char rowx[ROWS * HALO][BWD_CW]; /* column in the window, 0..K-1 */
+    __shared__ unsigned char arg[HALO * HALO][BWD_CW];  /* cell in the window, row-major 0..K*K-1 */
     const int tx = threadIdx.x, ty = threadIdx.y;
-    const int ch = blockIdx.z % ((c + BWD_CW - 1) / BWD_CW) * BWD_CW + tx;
-    const int64_t b = blockIdx.z / ((c + BWD_CW - 1) / BWD_CW);
+    const int cblocks = (c + BWD_CW - 1) / BWD_CW;
+    const int ch = blockIdx.z % cblocks * BWD_CW + tx;
+    const int64_t b = blockIdx.z / cblocks;
     const int ty0 = blockIdx.y * TILE, tx0 = blockIdx.x * TILE;
     const T *xb = x + b * h * w * c;
     const T *dyb = dy + b * h * w * c;
+    T *dxb = dx + b * h * w * c;
+    if (ch < c)
+        for (int e = ty; e < ROWS * HALO; e += BWD_RY) {
+            const int iy = ty0 - 2 * R + e / HALO, ox = tx0 - R + e % HALO;
+            if (iy < 0 || iy >= h || ox < 0 || ox >= w)
+                continue;
+            const int x0 = ox - R < 0 ? 0 : ox - R, x1 = ox + R >= w ? w - 1 : ox + R;
+            float best = -INFINITY;
+            int at = -1;
+            for (int ix = x0; ix <= x1; ix++)
+                argmax_step(ptl_ld(xb + ((int64_t)iy * w + ix) * c + ch), ix, &best, &at);
+            rowv[e][tx] = best;
+            rowx[e][tx] = (unsigned char)(at - (ox - R));
+        }
+    __syncthreads();
     if (ch < c)
         for (int p = ty; p < HALO * HALO; p += BWD_RY) {
             const int oy = ty0 - R + p / HALO, ox = tx0 - R + p % HALO;
-            arg[p][tx] = oy >= 0 && oy < h && ox >= 0 && ox < w ? window_argmax(xb, h, w, c, ch, oy, ox) : -1;
+            if (oy < 0 || oy >= h || ox < 0 || ox >= w)
+                continue;
+            const int y0 = oy - R < 0 ? 0 : oy - R, y1 = oy + R >= h ? h - 1 : oy + R;
+            float best = -INFINITY;
+            int at = -1;
+            for (int iy = y0; iy <= y1; iy++) {
+                const int e = (iy - (ty0 - 2 * R)) * HALO + p % HALO;
+                argmax_step(rowv[e][tx], (iy - oy + R) * PTL_MAXPOOL_K + rowx[e][tx], &best, &at);
+            }
+            arg[p][tx] = (unsigned char)at;
         }
     __syncthreads();
     if (ch >= c)
@@ -85,16 +104,15 @@ __global__ void maxpool_bwd_kernel(int h, int w, int c, const T *x, const T *dy,
         const int iy = ty0 + p / TILE, ix = tx0 + p % TILE;
         if (iy >= h || ix >= w)
             continue;
-        const int me = iy * w + ix;
-        const int64_t i = ((int64_t)me) * c + ch;
-        float s = accumulate ? ptl_ld(dx + b * h * w * c + i) : 0.0f;
+        const int64_t i = ((int64_t)iy * w + ix) * c + ch;
+        float s = accumulate ? ptl_ld(dxb + i) : 0.0f;
         const int y0 = iy - R < 0 ? 0 : iy - R, y1 = iy + R >= h ? h - 1 : iy + R;
         const int x0 = ix - R < 0 ? 0 : ix - R, x1 = ix + R >= w ? w - 1 : ix + R;
         for (int oy = y0; oy <= y1; oy++)
             for (int ox = x0; ox <= x1; ox++)
-                if (arg[(oy - ty0 + R) * HALO + (ox - tx0 + R)][tx] == me)
+                if (arg[(oy - ty0 + R) * HALO + (ox - tx0 + R)][tx] == (iy - oy + R) * PTL_MAXPOOL_K + (ix - ox + R))
                     s += ptl_ld(dyb + ((int64_t)oy * w + ox) * c + ch);
-        ptl_st(dx + b * h * w * c + i, s);
+        ptl_st(dxb + i, s);
     }
 }
 
