@@ -6,6 +6,7 @@
 
 #include "conv2d.h"
 #include "conv2d_cudnn_graph.h"
+#include "conv2d_find.h"
 #include "layers_common.cuh"
 
 /* depthwise kernels' size (see the depthwise section) */
@@ -162,36 +163,25 @@ static cudnnStatus_t cand_run(ptl_conv2d_plan *p, cudnnHandle_t h, int dir, int 
                                           ws, wsb, &one, p->wd, w);
 }
 
-/* Milliseconds per call of candidate c (after one warm-up call, mean of 5), or a negative value if it
- * fails. */
-static float cand_time(ptl_conv2d_plan *p, ptl_cuda_ctx *ctx, int dir, const cand_t *c, int strict, void *x, void *w,
-                       void *y, void *ws, size_t wsb)
+/* One timed run of legacy candidate i of a direction (the find option). */
+typedef struct {
+    ptl_conv2d_plan *p;
+    cudnnHandle_t h;
+    int dir, strict;
+    const cand_t *cands;
+} legacy_trial;
+
+static int legacy_run(void *arg, int i, const ptl_conv_find_buffers *b)
 {
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    float ms = -1.0f;
+    const legacy_trial *t = (const legacy_trial *)arg;
     size_t need = 0;
-    if (cand_workspace(p, ctx->cudnn, dir, c, strict, &need) != CUDNN_STATUS_SUCCESS || need > wsb)
-        return -1.0f;
-    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
-        goto done;
-    if (cand_run(p, ctx->cudnn, dir, c->algo, x, w, y, ws, wsb) != CUDNN_STATUS_SUCCESS)
-        goto done;
-    cudaEventRecord(e0, ctx->stream);
-    for (int r = 0; r < 5; r++)
-        if (cand_run(p, ctx->cudnn, dir, c->algo, x, w, y, ws, wsb) != CUDNN_STATUS_SUCCESS)
-            goto done;
-    cudaEventRecord(e1, ctx->stream);
-    if (cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess)
-        ms /= 5.0f;
-    else
-        ms = -1.0f;
-done:
-    if (e0)
-        cudaEventDestroy(e0);
-    if (e1)
-        cudaEventDestroy(e1);
-    cudaGetLastError();
-    return ms;
+    if (cand_workspace(t->p, t->h, t->dir, &t->cands[i], t->strict, &need) != CUDNN_STATUS_SUCCESS ||
+        need > b->workspace)
+        return -1;
+    return cand_run(t->p, t->h, t->dir, t->cands[i].algo, b->buf[0], b->buf[1], b->buf[2], b->buf[3],
+                    b->workspace) == CUDNN_STATUS_SUCCESS
+               ? 0
+               : -1;
 }
 
 static int choose(ptl_conv2d_plan *p, ptl_cuda_ctx *ctx, const ptl_conv2d_plan_opts *o, int strict, cudnnMathType_t mt0)
@@ -201,7 +191,7 @@ static int choose(ptl_conv2d_plan *p, ptl_cuda_ctx *ctx, const ptl_conv2d_plan_o
     cand_t cands[3][MAX_CAND];
     int nc[3] = {0, 0, 0}, best[3] = {0, 0, 0};
     size_t wsmax = 0, sz;
-    void *buf[4] = {NULL, NULL, NULL, NULL}, *blk[4] = {NULL, NULL, NULL, NULL};
+    ptl_conv_find_buffers fb = {{NULL, NULL, NULL, NULL}, {NULL, NULL, NULL, NULL}, 0};
     int rc = -1;
     for (int dir = 0; dir < 3; dir++) {
         PTL_CHECK(heuristics(p, h, dir, mt0, o, strict, cands[dir], &nc[dir]));
@@ -218,33 +208,11 @@ static int choose(ptl_conv2d_plan *p, ptl_cuda_ctx *ctx, const ptl_conv2d_plan_o
                 wsmax = sz;
     }
     if (o->find) {
-        const ptl_conv2d_desc *d = &p->d;
-        const size_t es = ptl_dtype_size(p->dt);
-        const size_t bytes[4] = {(size_t)d->n * d->h * d->w * d->cin * es,
-                                 (size_t)d->cout * d->k * d->k * (d->cin / d->groups) * es,
-                                 (size_t)d->n * d->ho * d->wo * d->cout * es, wsmax};
-        for (int b = 0; b < 4; b++) {
-            PTL_CHECK(ptl_alloc_malloc(ctx->alloc, 0, bytes[b], &buf[b], &blk[b]));
-            if (bytes[b])
-                PTL_CUDA_TRY(cudaMemsetAsync(buf[b], 0x3c, bytes[b], ctx->stream)); /* ~0.01 (bf16/f32), ~1 (f16) */
-        }
-        /* Two rounds over the candidates, keeping each one's better time, so that none is judged while
-         * the GPU's clocks are still ramping up (seen: the first candidates of a lone pass timed slow). */
+        PTL_CHECK(ptl_conv_find_buffers_alloc(ctx, &p->d, p->dt, wsmax, &fb));
         for (int dir = 0; dir < 3; dir++) {
-            float tbest = -1.0f, t[MAX_CAND];
-            for (int round = 0; round < 2; round++)
-                for (int i = 0; i < nc[dir]; i++) {
-                    const float ti = cand_time(p, ctx, dir, &cands[dir][i], strict, buf[0], buf[1], buf[2], buf[3],
-                                               wsmax);
-                    if (round == 0 || t[i] < 0.0f || (ti >= 0.0f && ti < t[i]))
-                        t[i] = ti;
-                }
-            for (int i = 0; i < nc[dir]; i++)
-                if (t[i] >= 0.0f && (tbest < 0.0f || t[i] < tbest)) {
-                    tbest = t[i];
-                    best[dir] = i;
-                }
-            if (tbest < 0.0f) {
+            const legacy_trial t = {p, h, dir, strict, cands[dir]};
+            best[dir] = ptl_conv_find_fastest(ctx, nc[dir], legacy_run, (void *)&t, &fb);
+            if (best[dir] < 0) {
                 no_algo(p, names[dir], o);
                 goto fail;
             }
@@ -264,9 +232,7 @@ static int choose(ptl_conv2d_plan *p, ptl_cuda_ctx *ctx, const ptl_conv2d_plan_o
     }
     rc = 0;
 fail:
-    for (int b = 0; b < 4; b++)
-        if (blk[b])
-            ptl_alloc_free(ctx->alloc, blk[b]);
+    ptl_conv_find_buffers_free(ctx, &fb);
     return rc;
 }
 

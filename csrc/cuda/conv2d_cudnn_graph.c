@@ -2,6 +2,7 @@
 #include <stdlib.h>
 
 #include "conv2d_cudnn_graph.h"
+#include "conv2d_find.h"
 #include "device.h"
 
 /* The handle attributes of the operation graph and the execution plan are deprecated in cuDNN 9 in favour
@@ -188,75 +189,16 @@ fail:
     return -1;
 }
 
-/* Milliseconds per run of plan (after a warm-up run, mean of 5), or a negative value if it fails. */
-static float plan_time(ptl_cuda_ctx *ctx, bdesc plan, void *const buf[3], void *ws)
-{
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    float ms = -1.0f;
-    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
-        goto done;
-    if (execute(ctx->cudnn, plan, buf[0], buf[1], buf[2], ws))
-        goto done;
-    cudaEventRecord(e0, ctx->stream);
-    for (int r = 0; r < 5; r++)
-        if (execute(ctx->cudnn, plan, buf[0], buf[1], buf[2], ws))
-            goto done;
-    cudaEventRecord(e1, ctx->stream);
-    if (cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess)
-        ms /= 5.0f;
-    else
-        ms = -1.0f;
-done:
-    ptl_error_clear(); /* a candidate that fails is skipped, not reported */
-    if (e0)
-        cudaEventDestroy(e0);
-    if (e1)
-        cudaEventDestroy(e1);
-    cudaGetLastError();
-    return ms;
-}
+/* One timed run of candidate plan i (the find option). */
+typedef struct {
+    cudnnHandle_t h;
+    bdesc *plans;
+} graph_trial;
 
-/* Times the candidates twice over (so none is judged while the clocks ramp up) and returns the fastest's
- * index, or -1 if none ran. */
-static int fastest(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt, bdesc *plans, const size_t *ws, int n,
-                   int *best)
+static int graph_run(void *arg, int i, const ptl_conv_find_buffers *b)
 {
-    const size_t es = ptl_dtype_size(dt);
-    const size_t in = (size_t)d->n * d->h * d->w * d->cin * es,
-                 filt = (size_t)d->cout * d->k * d->k * (d->cin / d->groups) * es,
-                 out = (size_t)d->n * d->ho * d->wo * d->cout * es;
-    size_t wsmax = 0, bytes[4];
-    void *buf[4] = {NULL, NULL, NULL, NULL}, *blk[4] = {NULL, NULL, NULL, NULL};
-    float t[PTL_CUDNN_GRAPH_FIND];
-    int rc = -1;
-    for (int i = 0; i < n; i++)
-        if (ws[i] > wsmax)
-            wsmax = ws[i];
-    bytes[0] = in;
-    bytes[1] = filt;
-    bytes[2] = out;
-    bytes[3] = wsmax;
-    for (int b = 0; b < 4; b++) {
-        PTL_CHECK(ptl_alloc_malloc(ctx->alloc, 0, bytes[b], &buf[b], &blk[b]));
-        if (bytes[b])
-            PTL_CUDA_TRY(cudaMemsetAsync(buf[b], 0x3c, bytes[b], ctx->stream)); /* ~0.01 (bf16/f32), ~1 (f16) */
-    }
-    *best = -1;
-    for (int round = 0; round < 2; round++)
-        for (int i = 0; i < n; i++) {
-            const float ti = plan_time(ctx, plans[i], buf, buf[3]);
-            if (round == 0 || t[i] < 0.0f || (ti >= 0.0f && ti < t[i]))
-                t[i] = ti;
-        }
-    for (int i = 0; i < n; i++)
-        if (t[i] >= 0.0f && (*best < 0 || t[i] < t[*best]))
-            *best = i;
-    rc = 0;
-fail:
-    for (int b = 0; b < 4; b++)
-        if (blk[b])
-            ptl_alloc_free(ctx->alloc, blk[b]);
-    return rc;
+    const graph_trial *t = (const graph_trial *)arg;
+    return execute(t->h, t->plans[i], b->buf[0], b->buf[1], b->buf[2], b->buf[3]);
 }
 
 static cudnnDataType_t data_type(ptl_dtype dt)
@@ -277,6 +219,7 @@ int ptl_cudnn_conv_exec_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_
     int nplans = 0, pick = 0, rc = -1;
     const int want = o->find ? PTL_CUDNN_GRAPH_FIND : 1;
     ptl_cudnn_conv_exec *e = NULL;
+    ptl_conv_find_buffers fb = {{NULL}, {NULL}, 0};
 
     *out = NULL;
     PTL_CHECK(tensor(UID_A, ct, d->n, d->cin, d->h, d->w, &ta));
@@ -313,7 +256,13 @@ int ptl_cudnn_conv_exec_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_
         nplans++;
     }
     if (nplans > 1) {
-        PTL_CHECK(fastest(ctx, d, dt, plans, ws, nplans, &pick));
+        const graph_trial t = {ctx->cudnn, plans};
+        size_t wsmax = 0;
+        for (int i = 0; i < nplans; i++)
+            if (ws[i] > wsmax)
+                wsmax = ws[i];
+        PTL_CHECK(ptl_conv_find_buffers_alloc(ctx, d, dt, wsmax, &fb));
+        pick = ptl_conv_find_fastest(ctx, nplans, graph_run, (void *)&t, &fb);
         if (pick < 0)
             nplans = 0;
     }
@@ -332,6 +281,7 @@ int ptl_cudnn_conv_exec_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_
     }
     rc = 0;
 fail:
+    ptl_conv_find_buffers_free(ctx, &fb);
     for (int i = 0; i < PTL_CUDNN_GRAPH_FIND; i++)
         drop(&plans[i]);
     for (int i = 0; i < MAX_CFGS; i++)
