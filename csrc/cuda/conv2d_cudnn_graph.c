@@ -80,7 +80,11 @@ fail:
     return -1;
 }
 
-/* The operation of `dir` over tensors a (x or dx), b (w or dw), c (y or dy). */
+/* cuDNN 9's NOT_SUPPORTED family (3000-3999): the problem, not a failure. */
+static int not_supported(cudnnStatus_t st) { return st >= CUDNN_STATUS_NOT_SUPPORTED && st < 4000; }
+
+/* The operation of `dir` over tensors a (x or dx), b (w or dw), c (y or dy); 1 (and no operation) when
+ * cuDNN does not support it. */
 static int operation(ptl_conv_direction dir, bdesc a, bdesc b, bdesc c, bdesc conv, bdesc *out)
 {
     static const cudnnBackendDescriptorType_t type[3] = {
@@ -98,6 +102,7 @@ static int operation(ptl_conv_direction dir, bdesc a, bdesc b, bdesc c, bdesc co
          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA}};
     const float alpha = 1.0f, beta = dir == PTL_CONV_BACKWARD_FILTER ? 1.0f : 0.0f;
+    cudnnStatus_t st;
     PTL_CUDNN_TRY(cudnnBackendCreateDescriptor(type[dir], out));
     PTL_CHECK(set_desc(*out, attr[dir][0], a));
     PTL_CHECK(set_desc(*out, attr[dir][1], b));
@@ -105,7 +110,12 @@ static int operation(ptl_conv_direction dir, bdesc a, bdesc b, bdesc c, bdesc co
     PTL_CHECK(set_desc(*out, attr[dir][3], conv));
     PTL_CHECK(set(*out, attr[dir][4], CUDNN_TYPE_FLOAT, 1, &alpha));
     PTL_CHECK(set(*out, attr[dir][5], CUDNN_TYPE_FLOAT, 1, &beta));
-    PTL_CUDNN_TRY(cudnnBackendFinalize(*out));
+    st = cudnnBackendFinalize(*out);
+    if (not_supported(st)) {
+        drop(out);
+        return 1;
+    }
+    PTL_CUDNN_TRY(st);
     return 0;
 fail:
     drop(out);
@@ -216,7 +226,8 @@ int ptl_cudnn_conv_exec_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_
     size_t ws[PTL_CUDNN_GRAPH_FIND];
     int engines[PTL_CUDNN_GRAPH_FIND], tops[PTL_CUDNN_GRAPH_FIND];
     int64_t ncfg = 0;
-    int nplans = 0, pick = 0, rc = -1;
+    int nplans = 0, pick = 0, made, rc = -1;
+    cudnnStatus_t st;
     const int want = o->find ? PTL_CUDNN_GRAPH_FIND : 1;
     ptl_cudnn_conv_exec *e = NULL;
     ptl_conv_find_buffers fb = {{NULL}, {NULL}, 0};
@@ -226,15 +237,26 @@ int ptl_cudnn_conv_exec_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_
     PTL_CHECK(tensor(UID_B, ct, d->cout, d->cin / d->groups, d->k, d->k, &tb));
     PTL_CHECK(tensor(UID_C, ct, d->n, d->cout, d->ho, d->wo, &tc));
     PTL_CHECK(conv_desc(d, &conv));
-    PTL_CHECK(operation(dir, ta, tb, tc, conv, &op));
+    made = operation(dir, ta, tb, tc, conv, &op);
+    if (made < 0)
+        goto fail;
+    if (made > 0)
+        goto none;
     PTL_CUDNN_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &graph));
     PTL_CHECK(set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &ctx->cudnn));
     PTL_CHECK(set_desc(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, op));
-    PTL_CUDNN_TRY(cudnnBackendFinalize(graph));
+    /* a problem the graph API does not take is no error: the caller goes the legacy way */
+    st = cudnnBackendFinalize(graph);
+    if (not_supported(st))
+        goto none;
+    PTL_CUDNN_TRY(st);
     PTL_CUDNN_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur));
     PTL_CHECK(set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph));
     PTL_CHECK(set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
-    PTL_CUDNN_TRY(cudnnBackendFinalize(heur));
+    st = cudnnBackendFinalize(heur);
+    if (not_supported(st))
+        goto none;
+    PTL_CUDNN_TRY(st);
     for (int i = 0; i < MAX_CFGS; i++)
         PTL_CUDNN_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfgs[i]));
     PTL_CUDNN_TRY(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
@@ -279,6 +301,7 @@ int ptl_cudnn_conv_exec_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_
         e->tensor_op = tops[pick];
         *out = e;
     }
+none:
     rc = 0;
 fail:
     ptl_conv_find_buffers_free(ctx, &fb);
