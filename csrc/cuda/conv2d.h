@@ -1,8 +1,9 @@
 /* CUDA 2-D convolution through cuDNN, on the layouts of ../nn/conv2d.h: NHWC activations (n, h, w, cin),
  * OHWI weights (cout, k, k, cin/groups) = cuDNN's KRSC filters, padding k/2, any stride and groups.
  *
- * A plan is made once per (shape, dtype): it holds the cuDNN descriptors and the algorithm of each
- * direction, chosen at plan time (heuristics, or a timed search with `find`), never during a step.
+ * A plan is made once per (shape, dtype): it holds, per direction, a finalized cuDNN graph-API execution
+ * plan (conv2d_cudnn_graph.h; or the legacy API's descriptors and algorithm), chosen at plan time
+ * (heuristics, or a timed search with `find`), never during a step.
  * 1x1 stride-1 ungrouped convolutions (the many pointwise convs of the network) skip cuDNN and run as
  * cuBLAS GEMMs over the pixels, several times faster than cuDNN's heuristic picks for them. 3x3
  * depthwise convolutions (groups == cin == cout) run direct kernels: planning them through cuDNN 9's
