@@ -190,34 +190,31 @@ static int fast_attention_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int b, int n
 }
 
 /* Entries without a workspace: float32 to the fast kernel (timed as entry e), the rest to the reference. */
-#define FAST_OR_REFERENCE(e, name, fast_call, ...)                                                           \
+#define FAST_OR_REFERENCE(e, name, fast_call, reference, args, ...)                                          \
     static int fast_##name(ptl_exec_ctx *ctx, ptl_dtype dt, __VA_ARGS__)                                     \
     {                                                                                                        \
         if (dt == PTL_FLOAT32)                                                                               \
             TIMED(e, fast_call);                                                                             \
-        return ptl_net_backend_cpu.name(ctx, dt, ARGS_##name);                                              \
+        return ptl_net_backend_cpu.reference args;                                                           \
     }
 
-#define ARGS_add n, a, b, y
-#define ARGS_accumulate n, x, y
-#define ARGS_channel_copy m, c, src, sc, so, dst, dc, dof, acc
-#define ARGS_maxpool_forward n, h, w, c, x, y
-#define ARGS_maxpool_backward n, h, w, c, x, dy, dx, acc
-#define ARGS_upsample_forward n, h, w, c, x, y
-#define ARGS_upsample_backward n, h, w, c, dy, dx, acc
-
-FAST_OR_REFERENCE(8, add, ptl_cpu_add(n, a, b, y), int64_t n, const void *a, const void *b, void *y)
-FAST_OR_REFERENCE(9, accumulate, ptl_cpu_accumulate(n, x, y), int64_t n, const void *x, void *y)
-FAST_OR_REFERENCE(10, channel_copy, ptl_cpu_channel_copy(m, c, src, sc, so, dst, dc, dof, acc), int64_t m, int c,
-                  const void *src, int sc, int so, void *dst, int dc, int dof, int acc)
-FAST_OR_REFERENCE(11, maxpool_forward, ptl_cpu_maxpool5_forward(n, h, w, c, x, y), int n, int h, int w, int c,
+FAST_OR_REFERENCE(8, add, ptl_cpu_add(n, a, b, y), add, (ctx, dt, n, a, b, y), int64_t n, const void *a,
+                  const void *b, void *y)
+FAST_OR_REFERENCE(9, accumulate, ptl_cpu_accumulate(n, x, y), accumulate, (ctx, dt, n, x, y), int64_t n,
                   const void *x, void *y)
-FAST_OR_REFERENCE(12, maxpool_backward, ptl_cpu_maxpool5_backward(n, h, w, c, x, dy, dx, acc), int n, int h, int w,
-                  int c, const void *x, const void *dy, void *dx, int acc)
-FAST_OR_REFERENCE(13, upsample_forward, ptl_cpu_upsample2x_forward(n, h, w, c, x, y), int n, int h, int w, int c,
-                  const void *x, void *y)
-FAST_OR_REFERENCE(14, upsample_backward, ptl_cpu_upsample2x_backward(n, h, w, c, dy, dx, acc), int n, int h, int w,
-                  int c, const void *dy, void *dx, int acc)
+FAST_OR_REFERENCE(10, channel_copy, ptl_cpu_channel_copy(m, c, src, sc, so, dst, dc, dof, acc), channel_copy,
+                  (ctx, dt, m, c, src, sc, so, dst, dc, dof, acc), int64_t m, int c, const void *src, int sc, int so,
+                  void *dst, int dc, int dof, int acc)
+FAST_OR_REFERENCE(11, maxpool_forward, ptl_cpu_maxpool5_forward(n, h, w, c, x, y), unary[PTL_OP_POOL].forward,
+                  (ctx, dt, n, h, w, c, x, y), int n, int h, int w, int c, const void *x, void *y)
+FAST_OR_REFERENCE(12, maxpool_backward, ptl_cpu_maxpool5_backward(n, h, w, c, x, dy, dx, acc),
+                  unary[PTL_OP_POOL].backward, (ctx, dt, n, h, w, c, x, dy, dx, acc), int n, int h, int w, int c,
+                  const void *x, const void *dy, void *dx, int acc)
+FAST_OR_REFERENCE(13, upsample_forward, ptl_cpu_upsample2x_forward(n, h, w, c, x, y), unary[PTL_OP_UP].forward,
+                  (ctx, dt, n, h, w, c, x, y), int n, int h, int w, int c, const void *x, void *y)
+FAST_OR_REFERENCE(14, upsample_backward, ptl_cpu_upsample2x_backward(n, h, w, c, dy, dx, acc),
+                  unary[PTL_OP_UP].backward, (ctx, dt, n, h, w, c, x, dy, dx, acc), int n, int h, int w, int c,
+                  const void *x, const void *dy, void *dx, int acc)
 
 /* ------------------------------------------------------------------------- the table */
 
@@ -243,10 +240,8 @@ static void make_table(void)
     table.add = fast_add;
     table.accumulate = fast_accumulate;
     table.channel_copy = fast_channel_copy;
-    table.maxpool_forward = fast_maxpool_forward;
-    table.maxpool_backward = fast_maxpool_backward;
-    table.upsample_forward = fast_upsample_forward;
-    table.upsample_backward = fast_upsample_backward;
+    table.unary[PTL_OP_POOL] = (ptl_net_unary){fast_maxpool_forward, fast_maxpool_backward};
+    table.unary[PTL_OP_UP] = (ptl_net_unary){fast_upsample_forward, fast_upsample_backward};
     table.attention_forward = fast_attention_forward;
     table.attention_backward = fast_attention_backward;
 }

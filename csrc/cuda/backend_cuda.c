@@ -61,6 +61,16 @@ fail:
     return -1;
 }
 
+/* ------------------------------------------------------------------------- layers */
+
+/* the table's one-input backward form: the upsample's gradient needs no input */
+static int cuda_upsample_backward(ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x,
+                                  const void *dy, void *dx, int accumulate)
+{
+    (void)x;
+    return ptl_upsample2x_backward_cuda(ctx, dt, n, h, w, c, dy, dx, accumulate);
+}
+
 /* ------------------------------------------------------------------------- conv plans */
 
 static int cuda_conv_plan(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt, const ptl_net_conv_opts *o,
@@ -141,10 +151,8 @@ const ptl_net_backend ptl_net_backend_cuda = {
     .add = ptl_add_cuda,
     .accumulate = ptl_accumulate_cuda,
     .channel_copy = ptl_channel_copy_cuda,
-    .maxpool_forward = ptl_maxpool5_forward_cuda,
-    .maxpool_backward = ptl_maxpool5_backward_cuda,
-    .upsample_forward = ptl_upsample2x_forward_cuda,
-    .upsample_backward = ptl_upsample2x_backward_cuda,
+    .unary = {[PTL_OP_POOL] = {ptl_maxpool5_forward_cuda, ptl_maxpool5_backward_cuda},
+              [PTL_OP_UP] = {ptl_upsample2x_forward_cuda, cuda_upsample_backward}},
     .attention_forward = ptl_attention_forward_cuda,
     .attention_backward = ptl_attention_backward_cuda,
     .head_out = ptl_net_head_out_cuda,

@@ -130,8 +130,8 @@ WITHOUT_CTX(cpu_maxpool_backward, ptl_maxpool5_backward(dt, n, h, w, c, x, dy, d
             int w, int c, const void *x, const void *dy, void *dx, int acc)
 WITHOUT_CTX(cpu_upsample_forward, ptl_upsample2x_forward(dt, n, h, w, c, x, y), ptl_dtype dt, int n, int h, int w,
             int c, const void *x, void *y)
-WITHOUT_CTX(cpu_upsample_backward, ptl_upsample2x_backward(dt, n, h, w, c, dy, dx, acc), ptl_dtype dt, int n, int h,
-            int w, int c, const void *dy, void *dx, int acc)
+WITHOUT_CTX(cpu_upsample_backward, ((void)x, ptl_upsample2x_backward(dt, n, h, w, c, dy, dx, acc)), ptl_dtype dt,
+            int n, int h, int w, int c, const void *x, const void *dy, void *dx, int acc)
 WITHOUT_CTX(cpu_attention_forward, ptl_attention_forward(dt, b, n, heads, kd, hd, qkv, attn, o, v), ptl_dtype dt,
             int b, int n, int heads, int kd, int hd, const void *qkv, void *attn, void *o, void *v)
 WITHOUT_CTX(cpu_attention_backward, ptl_attention_backward(dt, b, n, heads, kd, hd, qkv, attn, d_o, dv, dqkv),
@@ -166,10 +166,8 @@ const ptl_net_backend ptl_net_backend_cpu = {
     .add = cpu_add,
     .accumulate = cpu_accumulate,
     .channel_copy = cpu_channel_copy,
-    .maxpool_forward = cpu_maxpool_forward,
-    .maxpool_backward = cpu_maxpool_backward,
-    .upsample_forward = cpu_upsample_forward,
-    .upsample_backward = cpu_upsample_backward,
+    .unary = {[PTL_OP_POOL] = {cpu_maxpool_forward, cpu_maxpool_backward},
+              [PTL_OP_UP] = {cpu_upsample_forward, cpu_upsample_backward}},
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
     .head_out = cpu_head_out,

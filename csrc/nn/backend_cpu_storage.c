@@ -34,6 +34,14 @@ static int round_columns(ptl_dtype storage, float *p, int64_t rows, int c, int s
 }
 
 #define REF ptl_net_backend_cpu
+/* A one-input layer's backward (the `unary` table of kind KIND), its dx rounded. */
+#define STORAGE_UNARY_BACKWARD(NAME, STORAGE, KIND, LAYER)                                                         \
+    static int NAME##_##LAYER##_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x, \
+                                         const void *dy, void *dx, int acc)                                        \
+    {                                                                                                              \
+        return REF.unary[KIND].backward(ctx, dt, n, h, w, c, x, dy, dx, acc) ||                                    \
+               round_values(STORAGE, dx, (int64_t)n * h * w * c);                                                  \
+    }
 /* Each table below differs only in the storage dtype its entries round to. */
 #define STORAGE_BACKEND(NAME, STORAGE)                                                                             \
     static int NAME##_conv_forward(ptl_exec_ctx *ctx, const void *p, const void *x, const void *w, const void *b,  \
@@ -96,18 +104,8 @@ static int round_columns(ptl_dtype storage, float *p, int64_t rows, int c, int s
         return REF.channel_copy(ctx, dt, m, c, src, sc, so, dst, dc, dof, acc) ||                                  \
                (acc && round_columns(STORAGE, dst, m, c, dc, dof));                                                \
     }                                                                                                              \
-    static int NAME##_maxpool_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x, \
-                                       const void *dy, void *dx, int acc)                                          \
-    {                                                                                                              \
-        return REF.maxpool_backward(ctx, dt, n, h, w, c, x, dy, dx, acc) ||                                        \
-               round_values(STORAGE, dx, (int64_t)n * h * w * c);                                                  \
-    }                                                                                                              \
-    static int NAME##_upsample_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c,               \
-                                        const void *dy, void *dx, int acc)                                         \
-    {                                                                                                              \
-        return REF.upsample_backward(ctx, dt, n, h, w, c, dy, dx, acc) ||                                          \
-               round_values(STORAGE, dx, (int64_t)n * h * w * c);                                                  \
-    }                                                                                                              \
+    STORAGE_UNARY_BACKWARD(NAME, STORAGE, PTL_OP_POOL, maxpool)                                                    \
+    STORAGE_UNARY_BACKWARD(NAME, STORAGE, PTL_OP_UP, upsample)                                                     \
     static int NAME##_attention_forward(ptl_exec_ctx *ctx, ptl_dtype dt, int b, int n, int heads, int kd, int hd,  \
                                         const void *qkv, void *attn, void *o, void *v)                             \
     {                                                                                                              \
@@ -143,8 +141,8 @@ static int round_columns(ptl_dtype storage, float *p, int64_t rows, int c, int s
         t.add = NAME##_add;                                                                                        \
         t.accumulate = NAME##_accumulate;                                                                          \
         t.channel_copy = NAME##_channel_copy;                                                                      \
-        t.maxpool_backward = NAME##_maxpool_backward;                                                              \
-        t.upsample_backward = NAME##_upsample_backward;                                                            \
+        t.unary[PTL_OP_POOL].backward = NAME##_maxpool_backward;                                                   \
+        t.unary[PTL_OP_UP].backward = NAME##_upsample_backward;                                                    \
         t.attention_forward = NAME##_attention_forward;                                                            \
         t.attention_backward = NAME##_attention_backward;                                                          \
         t.head_grad = NAME##_head_grad;                                                                            \

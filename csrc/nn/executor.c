@@ -7,6 +7,14 @@
 
 static int is_conv(const ptl_net_op *op) { return op->kind == PTL_OP_CONV || op->kind == PTL_OP_CONV_BIAS; }
 
+/* The kinds forward_op/backward_op run themselves; every other kind is a one-input layer of the backend's
+ * `unary` table. */
+static int has_own_case(ptl_net_op_kind k)
+{
+    return k == PTL_OP_CONV || k == PTL_OP_CONV_BIAS || k == PTL_OP_ADD || k == PTL_OP_CAT || k == PTL_OP_ATTN ||
+           k == PTL_OP_HEAD;
+}
+
 static int oom(void) { return ptl_set_error(PTL_ERR_MEMORY, "network executor: out of host memory"); }
 
 static int activate(const ptl_net_backend *be, ptl_exec_ctx *ctx) { return be->activate ? be->activate(ctx) : 0; }
@@ -199,6 +207,12 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
                              ptl_dtype_name(net->dtype));
     if (alias_host && be->device != PTL_CPU)
         return ptl_set_error(PTL_ERR_VALUE, "network executor: only the CPU backend runs on host storage");
+    for (int i = 0; i < net->nops; i++) {
+        const ptl_net_op_kind k = net->ops[i].kind;
+        if (!has_own_case(k) && (!be->unary[k].forward || !be->unary[k].backward))
+            return ptl_set_error(PTL_ERR_VALUE, "network executor: the %s backend has no kernels for op %d's kind %d",
+                                 be->name, i, (int)k);
+    }
     if (activate(be, ctx))
         return -1;
     ptl_net_exec *x = calloc(1, sizeof *x);
@@ -329,7 +343,7 @@ static int grad_inputs(const ptl_net_op *op, int ins[PTL_NET_MAX_PARTS])
         for (int p = 0; p < op->nparts; p++)
             ins[p] = op->parts[p].value;
         return op->nparts;
-    default: /* pool, up, head */
+    default: /* the one-input layers, head */
         ins[0] = op->in;
         return 1;
     }
@@ -512,16 +526,6 @@ static int forward_op(ptl_net_exec *x, int i)
         }
         return 0;
     }
-    case PTL_OP_POOL: {
-        const ptl_net_dims d = dims(x, op->in);
-        return be->maxpool_forward(x->ctx, dt, S->L.B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
-                                   AT(act, vo[op->out]));
-    }
-    case PTL_OP_UP: {
-        const ptl_net_dims d = dims(x, op->in);
-        return be->upsample_forward(x->ctx, dt, S->L.B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
-                                    AT(act, vo[op->out]));
-    }
     case PTL_OP_ATTN: {
         const ptl_net_dims d = dims(x, op->in);
         return be->attention_forward(x->ctx, dt, S->L.B, d.h * d.w, op->heads, op->kd, op->hd, AT(act, vo[op->in]),
@@ -532,6 +536,11 @@ static int forward_op(ptl_net_exec *x, int i)
         const ptl_net_dims d = dims(x, op->in);
         return be->head_out(x->ctx, dt, S->L.B, (int64_t)d.h * d.w, V[op->in].C, S->L.A, S->L.level_off[op->level],
                             AT(act, vo[op->in]), S->out[op->branch][op->box ? 0 : 1].ptr);
+    }
+    default: {
+        const ptl_net_dims d = dims(x, op->in);
+        return be->unary[op->kind].forward(x->ctx, dt, S->L.B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
+                                           AT(act, vo[op->out]));
     }
     }
 fail:
@@ -626,16 +635,6 @@ static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], in
         }
         return 0;
     }
-    case PTL_OP_POOL: {
-        const ptl_net_dims d = dims(x, op->in);
-        return be->maxpool_backward(x->ctx, dt, S->L.B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
-                                    AT(g, go[op->out]), AT(g, go[op->in]), !(first & 1u));
-    }
-    case PTL_OP_UP: {
-        const ptl_net_dims d = dims(x, op->in);
-        return be->upsample_backward(x->ctx, dt, S->L.B, d.h, d.w, V[op->in].C, AT(g, go[op->out]),
-                                     AT(g, go[op->in]), !(first & 1u));
-    }
     case PTL_OP_ATTN: {
         const ptl_net_dims d = dims(x, op->in);
         void *gin = AT(g, go[op->in]);
@@ -652,6 +651,11 @@ static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], in
             return first & 1u ? be->zero(x->ctx, AT(g, go[op->in]), (size_t)d.m * V[op->in].C * x->csz) : 0;
         return be->head_grad(x->ctx, dt, S->L.B, (int64_t)d.h * d.w, V[op->in].C, S->L.A, S->L.level_off[op->level],
                              src, AT(g, go[op->in]), !(first & 1u));
+    }
+    default: {
+        const ptl_net_dims d = dims(x, op->in);
+        return be->unary[op->kind].backward(x->ctx, dt, S->L.B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
+                                            AT(g, go[op->out]), AT(g, go[op->in]), !(first & 1u));
     }
     }
 fail:

@@ -81,6 +81,15 @@ typedef struct {
 typedef struct ptl_cuda_ctx ptl_exec_ctx; /* the execution context every backend function takes */
 struct ptl_net_exec;
 
+/* A one-input layer over NHWC activations (n, h, w, c: the input's shape; the output's follows from the
+ * op): the forward overwrites y; the backward writes (accumulate 0) or adds dx from dy, given the forward's
+ * input x. The executor runs any op kind that has one, so a new layer of this form needs no executor code. */
+typedef struct {
+    int (*forward)(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x, void *y);
+    int (*backward)(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x, const void *dy,
+                    void *dx, int accumulate);
+} ptl_net_unary;
+
 /* The backend table. Activations are in the compute dtype `dt`; BatchNorm parameters, running and
  * saved statistics, head outputs and output gradients in the master dtype. accumulate: 0 overwrites
  * (the first writer of a gradient), 1 adds. */
@@ -135,12 +144,7 @@ typedef struct ptl_net_backend {
     int (*accumulate)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t n, const void *x, void *y);
     int (*channel_copy)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *src, int src_c, int src_off,
                         void *dst, int dst_c, int dst_off, int accumulate);
-    int (*maxpool_forward)(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x, void *y);
-    int (*maxpool_backward)(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x,
-                            const void *dy, void *dx, int accumulate);
-    int (*upsample_forward)(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x, void *y);
-    int (*upsample_backward)(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *dy, void *dx,
-                             int accumulate);
+    ptl_net_unary unary[PTL_NET_OP_KINDS]; /* by op kind: max-pool (PTL_OP_POOL), upsample (PTL_OP_UP) */
     int (*attention_forward)(ptl_exec_ctx *ctx, ptl_dtype dt, int b, int n, int heads, int kd, int hd,
                              const void *qkv, void *attn, void *o, void *v);
     int (*attention_backward)(ptl_exec_ctx *ctx, ptl_dtype dt, int b, int n, int heads, int kd, int hd,

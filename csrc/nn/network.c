@@ -736,6 +736,21 @@ fail:
     return NULL;
 }
 
+const char *ptl_net_op_kind_name(ptl_net_op_kind kind)
+{
+    switch (kind) {
+    case PTL_OP_CONV: return "conv";
+    case PTL_OP_CONV_BIAS: return "conv_bias";
+    case PTL_OP_ADD: return "add";
+    case PTL_OP_CAT: return "cat";
+    case PTL_OP_POOL: return "maxpool5";
+    case PTL_OP_UP: return "upsample2x";
+    case PTL_OP_ATTN: return "attention";
+    case PTL_OP_HEAD: return "head";
+    }
+    return "unknown";
+}
+
 void ptl_network_free(ptl_network *net)
 {
     if (!net)

@@ -64,6 +64,7 @@ typedef enum {
     PTL_OP_ATTN,      /* from a qkv tensor: out = softmax(scale q^T k) v per head, out2 = dense v */
     PTL_OP_HEAD       /* copy a level's box/class map into the (B, A, C) head output */
 } ptl_net_op_kind;
+#define PTL_NET_OP_KINDS (PTL_OP_HEAD + 1)
 
 typedef struct {
     int value, c0, nc;
@@ -122,6 +123,9 @@ void ptl_network_free(ptl_network *net);
 
 /* Re-draws every parameter and resets the BN statistics (spec §1.7). */
 void ptl_network_init(ptl_network *net, uint64_t seed);
+
+/* The op kind's name in the op description (network_ops: "conv", "maxpool5", ...). */
+const char *ptl_net_op_kind_name(ptl_net_op_kind kind);
 
 /* Per-layer parameter count of spec layer `layer` (0..23). */
 int64_t ptl_network_layer_params(const ptl_network *net, int layer);

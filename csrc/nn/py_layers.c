@@ -484,7 +484,7 @@ static PyObject *py_maxpool5_forward(PyObject *m, PyObject *xo)
     kernels k;
     if (!x || kernels_of(m, x, &k) || !(y = new_like(m, x, 4, x->shape, x->dtype)))
         return NULL;
-    RUN(k.be->maxpool_forward(k.ctx, x->dtype, NHWC(x), ptl_tensor_data(x), ptl_tensor_data(y)));
+    RUN(k.be->unary[PTL_OP_POOL].forward(k.ctx, x->dtype, NHWC(x), ptl_tensor_data(x), ptl_tensor_data(y)));
     return (PyObject *)y;
 fail:
     Py_DECREF(y);
@@ -503,8 +503,8 @@ static PyObject *py_maxpool5_backward(PyObject *m, PyObject *args)
     if (!x || !(dy = arg(m, dyo, "dy", x, 4, x->shape)) || !(dx = arg(m, dxo, "dx", x, 4, x->shape)) ||
         kernels_of(m, x, &k))
         return NULL;
-    RUN(k.be->maxpool_backward(k.ctx, x->dtype, NHWC(x), ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(dx),
-                               acc));
+    RUN(k.be->unary[PTL_OP_POOL].backward(k.ctx, x->dtype, NHWC(x), ptl_tensor_data(x), ptl_tensor_data(dy),
+                                          ptl_tensor_data(dx), acc));
     Py_RETURN_NONE;
 fail:
     return ptl_raise(m);
@@ -519,7 +519,7 @@ static PyObject *py_upsample2x_forward(PyObject *m, PyObject *xo)
     const int64_t ys[4] = {x->shape[0], 2 * x->shape[1], 2 * x->shape[2], x->shape[3]};
     if (!(y = new_like(m, x, 4, ys, x->dtype)))
         return NULL;
-    RUN(k.be->upsample_forward(k.ctx, x->dtype, NHWC(x), ptl_tensor_data(x), ptl_tensor_data(y)));
+    RUN(k.be->unary[PTL_OP_UP].forward(k.ctx, x->dtype, NHWC(x), ptl_tensor_data(x), ptl_tensor_data(y)));
     return (PyObject *)y;
 fail:
     Py_DECREF(y);
@@ -540,7 +540,8 @@ static PyObject *py_upsample2x_backward(PyObject *m, PyObject *args)
     const int64_t ys[4] = {dx->shape[0], 2 * dx->shape[1], 2 * dx->shape[2], dx->shape[3]};
     if (!(dy = arg(m, dyo, "dy", dx, 4, ys)) || kernels_of(m, dx, &k))
         return NULL;
-    RUN(k.be->upsample_backward(k.ctx, dx->dtype, NHWC(dx), ptl_tensor_data(dy), ptl_tensor_data(dx), acc));
+    RUN(k.be->unary[PTL_OP_UP].backward(k.ctx, dx->dtype, NHWC(dx), NULL, ptl_tensor_data(dy), ptl_tensor_data(dx),
+                                        acc)); /* the upsample's gradient needs no input */
     Py_RETURN_NONE;
 fail:
     return ptl_raise(m);

@@ -9,21 +9,6 @@
 /* The capsule name of a network handle (network_create in py_nn.c). */
 #define NET_CAPSULE "ptl.network"
 
-static const char *op_kind_name(ptl_net_op_kind kind)
-{
-    switch (kind) {
-    case PTL_OP_CONV: return "conv";
-    case PTL_OP_CONV_BIAS: return "conv_bias";
-    case PTL_OP_ADD: return "add";
-    case PTL_OP_CAT: return "cat";
-    case PTL_OP_POOL: return "maxpool5";
-    case PTL_OP_UP: return "upsample2x";
-    case PTL_OP_ATTN: return "attention";
-    case PTL_OP_HEAD: return "head";
-    }
-    return "unknown";
-}
-
 /* Adds key -> int to dict d; returns -1 on failure. */
 static int put_int(PyObject *d, const char *key, long long v)
 {
@@ -35,7 +20,7 @@ static int put_int(PyObject *d, const char *key, long long v)
 
 static PyObject *op_dict(const ptl_net_op *op)
 {
-    PyObject *d = Py_BuildValue("{s:s,s:i,s:i,s:i}", "kind", op_kind_name(op->kind), "layer", op->layer, "in", op->in,
+    PyObject *d = Py_BuildValue("{s:s,s:i,s:i,s:i}", "kind", ptl_net_op_kind_name(op->kind), "layer", op->layer, "in", op->in,
                                 "out", op->out);
     if (!d)
         return NULL;
@@ -78,8 +63,7 @@ static PyObject *op_dict(const ptl_net_op *op)
     case PTL_OP_HEAD:
         rc = put_int(d, "branch", op->branch) || put_int(d, "level", op->level) || put_int(d, "box", op->box);
         break;
-    case PTL_OP_POOL:
-    case PTL_OP_UP:
+    default: /* the one-input layers: in and out only */
         break;
     }
     if (rc)
