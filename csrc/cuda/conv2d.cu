@@ -236,11 +236,6 @@ fail:
     return rc;
 }
 
-static cudnnDataType_t cudnn_type(ptl_dtype dt)
-{
-    return dt == PTL_FLOAT32 ? CUDNN_DATA_FLOAT : dt == PTL_BFLOAT16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
-}
-
 extern "C" void ptl_conv2d_plan_retain(ptl_conv2d_plan *p) { __atomic_add_fetch(&p->refs, 1, __ATOMIC_RELAXED); }
 
 extern "C" int ptl_conv2d_plan_refs(const ptl_conv2d_plan *p) { return __atomic_load_n(&p->refs, __ATOMIC_ACQUIRE); }
@@ -301,7 +296,7 @@ extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *
     p->dt = dt;
     p->device = ctx->device;
     p->refs = 1;
-    ct = cudnn_type(dt);
+    ct = ptl_cudnn_data_type(dt);
     strict = dt == PTL_FLOAT32 && !o->allow_tf32;
     /* FMA math restricts float32 to true float32 kernels. Reduced precision asks for tensor cores
      * explicitly (the heuristics otherwise rank FMA kernels first); TF32 float32 uses the default math,

@@ -211,15 +211,10 @@ static int graph_run(void *arg, int i, const ptl_conv_find_buffers *b)
     return execute(t->h, t->plans[i], b->buf[0], b->buf[1], b->buf[2], b->buf[3]);
 }
 
-static cudnnDataType_t data_type(ptl_dtype dt)
-{
-    return dt == PTL_FLOAT32 ? CUDNN_DATA_FLOAT : dt == PTL_BFLOAT16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
-}
-
 int ptl_cudnn_conv_exec_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt, ptl_conv_direction dir,
                                int strict, const ptl_conv2d_plan_opts *o, ptl_cudnn_conv_exec **out)
 {
-    const cudnnDataType_t ct = data_type(dt);
+    const cudnnDataType_t ct = ptl_cudnn_data_type(dt);
     const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
     bdesc ta = NULL, tb = NULL, tc = NULL, conv = NULL, op = NULL, graph = NULL, heur = NULL;
     bdesc cfgs[MAX_CFGS] = {NULL}, plans[PTL_CUDNN_GRAPH_FIND] = {NULL};

@@ -33,6 +33,11 @@ int ptl_cublas_fail(const char *call, cublasStatus_t status)
                          cublasGetStatusName(status));
 }
 
+cudnnDataType_t ptl_cudnn_data_type(ptl_dtype dt)
+{
+    return dt == PTL_FLOAT32 ? CUDNN_DATA_FLOAT : dt == PTL_BFLOAT16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+}
+
 int ptl_cudnn_fail(const char *call, cudnnStatus_t status)
 {
     char name[128];

@@ -46,6 +46,8 @@ int ptl_cuda_ctx_get(ptl_runtime *rt, int device, ptl_cuda_ctx **out);
 int ptl_cuda_fail(const char *call, cudaError_t status);
 int ptl_cublas_fail(const char *call, cublasStatus_t status);
 int ptl_cudnn_fail(const char *call, cudnnStatus_t status);
+/* cuDNN's data type for an activation dtype (float32, bfloat16; anything else float16). */
+cudnnDataType_t ptl_cudnn_data_type(ptl_dtype dt);
 /* Checks the last launch; names the kernel on failure. */
 int ptl_cuda_launch_check(const char *kernel);
 
