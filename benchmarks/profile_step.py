@@ -6,8 +6,8 @@ through the Trainer's engine (``--what step``: upload, forward, objective, backw
 Kernels and CUDA API calls are recorded with torch.profiler (CUPTI traces every kernel in the process,
 ptl's included), so this needs torch on the GPU machine. Prints, per iteration: wall time with a
 synchronisation, host time to enqueue, summed kernel time, kernel count; then the top kernels and API
-calls, and the peak allocated and reserved device memory of ptl's allocator. ``--trace FILE`` keeps the
-Chrome trace.
+calls, and the peak allocated and reserved device memory of ptl's allocator (for ``--what step``, with the
+network's own share). ``--trace FILE`` keeps the Chrome trace.
 
     python benchmarks/profile_step.py [--what network|step] [--capture] [--batch 4] [--dtype bfloat16]
                                       [--tf32] [--iters 20] [--no-profile]
@@ -65,6 +65,7 @@ def train_step(args):
         i = state["i"]
         state["i"] += 1
         eng.train_step(next(it), 1, i)
+    step.model = model
     return step
 
 
@@ -139,6 +140,12 @@ def main():
     mib = 1 << 20
     print(f"device memory (ptl's allocator, since the process began): peak allocated "
           f"{ptl.cuda.max_memory_allocated() / mib:.0f} MiB, peak reserved {ptl.cuda.max_memory_reserved() / mib:.0f} MiB")
+    if hasattr(step, "model"):
+        info = step.model.info()
+        es = 2 if info["dtype"] in ("bfloat16", "float16") else 4
+        print(f"the network's share: fixed {info['fixed_bytes'] / mib:.0f} MiB; per training shape "
+              f"{info['shape_bytes'] / mib:.0f} MiB, of which activations {info['activation_arena'] * es / mib:.0f} "
+              f"MiB and gradients {info['gradient_arena'] * es / mib:.0f} MiB")
     if args.no_profile:
         return
     try:

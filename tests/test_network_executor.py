@@ -1,8 +1,8 @@
 """The network executor's host logic (csrc/nn/executor.h, net_plan.h), which the CPU and CUDA backends
-share, run on the CPU backend: gradient-slot sharing, shape slots (switching, eviction), the skipped
-image gradient, no leaked block. The CPU backend hands out NaN-filled memory, so a read of anything the
-executor did not write first shows in these results; its weight cast and head copies use the CUDA
-kernels' index arithmetic (csrc/nn/weight_cast.h)."""
+share, run on the CPU backend: gradient and activation slot sharing, shape slots (switching, eviction),
+the skipped image gradient, no leaked block. The CPU backend hands out NaN-filled memory, so a read of
+anything the executor did not write first shows in these results; its weight cast and head copies use
+the CUDA kernels' index arithmetic (csrc/nn/weight_cast.h)."""
 import gc
 
 import numpy as np
@@ -72,20 +72,23 @@ def _same(r1, r2):
 
 
 @pytest.mark.parametrize("training", [True, False])
-def test_gradient_slot_sharing_is_bitwise_neutral(training):
-    """Gradients sharing memory by liveness give the bits of one slot per gradient, in a smaller arena;
-    every result is finite (nothing is read from the NaN-filled memory before being written)."""
+@pytest.mark.parametrize("what,arena,ratio", [("gradients", "gradient_arena", 0.5),
+                                              ("activations", "activation_arena", 0.9)])
+def test_slot_sharing_is_bitwise_neutral(training, what, arena, ratio):
+    """Gradients sharing memory by their lives in the backward, and the activations no backward reads by
+    their lives in the forward, give the bits of one slot per value, in a smaller arena; every result is
+    finite (nothing is read from the NaN-filled memory before being written)."""
     sd = _state()
     x, grads = _inputs(2, 96, 128)
     shared, private = Net(sd, training), Net(sd, training)
-    _C.executor_configure(private.x, share_gradients=False)
+    _C.executor_configure(private.x, **{"share_" + what: False})
     r1, r2 = shared.step(x, grads), private.step(x, grads)
     _same(r1, r2)
     for a in r1[0] + [r1[1], r1[3]]:
         assert np.isfinite(a).all()
     assert np.count_nonzero(r1[1]) > 0.9 * r1[1].size
-    arena = _C.executor_info(shared.x)["gradient_arena"], _C.executor_info(private.x)["gradient_arena"]
-    assert arena[0] < 0.5 * arena[1], arena
+    sizes = _C.executor_info(shared.x)[arena], _C.executor_info(private.x)[arena]
+    assert sizes[0] < ratio * sizes[1], sizes
 
 
 def test_shape_slots_switch_and_evict():

@@ -161,7 +161,7 @@ int ptl_net_exec_prepare(ptl_net_exec *x, int B, int H, int W)
     free_slot(x, victim);
     x->cur = victim;
     victim->last_use = ++x->clock;
-    if (ptl_net_layout_build(x->net, &x->gp, B, H, W, x->share_grads, &victim->L) || fill_slot(x, victim)) {
+    if (ptl_net_layout_build(x->net, &x->gp, B, H, W, x->share, &victim->L) || fill_slot(x, victim)) {
         free_slot(x, victim);
         return -1;
     }
@@ -228,7 +228,7 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     x->msz = ptl_dtype_size(x->mdt);
     x->csz = ptl_dtype_size(compute);
     x->training = 1;
-    x->share_grads = 1;
+    x->share = PTL_NET_SHARE_GRADIENTS | PTL_NET_SHARE_ACTIVATIONS;
     x->opts = (ptl_net_conv_opts){1, 0, 0};
     x->cur = &x->slot[0];
     x->aliased = alias_host;
@@ -445,9 +445,9 @@ void ptl_net_exec_set_conv_options(ptl_net_exec *x, const ptl_net_conv_opts *o)
     drop_slots(x);
 }
 
-void ptl_net_exec_set_share_gradients(ptl_net_exec *x, int share)
+void ptl_net_exec_set_share_memory(ptl_net_exec *x, int share)
 {
-    x->share_grads = !!share;
+    x->share = share & (PTL_NET_SHARE_GRADIENTS | PTL_NET_SHARE_ACTIVATIONS);
     drop_slots(x);
 }
 

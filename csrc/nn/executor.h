@@ -16,9 +16,11 @@
  *                   first write to the backward step of its producer;
  *                 - the weight-cast table: where each conv weight (and, for a backend that casts
  *                   biases, each bias) sits in the compute-dtype OHWI copy;
- *                 - per batch shape, the memory layout: one activation slot per value, gradient slots
- *                   shared by values whose lives in the backward do not overlap (first fit by birth),
- *                   attention probabilities, the sizes of the scratch and of the conv workspace.
+ *                 - per batch shape, the memory layout: activation slots, a value that no backward
+ *                   reads sharing its slot with values born after its last forward reader; gradient
+ *                   slots shared by values whose lives in the backward do not overlap (both first fit
+ *                   by birth); attention probabilities, the sizes of the scratch and of the conv
+ *                   workspace.
  *   executor      (this file) one instance per (description, backend, device, compute dtype): master
  *                 storage (params, grads, BN buffers, saved batch statistics) in the master dtype, the
  *                 compute-dtype weight copy and weight-gradient buffer, and per-shape slots (the
@@ -196,7 +198,7 @@ typedef struct ptl_net_exec {
     ptl_dtype mdt, cdt; /* master and compute dtypes */
     size_t msz, csz;
     int training, fwd_training, have_forward;
-    int share_grads; /* 1: gradient slots share memory (the default; 0 for tests) */
+    int share; /* PTL_NET_SHARE_* flags: what shares memory (both by default; less for tests) */
     ptl_net_conv_opts opts;
     ptl_net_grad_plan gp;
     ptl_net_wtab wt;
@@ -264,8 +266,8 @@ void ptl_net_exec_set_training(ptl_net_exec *x, int training);
 void ptl_net_exec_use_weights(ptl_net_exec *x, void *params, void *buffers);
 /* Applies at the next prepare of each shape (slots are remade). */
 void ptl_net_exec_set_conv_options(ptl_net_exec *x, const ptl_net_conv_opts *o);
-/* Gradient slot sharing on (1) or off (0); slots are remade. */
-void ptl_net_exec_set_share_gradients(ptl_net_exec *x, int share);
+/* What shares memory (PTL_NET_SHARE_* flags, net_plan.h); slots are remade. */
+void ptl_net_exec_set_share_memory(ptl_net_exec *x, int share);
 int ptl_net_exec_zero_grad(ptl_net_exec *x);
 /* The recorder of the backend (ARCHITECTURE.md §3; ../cuda/recorder.h): after an eager forward and
  * backward of the current shape, record captures (without running) one forward of `images` and one

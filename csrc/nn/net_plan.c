@@ -194,47 +194,98 @@ int ptl_net_layout_alloc(const ptl_network *net, ptl_net_layout *L)
     return 0;
 }
 
-/* First-fit placement of the gradient slots in order of birth; returns the arena size in elements. */
-static int64_t place_gradients(const ptl_network *net, const ptl_net_grad_plan *gp, const int64_t *size,
-                               int64_t *goff)
+/* First-fit placement of n slots in order of birth (then index): a slot shares memory with those whose
+ * lives [born, dies] do not overlap its own; a slot born < 0 is not placed. Returns the arena size in
+ * elements (-1: out of host memory). */
+static int64_t place_slots(int n, const int *born, const int *dies, const int64_t *size, int64_t *off)
 {
-    const int nv = net->nvalues;
     int64_t total = 0;
-    int *order = malloc((size_t)nv * sizeof(int)), *placed = malloc((size_t)nv * sizeof(int));
+    int maxt = -1;
+    int *order = malloc((size_t)(n ? n : 1) * sizeof(int)), *placed = malloc((size_t)(n ? n : 1) * sizeof(int));
     if (!order || !placed) {
         free(order);
         free(placed);
         return oom();
     }
-    int n = 0, np = 0;
-    for (int t = 0; t <= net->nops; t++)
-        for (int v = 0; v < nv; v++)
-            if (gp->born[v] == t)
-                order[n++] = v;
-    for (int k = 0; k < n; k++) {
-        const int v = order[k];
-        int64_t off = 0;
+    for (int v = 0; v < n; v++)
+        maxt = born[v] > maxt ? born[v] : maxt;
+    int k = 0, np = 0;
+    for (int t = 0; t <= maxt; t++)
+        for (int v = 0; v < n; v++)
+            if (born[v] == t)
+                order[k++] = v;
+    for (int j = 0; j < k; j++) {
+        const int v = order[j];
+        int64_t o = 0;
         for (;;) {
             int moved = 0;
             for (int q = 0; q < np; q++) {
                 const int u = placed[q];
-                if (gp->dies[u] < gp->born[v])
+                if (dies[u] < born[v])
                     continue; /* dead before v is born */
-                if (off < goff[u] + size[u] && goff[u] < off + size[v]) {
-                    off = goff[u] + size[u];
+                if (o < off[u] + size[u] && off[u] < o + size[v]) {
+                    o = off[u] + size[u];
                     moved = 1;
                 }
             }
             if (!moved)
                 break;
         }
-        goff[v] = off;
+        off[v] = o;
         placed[np++] = v;
-        total = off + size[v] > total ? off + size[v] : total;
+        total = o + size[v] > total ? o + size[v] : total;
     }
     free(order);
     free(placed);
     return total;
+}
+
+/* Activation lives on the forward's clock (the image at 0, op i's outputs at i + 1). A value some backward
+ * reads (a conv's input and pre-BatchNorm output, attention's and the one-input layers' inputs) lives to
+ * the end; any other (what only Add, Concat and the head copies read) dies with its last forward reader. */
+static void activation_lives(const ptl_network *net, int *born, int *dies)
+{
+    const int end = net->nops + 1;
+    for (int v = 0; v < net->nvalues; v++)
+        born[v] = dies[v] = -1;
+    born[net->input] = 0;
+    dies[net->input] = end; /* the first conv's input */
+    for (int i = 0; i < net->nops; i++) {
+        const ptl_net_op *op = &net->ops[i];
+        const int t = i + 1;
+        int reads[2 + PTL_NET_MAX_PARTS], nr = 0, backward_reads = 0;
+        switch (op->kind) {
+        case PTL_OP_ADD:
+            reads[nr++] = op->in;
+            reads[nr++] = op->in2;
+            break;
+        case PTL_OP_CAT:
+            for (int p = 0; p < op->nparts; p++)
+                reads[nr++] = op->parts[p].value;
+            break;
+        case PTL_OP_HEAD:
+            reads[nr++] = op->in;
+            break;
+        default: /* conv, attention, pool, upsample */
+            reads[nr++] = op->in;
+            backward_reads = 1;
+            break;
+        }
+        for (int j = 0; j < nr; j++) {
+            const int v = reads[j];
+            if (backward_reads)
+                dies[v] = end;
+            else if (dies[v] < t)
+                dies[v] = t;
+        }
+        /* outputs; a conv's pre-BatchNorm z is the BatchNorm backward's input (a biased conv writes none) */
+        const int outs[3] = {op->out, op->kind == PTL_OP_CONV ? op->z : -1, op->kind == PTL_OP_ATTN ? op->out2 : -1};
+        for (int j = 0; j < 3; j++)
+            if (outs[j] >= 0) {
+                born[outs[j]] = t;
+                dies[outs[j]] = j == 1 ? end : t;
+            }
+    }
 }
 
 int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, int B, int H, int W, int share,
@@ -245,32 +296,41 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     if (H < 32 || W < 32 || H % 32 || W % 32)
         return ptl_set_error(PTL_ERR_VALUE, "images: height and width must be positive multiples of 32 (got %dx%d)",
                              H, W);
-    int64_t *size = malloc((size_t)net->nvalues * sizeof(int64_t));
-    if (!size)
-        return oom();
+    const int nv = net->nvalues;
+    int64_t *size = malloc((size_t)nv * sizeof(int64_t));
+    int *born = malloc((size_t)nv * sizeof(int)), *dies = malloc((size_t)nv * sizeof(int));
+    int64_t own = 0, maxv = 0, attn = 0;
+    if (!size || !born || !dies) {
+        oom();
+        goto fail;
+    }
     L->B = B;
     L->H = H;
     L->W = W;
-    int64_t off = 0, maxv = 0, attn = 0;
-    for (int v = 0; v < net->nvalues; v++) {
+    /* without sharing, every value has its own slot (voff then doubles as the private gradient layout) */
+    for (int v = 0; v < nv; v++) {
         const int64_t n = ptl_net_value_dims(net, L, v).m * net->values[v].C;
-        L->voff[v] = off;
+        L->voff[v] = own;
         size[v] = align_up(n);
-        off += size[v];
+        own += size[v];
         maxv = n > maxv ? n : maxv;
     }
-    if (share) {
-        L->gact_numel = place_gradients(net, gp, size, L->goff);
-        if (L->gact_numel < 0) {
-            free(size);
-            L->B = 0;
-            return -1;
-        }
+    if (share & PTL_NET_SHARE_GRADIENTS) {
+        if ((L->gact_numel = place_slots(nv, gp->born, gp->dies, size, L->goff)) < 0)
+            goto fail;
     } else {
-        memcpy(L->goff, L->voff, (size_t)net->nvalues * sizeof(int64_t));
-        L->gact_numel = off;
+        memcpy(L->goff, L->voff, (size_t)nv * sizeof(int64_t));
+        L->gact_numel = own;
+    }
+    L->act_numel = own;
+    if (share & PTL_NET_SHARE_ACTIVATIONS) {
+        activation_lives(net, born, dies);
+        if ((L->act_numel = place_slots(nv, born, dies, size, L->voff)) < 0)
+            goto fail;
     }
     free(size);
+    free(born);
+    free(dies);
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
         if (op->kind != PTL_OP_ATTN)
@@ -280,7 +340,6 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
         L->attn_off[i] = attn;
         attn += align_up((int64_t)B * op->heads * n * n);
     }
-    L->act_numel = off;
     L->attn_numel = attn;
     L->scratch_numel = maxv;
     L->A = 0;
@@ -289,4 +348,10 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
         L->A += (int64_t)(H / net->stride[l]) * (W / net->stride[l]);
     }
     return 0;
+fail:
+    free(size);
+    free(born);
+    free(dies);
+    L->B = 0;
+    return -1;
 }

@@ -50,8 +50,12 @@ typedef struct {
     int64_t act_numel, gact_numel, attn_numel, scratch_numel;
 } ptl_net_layout;
 
-/* Fills L (its arrays allocated by ptl_net_layout_alloc) for (B, H, W); share 0 gives every gradient
- * its own slot. */
+/* What shares memory in a layout: gradient slots whose lives in the backward do not overlap; activation
+ * slots of values no backward reads with the values born after their last forward reader. */
+enum { PTL_NET_SHARE_GRADIENTS = 1, PTL_NET_SHARE_ACTIVATIONS = 2 };
+
+/* Fills L (its arrays allocated by ptl_net_layout_alloc) for (B, H, W); share (PTL_NET_SHARE_* flags)
+ * 0 gives every value and every gradient its own slot. */
 int ptl_net_layout_alloc(const ptl_network *net, ptl_net_layout *L);
 int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, int B, int H, int W, int share,
                          ptl_net_layout *L);
