@@ -144,8 +144,8 @@ def main():
         info = step.model.info()
         es = 2 if info["dtype"] in ("bfloat16", "float16") else 4
         print(f"the network's share: fixed {info['fixed_bytes'] / mib:.0f} MiB; per training shape "
-              f"{info['shape_bytes'] / mib:.0f} MiB, of which activations {info['activation_arena'] * es / mib:.0f} "
-              f"MiB and gradients {info['gradient_arena'] * es / mib:.0f} MiB")
+              f"{info['shape_bytes'] / mib:.0f} MiB, of which the arena of activations, gradients and scratch "
+              f"{info['arena'] * es / mib:.0f} MiB")
     if args.no_profile:
         return
     try:

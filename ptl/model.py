@@ -465,9 +465,11 @@ class Detector:
     __call__ = forward
 
     def backward(self, grads: dict, input_grad: bool = False):
-        """Backward of the last forward. grads: {"one2many": (d_boxes, d_scores), "one2one": (...)} with
-        arrays or tensors shaped like the outputs (a missing branch or None entry is zero). Parameter
-        gradients accumulate into ``flat_gradients``. With input_grad, returns d loss / d images: on the
+        """Backward of the last forward, which it consumes (as PyTorch frees the graph): the gradients take
+        the memory of the activations they outlive, so a second backward needs the forward again.
+        grads: {"one2many": (d_boxes, d_scores), "one2one": (...)} with arrays or tensors shaped like the
+        outputs (a missing branch or None entry is zero). Parameter gradients accumulate into
+        ``flat_gradients``. With input_grad, returns d loss / d images: on the
         CPU a NumPy array in the layout of the forward's input ((N, 3, H, W) for a float input), on CUDA
         an NHWC device tensor."""
         d = []

@@ -280,6 +280,7 @@ def test_backward_accumulates_and_eval_mode_gradients():
     det.zero_grad()
     det.backward(R)
     g1 = det.flat_gradients.numpy()
+    det.forward(x)  # each forward has one backward
     det.backward(R)
     np.testing.assert_allclose(det.flat_gradients, 2 * g1, rtol=1e-12)
     # Eval mode (fixed statistics): one finite-difference probe on a BN weight deep in the net.
@@ -304,6 +305,7 @@ def test_o2o_gradient_isolation():
     table = det.parameter_table()
 
     def grads_for(branch):
+        det.forward(x)  # each forward has one backward
         det.zero_grad()
         dx = det.backward({branch: R[branch]}, input_grad=True)
         g = det.flat_gradients.numpy()

@@ -41,7 +41,7 @@ static int capture(ptl_net_exec *x, int bwd, const void *images, const void *con
 int ptl_net_cuda_record(ptl_net_exec *x, const void *images, int B, int H, int W, const void *const d_out[2][2])
 {
     ptl_net_slot *const S = x->cur;
-    if (!x->have_forward || S->L.B != B || S->L.H != H || S->L.W != W)
+    if (!S->warm || S->L.B != B || S->L.H != H || S->L.W != W)
         return ptl_set_error(PTL_ERR_RUNTIME, "network record: run one eager forward and backward of this shape "
                                               "first (the warm-up makes every plan and buffer)");
     ptl_net_cuda_recording_free(S->rec);
@@ -80,8 +80,11 @@ int ptl_net_cuda_replay(ptl_net_exec *x, int part)
         x->fwd_training = S->rec->training;
         x->have_forward = 1;
     }
-    if (part != PTL_NET_REPLAY_FORWARD && ptl_cuda_graph_launch(S->rec->bwd, x->ctx->stream))
-        return -1;
+    if (part != PTL_NET_REPLAY_FORWARD) {
+        x->have_forward = 0; /* as after an eager backward */
+        if (ptl_cuda_graph_launch(S->rec->bwd, x->ctx->stream))
+            return -1;
+    }
     return 0;
 }
 

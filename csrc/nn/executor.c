@@ -72,15 +72,14 @@ static void free_slot(ptl_net_exec *x, ptl_net_slot *s)
                 x->be->conv_plan_free(s->plans[i]);
             s->plans[i] = NULL;
         }
-    bfree(x, &s->act);
-    bfree(x, &s->gact);
+    bfree(x, &s->arena);
     bfree(x, &s->attn);
-    bfree(x, &s->scratch);
     bfree(x, &s->ws);
     for (int b = 0; b < 2; b++)
         for (int j = 0; j < 2; j++)
             bfree(x, &s->out[b][j]);
     s->ws_bytes = 0;
+    s->warm = 0;
     s->L.B = s->L.H = s->L.W = 0;
     s->L.A = 0;
     if (s == x->cur)
@@ -115,10 +114,8 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
     }
     if (x->be->reserve_scratch)
         PTL_CHECK(x->be->reserve_scratch(x->ctx, layer_scratch));
-    PTL_CHECK(balloc(x, (size_t)L->act_numel * x->csz, &s->act));
-    PTL_CHECK(balloc(x, (size_t)L->gact_numel * x->csz, &s->gact));
+    PTL_CHECK(balloc(x, (size_t)L->arena_numel * x->csz, &s->arena));
     PTL_CHECK(balloc(x, (size_t)L->attn_numel * x->csz, &s->attn));
-    PTL_CHECK(balloc(x, (size_t)L->scratch_numel * x->csz, &s->scratch));
     PTL_CHECK(balloc(x, ws, &s->ws));
     s->ws_bytes = ws;
     for (int b = 0; b < 2; b++) {
@@ -471,7 +468,7 @@ void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *s
     for (int k = 0; k < PTL_NET_SHAPES; k++) {
         const ptl_net_slot *s = &x->slot[k];
         if (s->L.B)
-            shape += (s->L.act_numel + s->L.gact_numel + s->L.attn_numel + s->L.scratch_numel) * (int64_t)x->csz +
+            shape += (s->L.arena_numel + s->L.attn_numel) * (int64_t)x->csz +
                      (int64_t)s->ws_bytes + 2 * (int64_t)s->L.B * s->L.A * (4 + net->nc) * (int64_t)x->msz;
     }
     *fixed_bytes = fixed;
@@ -493,7 +490,7 @@ static int forward_op(ptl_net_exec *x, int i)
     const ptl_net_value *V = x->net->values;
     const int64_t *vo = S->L.voff;
     const ptl_dtype dt = x->cdt;
-    void *act = S->act.ptr;
+    void *act = S->arena.ptr;
     switch (op->kind) {
     case PTL_OP_CONV:
     case PTL_OP_CONV_BIAS: {
@@ -565,16 +562,17 @@ static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_
         PTL_CHECK(be->conv_backward_bias(x->ctx, p, dy, db, S->ws.ptr, S->ws_bytes));
     }
     if (!(fz & PTL_NET_FROZEN_W))
-        PTL_CHECK(be->conv_backward_weight(x->ctx, p, AT(S->act.ptr, S->L.voff[op->in]), dy,
+        PTL_CHECK(be->conv_backward_weight(x->ctx, p, AT(S->arena.ptr, S->L.voff[op->in]), dy,
                                            AT(x->wgc.ptr, x->wt.op_w[i]), S->ws.ptr, S->ws_bytes));
     if (op->no_dx || !needs(x, op->in, want_input_grad))
         return 0;
-    void *gin = AT(S->gact.ptr, S->L.goff[op->in]);
+    void *gin = AT(S->arena.ptr, S->L.goff[op->in]);
     const void *w = AT(x->wc.ptr, x->wt.op_w[i]);
     if (x->gp.first[i] & 1u)
         return be->conv_backward_input(x->ctx, p, dy, w, gin, S->ws.ptr, S->ws_bytes);
-    PTL_CHECK(be->conv_backward_input(x->ctx, p, dy, w, S->scratch.ptr, S->ws.ptr, S->ws_bytes));
-    return be->accumulate(x->ctx, x->cdt, dims(x, op->in).m * op->cin, S->scratch.ptr, gin);
+    void *scratch = AT(S->arena.ptr, S->L.scratch_off);
+    PTL_CHECK(be->conv_backward_input(x->ctx, p, dy, w, scratch, S->ws.ptr, S->ws_bytes));
+    return be->accumulate(x->ctx, x->cdt, dims(x, op->in).m * op->cin, scratch, gin);
 fail:
     return -1;
 }
@@ -596,7 +594,7 @@ static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], in
     const int64_t *vo = S->L.voff, *go = S->L.goff;
     const ptl_dtype dt = x->cdt;
     const uint32_t first = x->gp.first[i];
-    void *act = S->act.ptr, *g = S->gact.ptr;
+    void *act = S->arena.ptr, *g = S->arena.ptr, *scratch = AT(S->arena.ptr, S->L.scratch_off);
     const uint8_t fz = x->op_frozen[i];
     switch (op->kind) {
     case PTL_OP_CONV:
@@ -638,11 +636,11 @@ static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], in
     case PTL_OP_ATTN: {
         const ptl_net_dims d = dims(x, op->in);
         void *gin = AT(g, go[op->in]);
-        void *dst = first & 1u ? gin : S->scratch.ptr;
+        void *dst = first & 1u ? gin : scratch;
         PTL_CHECK(be->attention_backward(x->ctx, dt, S->L.B, d.h * d.w, op->heads, op->kd, op->hd,
                                          AT(act, vo[op->in]), AT(S->attn.ptr, S->L.attn_off[i]), AT(g, go[op->out]),
                                          op->out2 >= 0 ? AT(g, go[op->out2]) : NULL, dst));
-        return first & 1u ? 0 : be->accumulate(x->ctx, dt, d.m * V[op->in].C, S->scratch.ptr, gin);
+        return first & 1u ? 0 : be->accumulate(x->ctx, dt, d.m * V[op->in].C, scratch, gin);
     }
     case PTL_OP_HEAD: {
         const void *src = d_out[op->branch][op->box ? 0 : 1];
@@ -669,7 +667,7 @@ int ptl_net_exec_forward(ptl_net_exec *x, const void *images, int B, int H, int 
     x->have_forward = 0;
     x->fwd_training = x->training;
     PTL_CHECK(x->be->weight_cast(x->ctx, x->cdt, x->wtab.ptr, x->wt.n, x->wt.total, x->params, x->wc.ptr));
-    PTL_CHECK(x->be->copy(x->ctx, AT(x->cur->act.ptr, x->cur->L.voff[x->net->input]), images,
+    PTL_CHECK(x->be->copy(x->ctx, AT(x->cur->arena.ptr, x->cur->L.voff[x->net->input]), images,
                           (size_t)B * H * W * 3 * x->csz));
     for (int i = 0; i < x->net->nops; i++)
         PTL_CHECK(forward_op(x, i));
@@ -696,7 +694,7 @@ int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *
         for (int k = x->gp.zero_begin[i]; k < x->gp.zero_begin[i + 1]; k++) {
             const int v = x->gp.zero_list[k];
             if (needs(x, v, want))
-                PTL_CHECK(x->be->zero(x->ctx, AT(S->gact.ptr, S->L.goff[v]),
+                PTL_CHECK(x->be->zero(x->ctx, AT(S->arena.ptr, S->L.goff[v]),
                                       (size_t)dims(x, v).m * x->net->values[v].C * x->csz));
         }
         if (needs(x, op->kind == PTL_OP_HEAD ? op->in : op->out, want))
@@ -704,9 +702,13 @@ int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *
     }
     PTL_CHECK(x->be->weight_grad(x->ctx, x->cdt, x->wtab.ptr, x->wt.n, x->wt.total, x->wgc.ptr, x->grads));
     if (d_images)
-        PTL_CHECK(x->be->copy(x->ctx, d_images, AT(S->gact.ptr, S->L.goff[x->net->input]),
+        PTL_CHECK(x->be->copy(x->ctx, d_images, AT(S->arena.ptr, S->L.goff[x->net->input]),
                               (size_t)S->L.B * S->L.H * S->L.W * 3 * x->csz));
+    /* the gradients took the memory of the activations they outlive: the next backward needs a new forward */
+    x->have_forward = 0;
+    S->warm = 1;
     return 0;
 fail:
+    x->have_forward = 0;
     return -1;
 }

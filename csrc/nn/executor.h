@@ -182,9 +182,10 @@ extern const ptl_net_backend ptl_net_backend_cuda;
 /* The per-shape state of one slot. */
 typedef struct {
     ptl_net_layout L;            /* B == 0: empty */
-    ptl_net_buf act, gact, attn, scratch, ws, out[2][2];
+    ptl_net_buf arena, attn, ws, out[2][2]; /* arena: activations, gradients, scratch (layout L) */
     size_t ws_bytes;
     void **plans;                /* per op (convs only) */
+    int warm;                    /* an eager forward and backward ran on these buffers (before recording) */
     uint64_t last_use;
     ptl_net_recording *rec;      /* the recorder's graphs for this shape, or NULL */
 } ptl_net_slot;

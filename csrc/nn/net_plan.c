@@ -240,19 +240,23 @@ static int64_t place_slots(int n, const int *born, const int *dies, const int64_
     return total;
 }
 
-/* Activation lives on the forward's clock (the image at 0, op i's outputs at i + 1). A value some backward
- * reads (a conv's input and pre-BatchNorm output, attention's and the one-input layers' inputs) lives to
- * the end; any other (what only Add, Concat and the head copies read) dies with its last forward reader. */
+/* The layout's clock: the image is written at 0, forward op i at i + 1, backward step t (op nops-1-t) at
+ * nops + 1 + t, and the image gradient is read at 2 nops + 1, the end. */
+static int fwd_time(int op) { return op + 1; }
+static int bwd_time(const ptl_network *net, int step) { return net->nops + 1 + step; }
+static int end_time(const ptl_network *net) { return 2 * net->nops + 1; }
+
+/* Activation lives: a value dies with its last reader, forward or backward. The backward reads a conv's
+ * input and pre-BatchNorm output, attention's input and a one-input layer's input, each in the backward
+ * step of that op; Add, Concat and the head copies read their inputs in the forward only. */
 static void activation_lives(const ptl_network *net, int *born, int *dies)
 {
-    const int end = net->nops + 1;
     for (int v = 0; v < net->nvalues; v++)
         born[v] = dies[v] = -1;
-    born[net->input] = 0;
-    dies[net->input] = end; /* the first conv's input */
+    born[net->input] = dies[net->input] = 0;
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
-        const int t = i + 1;
+        const int t = fwd_time(i), tb = bwd_time(net, net->nops - 1 - i);
         int reads[2 + PTL_NET_MAX_PARTS], nr = 0, backward_reads = 0;
         switch (op->kind) {
         case PTL_OP_ADD:
@@ -272,18 +276,16 @@ static void activation_lives(const ptl_network *net, int *born, int *dies)
             break;
         }
         for (int j = 0; j < nr; j++) {
-            const int v = reads[j];
-            if (backward_reads)
-                dies[v] = end;
-            else if (dies[v] < t)
-                dies[v] = t;
+            const int v = reads[j], last = backward_reads ? tb : t;
+            if (dies[v] < last)
+                dies[v] = last;
         }
-        /* outputs; a conv's pre-BatchNorm z is the BatchNorm backward's input (a biased conv writes none) */
+        /* outputs; a conv's pre-BatchNorm z is read by its BatchNorm backward (a biased conv writes none) */
         const int outs[3] = {op->out, op->kind == PTL_OP_CONV ? op->z : -1, op->kind == PTL_OP_ATTN ? op->out2 : -1};
         for (int j = 0; j < 3; j++)
             if (outs[j] >= 0) {
                 born[outs[j]] = t;
-                dies[outs[j]] = j == 1 ? end : t;
+                dies[outs[j]] = j == 1 ? tb : t;
             }
     }
 }
@@ -296,39 +298,48 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     if (H < 32 || W < 32 || H % 32 || W % 32)
         return ptl_set_error(PTL_ERR_VALUE, "images: height and width must be positive multiples of 32 (got %dx%d)",
                              H, W);
-    const int nv = net->nvalues;
-    int64_t *size = malloc((size_t)nv * sizeof(int64_t));
-    int *born = malloc((size_t)nv * sizeof(int)), *dies = malloc((size_t)nv * sizeof(int));
-    int64_t own = 0, maxv = 0, attn = 0;
-    if (!size || !born || !dies) {
+    /* the arena's slots: activations [0, nv), gradients [nv, 2 nv), the backward's scratch 2 nv */
+    const int nv = net->nvalues, ns = 2 * nv + 1, end = end_time(net);
+    int64_t *size = malloc((size_t)ns * sizeof(int64_t)), *off = malloc((size_t)ns * sizeof(int64_t));
+    int *born = malloc((size_t)ns * sizeof(int)), *dies = malloc((size_t)ns * sizeof(int));
+    int64_t maxv = 0, attn = 0;
+    if (!size || !off || !born || !dies) {
         oom();
         goto fail;
     }
     L->B = B;
     L->H = H;
     L->W = W;
-    /* without sharing, every value has its own slot (voff then doubles as the private gradient layout) */
     for (int v = 0; v < nv; v++) {
         const int64_t n = ptl_net_value_dims(net, L, v).m * net->values[v].C;
-        L->voff[v] = own;
-        size[v] = align_up(n);
-        own += size[v];
+        size[v] = size[nv + v] = align_up(n);
         maxv = n > maxv ? n : maxv;
     }
-    if (share & PTL_NET_SHARE_GRADIENTS) {
-        if ((L->gact_numel = place_slots(nv, gp->born, gp->dies, size, L->goff)) < 0)
-            goto fail;
-    } else {
-        memcpy(L->goff, L->voff, (size_t)nv * sizeof(int64_t));
-        L->gact_numel = own;
+    size[2 * nv] = align_up(maxv);
+    activation_lives(net, born, dies);
+    for (int v = 0; v < nv; v++) {
+        if (!(share & PTL_NET_SHARE_ACTIVATIONS) && born[v] >= 0)
+            born[v] = 0, dies[v] = end;
+        const int g = nv + v;
+        if (!(share & PTL_NET_SHARE_GRADIENTS))
+            born[g] = 0, dies[g] = end; /* every gradient its own slot, written or not */
+        else if (gp->born[v] < 0)
+            born[g] = dies[g] = -1; /* never written nor read */
+        else
+            born[g] = bwd_time(net, gp->born[v]), dies[g] = bwd_time(net, gp->dies[v]);
     }
-    L->act_numel = own;
-    if (share & PTL_NET_SHARE_ACTIVATIONS) {
-        activation_lives(net, born, dies);
-        if ((L->act_numel = place_slots(nv, born, dies, size, L->voff)) < 0)
-            goto fail;
+    born[2 * nv] = bwd_time(net, 0);
+    dies[2 * nv] = end;
+    if ((L->arena_numel = place_slots(ns, born, dies, size, off)) < 0)
+        goto fail;
+    for (int v = 0; v < nv; v++) {
+        L->voff[v] = born[v] >= 0 ? off[v] : 0;
+        L->goff[v] = born[nv + v] >= 0 ? off[nv + v] : 0;
     }
+    L->scratch_off = off[2 * nv];
+    L->scratch_numel = maxv;
     free(size);
+    free(off);
     free(born);
     free(dies);
     for (int i = 0; i < net->nops; i++) {
@@ -341,7 +352,6 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
         attn += align_up((int64_t)B * op->heads * n * n);
     }
     L->attn_numel = attn;
-    L->scratch_numel = maxv;
     L->A = 0;
     for (int l = 0; l < 3; l++) {
         L->level_off[l] = L->A;
@@ -350,6 +360,7 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     return 0;
 fail:
     free(size);
+    free(off);
     free(born);
     free(dies);
     L->B = 0;

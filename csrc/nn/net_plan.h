@@ -40,18 +40,21 @@ typedef struct {
 int ptl_net_wtab_build(const ptl_network *net, int cast_biases, ptl_net_wtab *wt);
 void ptl_net_wtab_free(ptl_net_wtab *wt);
 
-/* The memory layout of one batch shape (element offsets in the compute dtype). */
+/* The memory layout of one batch shape (element offsets in the compute dtype). Activations, gradients and
+ * the backward's scratch share one arena: a slot holds what is alive at the same time (the activations a
+ * backward step reads die there, its gradients are born there). */
 typedef struct {
     int B, H, W; /* B == 0: none */
     int64_t A, level_off[3];
-    int64_t *voff;     /* per value: offset of its activation in the activation arena */
-    int64_t *goff;     /* per value: offset of its gradient in the gradient arena (shared slots) */
-    int64_t *attn_off; /* per op: offset of its softmax probabilities in the attention arena */
-    int64_t act_numel, gact_numel, attn_numel, scratch_numel;
+    int64_t *voff;       /* per value: offset of its activation in the arena */
+    int64_t *goff;       /* per value: offset of its gradient in the arena */
+    int64_t scratch_off; /* the backward's scratch, scratch_numel elements, in the arena */
+    int64_t *attn_off;   /* per op: offset of its softmax probabilities in the attention arena */
+    int64_t arena_numel, attn_numel, scratch_numel;
 } ptl_net_layout;
 
-/* What shares memory in a layout: gradient slots whose lives in the backward do not overlap; activation
- * slots of values no backward reads with the values born after their last forward reader. */
+/* What shares memory in a layout (the rest keeps a slot of its own): gradients whose lives in the backward
+ * do not overlap; activations whose lives do not overlap, with each other, the gradients and the scratch. */
 enum { PTL_NET_SHARE_GRADIENTS = 1, PTL_NET_SHARE_ACTIVATIONS = 2 };
 
 /* Fills L (its arrays allocated by ptl_net_layout_alloc) for (B, H, W); share (PTL_NET_SHARE_* flags)

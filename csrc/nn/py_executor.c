@@ -188,7 +188,8 @@ static PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kw)
     if (!x)
         return NULL;
     if (!x->have_forward) {
-        PyErr_SetString(PyExc_RuntimeError, "executor_backward: run a forward first");
+        PyErr_SetString(PyExc_RuntimeError, "executor_backward: run a forward first (a backward consumes its "
+                                           "forward: the gradients reuse the activations' memory)");
         return NULL;
     }
     const void *ptrs[2][2];
@@ -381,12 +382,11 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
     PyObject *dev = ptl_device_str(x->device);
     if (!dev)
         return NULL;
-    return Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:L,s:O,s:i,s:i,s:i,s:i,s:{s:O,s:O,s:O}}",
+    return Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:i,s:i,s:i,s:i,s:{s:O,s:O,s:O}}",
                          "device", dev, "backend", x->be->name, "dtype", ptl_dtype_name(x->cdt), "master_dtype",
                          ptl_dtype_name(x->mdt), "training", x->training, "num_parameters", (long long)x->net->nparams,
                          "batch_shape", L->B, L->H, L->W, "anchors", (long long)L->A, "fixed_bytes", (long long)fixed,
-                         "shape_bytes", (long long)shape, "gradient_arena", (long long)L->gact_numel, "activation_arena",
-                         (long long)L->act_numel, "recorded",
+                         "shape_bytes", (long long)shape, "arena", (long long)L->arena_numel, "recorded",
                          ptl_net_recorded(x) ? Py_True : Py_False, "have_forward", x->have_forward, "frozen_tensors",
                          x->nfrozen, "backward_ops", x->backward_ops, "ops", x->net->nops, "conv_options",
                          "deterministic", x->opts.deterministic ? Py_True : Py_False, "allow_tf32",
