@@ -353,7 +353,8 @@ class Engine:
                 if batch.batch >= limit:
                     break
                 trainer._call("on_validation_batch_start", batch, j)
-                out = model.forward(self._images(batch))
+                with model.no_grad():
+                    out = model.forward(self._images(batch))
                 h, w = batch.images.shape[1:3]
                 res = _objective((*out["one2many"], *out["one2one"]), batch.targets, img_size=(h, w),
                                  num_classes=self.model.num_classes, o2m_weight=0.8,

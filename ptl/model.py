@@ -96,6 +96,7 @@ class Detector:
                 self._build(str(dtype), int(seed), width)
         self.hparams = hparams
         self.training = True
+        self._grad = True  # False inside no_grad()
         self._layout = "nchw"  # layout of the last forward's images, for input gradients
         self._frozen = frozenset()  # set_frozen's names
         self._attach("cpu", self.dtype)
@@ -186,7 +187,7 @@ class Detector:
         """Makes the executor of `device` computing in `dtype` (its storage uploaded from the host's)."""
         self._exec = _C.executor_create(self._net, device, dtype)
         self._flat = _C.executor_tensors(self._exec)  # params, grads, buffers on the device
-        _C.executor_configure(self._exec, training=self.training)
+        _C.executor_configure(self._exec, training=self.training, grad=self._grad)
         if self._frozen:
             _C.executor_set_frozen(self._exec, self._frozen_flags(self._frozen))
         self.device, self._compute = device, dtype
@@ -278,6 +279,20 @@ class Detector:
 
     def eval(self) -> "Detector":
         return self.train(False)
+
+    @contextmanager
+    def no_grad(self):
+        """Forwards inside keep nothing for a backward, as under ``torch.no_grad()`` (validation and
+        prediction run so): each shape gets a forward-only layout whose activations die with their last
+        reader, a fraction of the memory. A backward of such a forward raises."""
+        was = self._grad
+        self._grad = False
+        _C.executor_configure(self._exec, grad=False)
+        try:
+            yield self
+        finally:
+            self._grad = was
+            _C.executor_configure(self._exec, grad=was)
 
     def to(self, device, dtype: str | None = None) -> "Detector":
         """Moves the network to ``"cpu"`` or ``"cuda[:N]"``. On CUDA, ``dtype`` is the compute precision
@@ -494,7 +509,8 @@ class Detector:
         was = self.training
         self.eval()
         try:
-            b0, s0, b1, s1 = _C.executor_forward(self._exec, x)
+            with self.no_grad():
+                b0, s0, b1, s1 = _C.executor_forward(self._exec, x)
         finally:
             self.train(was)
         boxes, scores = (b1, s1) if end2end else (b0, s0)

@@ -297,6 +297,27 @@ def test_backward_accumulates_and_eval_mode_gradients():
     assert abs(fd - g1[off]) <= 1e-6 * max(1.0, abs(fd))
 
 
+def test_no_grad_context():
+    """Detector.no_grad(): the same outputs, a backward refused inside, gradients back on after (also when
+    the block raises)."""
+    det = Detector("yolo26n", num_classes=3)
+    det.eval()
+    x = _images(1, 64, 64, seed=4)
+    out = det.forward(x)
+    with det.no_grad():
+        inner = det.forward(x)
+        with pytest.raises(RuntimeError, match="without gradients"):
+            det.backward(_linear_functional(inner, 1))
+    for br in out:
+        for a, b in zip(out[br], inner[br]):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(KeyError):
+        with det.no_grad():
+            raise KeyError("inside")
+    det.forward(x)
+    det.backward(_linear_functional(out, 1))
+
+
 def test_o2o_gradient_isolation():
     det = Detector("yolo26n", num_classes=3)
     x = _images(2, 64, 64, seed=9)

@@ -103,6 +103,33 @@ def test_backward_consumes_its_forward():
     _same(first, net.step(x, grads))
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_forward_only_layout(training):
+    """Forwards without gradients (validation, prediction) give the same outputs and BN statistics bit for
+    bit from a much smaller arena, and refuse a backward; with gradients on again the shape is remade and
+    the step is the usual one."""
+    sd = _state()
+    x, grads = _inputs(2, 96, 128)
+    full, fwd = Net(sd, training), Net(sd, training)
+    _C.executor_configure(fwd.x, grad=False)
+    out_full = [t.numpy() for t in _C.executor_forward(full.x, _C.from_numpy(x))]
+    out_fwd = [t.numpy() for t in _C.executor_forward(fwd.x, _C.from_numpy(x))]
+    for a, b in zip(out_full, out_fwd):
+        assert np.array_equal(_bits(a), _bits(b))
+    assert np.array_equal(_bits(full.det.flat_buffers.numpy()), _bits(fwd.det.flat_buffers.numpy()))
+    info = _C.executor_info(fwd.x)
+    assert info["forward_only"] and not _C.executor_info(full.x)["forward_only"]
+    assert info["arena"] < 0.25 * _C.executor_info(full.x)["arena"]
+    d = [None if g is None else _C.from_numpy(g) for g in grads]
+    with pytest.raises(RuntimeError, match="without gradients"):
+        _C.executor_backward(fwd.x, *d)
+    _C.executor_configure(fwd.x, grad=True)
+    fwd.det.load_state_dict(sd)
+    full.det.load_state_dict(sd)
+    _same(full.step(x, grads), fwd.step(x, grads))
+    assert not _C.executor_info(fwd.x)["forward_only"]
+
+
 def test_shape_slots_switch_and_evict():
     """One executor keeps two shapes: switching back to a held shape reuses its buffers (no block is
     made), a third shape evicts the least recently used one; each step's results are bitwise those of a

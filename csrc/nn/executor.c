@@ -141,7 +141,7 @@ int ptl_net_exec_prepare(ptl_net_exec *x, int B, int H, int W)
     ptl_net_slot *victim = &x->slot[first];
     for (int k = first; k < end; k++) {
         ptl_net_slot *s = &x->slot[k];
-        if (s->L.B == B && s->L.H == H && s->L.W == W) {
+        if (s->L.B == B && s->L.H == H && s->L.W == W && s->L.forward_only == !x->grad) {
             if (s != x->cur) {
                 x->have_forward = 0;
                 x->cur = s;
@@ -158,7 +158,8 @@ int ptl_net_exec_prepare(ptl_net_exec *x, int B, int H, int W)
     free_slot(x, victim);
     x->cur = victim;
     victim->last_use = ++x->clock;
-    if (ptl_net_layout_build(x->net, &x->gp, B, H, W, x->share, &victim->L) || fill_slot(x, victim)) {
+    const int flags = x->share | (x->grad ? 0 : PTL_NET_FORWARD_ONLY);
+    if (ptl_net_layout_build(x->net, &x->gp, B, H, W, flags, &victim->L) || fill_slot(x, victim)) {
         free_slot(x, victim);
         return -1;
     }
@@ -226,6 +227,7 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     x->csz = ptl_dtype_size(compute);
     x->training = 1;
     x->share = PTL_NET_SHARE_GRADIENTS | PTL_NET_SHARE_ACTIVATIONS;
+    x->grad = 1;
     x->opts = (ptl_net_conv_opts){1, 0, 0};
     x->cur = &x->slot[0];
     x->aliased = alias_host;
@@ -306,6 +308,8 @@ int ptl_net_exec_sync(ptl_net_exec *x, const char *which, int to_device)
 }
 
 void ptl_net_exec_set_training(ptl_net_exec *x, int training) { x->training = !!training; }
+
+void ptl_net_exec_set_grad(ptl_net_exec *x, int grad) { x->grad = !!grad; }
 
 void ptl_net_exec_use_weights(ptl_net_exec *x, void *params, void *buffers)
 {
@@ -683,6 +687,9 @@ int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *
     ptl_net_slot *const S = x->cur;
     if (!x->have_forward)
         return ptl_set_error(PTL_ERR_RUNTIME, "network backward needs a successful forward of the same shape first");
+    if (S->L.forward_only)
+        return ptl_set_error(PTL_ERR_RUNTIME, "network backward: the last forward ran without gradients (it kept "
+                                              "nothing for a backward); run it again with gradients on");
     PTL_CHECK(activate(x->be, x->ctx));
     PTL_CHECK(x->be->zero(x->ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz));
     const int want = d_images != NULL;

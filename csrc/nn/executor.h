@@ -200,6 +200,7 @@ typedef struct ptl_net_exec {
     size_t msz, csz;
     int training, fwd_training, have_forward;
     int share; /* PTL_NET_SHARE_* flags: what shares memory (both by default; less for tests) */
+    int grad;  /* 0: forwards keep nothing for a backward (their slots have forward-only layouts) */
     ptl_net_conv_opts opts;
     ptl_net_grad_plan gp;
     ptl_net_wtab wt;
@@ -261,6 +262,9 @@ int ptl_net_exec_set_frozen(ptl_net_exec *x, const uint8_t *frozen, int64_t n);
 /* The BatchNorm mode of the next forward. A recording made in the other mode is kept, unused until
  * the mode is back. */
 void ptl_net_exec_set_training(ptl_net_exec *x, int training);
+/* Whether forwards keep what a backward needs (1, the default) or not (0: validation, prediction, with a
+ * forward-only layout per shape, a fraction of the memory). A held shape of the other kind is remade. */
+void ptl_net_exec_set_grad(ptl_net_exec *x, int grad);
 /* Runs the following forwards on other parameters and BN statistics of the same layout and device
  * (the EMA's, for validation); NULL, NULL returns to the executor's own. A recording is kept, unused
  * while the weights are not those it was made with. */

@@ -248,8 +248,9 @@ static int end_time(const ptl_network *net) { return 2 * net->nops + 1; }
 
 /* Activation lives: a value dies with its last reader, forward or backward. The backward reads a conv's
  * input and pre-BatchNorm output, attention's input and a one-input layer's input, each in the backward
- * step of that op; Add, Concat and the head copies read their inputs in the forward only. */
-static void activation_lives(const ptl_network *net, int *born, int *dies)
+ * step of that op; Add, Concat and the head copies read their inputs in the forward only. forward_only:
+ * no backward reads anything. */
+static void activation_lives(const ptl_network *net, int forward_only, int *born, int *dies)
 {
     for (int v = 0; v < net->nvalues; v++)
         born[v] = dies[v] = -1;
@@ -272,7 +273,7 @@ static void activation_lives(const ptl_network *net, int *born, int *dies)
             break;
         default: /* conv, attention, pool, upsample */
             reads[nr++] = op->in;
-            backward_reads = 1;
+            backward_reads = !forward_only;
             break;
         }
         for (int j = 0; j < nr; j++) {
@@ -285,12 +286,12 @@ static void activation_lives(const ptl_network *net, int *born, int *dies)
         for (int j = 0; j < 3; j++)
             if (outs[j] >= 0) {
                 born[outs[j]] = t;
-                dies[outs[j]] = j == 1 ? tb : t;
+                dies[outs[j]] = j == 1 && !forward_only ? tb : t;
             }
     }
 }
 
-int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, int B, int H, int W, int share,
+int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, int B, int H, int W, int flags,
                          ptl_net_layout *L)
 {
     if (B < 1)
@@ -316,28 +317,30 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
         maxv = n > maxv ? n : maxv;
     }
     size[2 * nv] = align_up(maxv);
-    activation_lives(net, born, dies);
+    const int fwd_only = !!(flags & PTL_NET_FORWARD_ONLY);
+    activation_lives(net, fwd_only, born, dies);
     for (int v = 0; v < nv; v++) {
-        if (!(share & PTL_NET_SHARE_ACTIVATIONS) && born[v] >= 0)
+        if (!(flags & PTL_NET_SHARE_ACTIVATIONS) && born[v] >= 0)
             born[v] = 0, dies[v] = end;
         const int g = nv + v;
-        if (!(share & PTL_NET_SHARE_GRADIENTS))
-            born[g] = 0, dies[g] = end; /* every gradient its own slot, written or not */
-        else if (gp->born[v] < 0)
+        if (fwd_only || (flags & PTL_NET_SHARE_GRADIENTS && gp->born[v] < 0))
             born[g] = dies[g] = -1; /* never written nor read */
+        else if (!(flags & PTL_NET_SHARE_GRADIENTS))
+            born[g] = 0, dies[g] = end; /* every gradient its own slot, written or not */
         else
             born[g] = bwd_time(net, gp->born[v]), dies[g] = bwd_time(net, gp->dies[v]);
     }
-    born[2 * nv] = bwd_time(net, 0);
-    dies[2 * nv] = end;
+    born[2 * nv] = fwd_only ? -1 : bwd_time(net, 0);
+    dies[2 * nv] = fwd_only ? -1 : end;
     if ((L->arena_numel = place_slots(ns, born, dies, size, off)) < 0)
         goto fail;
     for (int v = 0; v < nv; v++) {
         L->voff[v] = born[v] >= 0 ? off[v] : 0;
         L->goff[v] = born[nv + v] >= 0 ? off[nv + v] : 0;
     }
-    L->scratch_off = off[2 * nv];
-    L->scratch_numel = maxv;
+    L->scratch_off = fwd_only ? 0 : off[2 * nv];
+    L->scratch_numel = fwd_only ? 0 : maxv;
+    L->forward_only = fwd_only;
     free(size);
     free(off);
     free(born);

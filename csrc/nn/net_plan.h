@@ -51,16 +51,20 @@ typedef struct {
     int64_t scratch_off; /* the backward's scratch, scratch_numel elements, in the arena */
     int64_t *attn_off;   /* per op: offset of its softmax probabilities in the attention arena */
     int64_t arena_numel, attn_numel, scratch_numel;
+    int forward_only; /* built with PTL_NET_FORWARD_ONLY: no backward can follow its forwards */
 } ptl_net_layout;
 
 /* What shares memory in a layout (the rest keeps a slot of its own): gradients whose lives in the backward
  * do not overlap; activations whose lives do not overlap, with each other, the gradients and the scratch. */
 enum { PTL_NET_SHARE_GRADIENTS = 1, PTL_NET_SHARE_ACTIVATIONS = 2 };
+/* A layout for forwards alone (validation, prediction): every activation dies with its last forward
+ * reader and nothing is kept for a backward. */
+#define PTL_NET_FORWARD_ONLY 4
 
-/* Fills L (its arrays allocated by ptl_net_layout_alloc) for (B, H, W); share (PTL_NET_SHARE_* flags)
- * 0 gives every value and every gradient its own slot. */
+/* Fills L (its arrays allocated by ptl_net_layout_alloc) for (B, H, W). flags: PTL_NET_SHARE_* (0 gives
+ * every value and every gradient its own slot) and PTL_NET_FORWARD_ONLY. */
 int ptl_net_layout_alloc(const ptl_network *net, ptl_net_layout *L);
-int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, int B, int H, int W, int share,
+int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, int B, int H, int W, int flags,
                          ptl_net_layout *L);
 void ptl_net_layout_free(ptl_net_layout *L);
 

@@ -292,26 +292,28 @@ static PyObject *py_use_weights(PyObject *self, PyObject *args)
 }
 
 /* executor_configure(x, training=None, share_gradients=None, deterministic=None, allow_tf32=None, find=None,
- * share_activations=None): sets what is given. The conv options (CUDA algorithm choice) and memory sharing
- * apply at the next prepare of each shape. */
+ * share_activations=None, grad=None): sets what is given. The conv options (CUDA algorithm choice) and memory
+ * sharing apply at the next prepare of each shape; grad=False makes the next forwards forward-only. */
 static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"net",        "training", "share_gradients",   "deterministic",
-                             "allow_tf32", "find",     "share_activations", NULL};
-    PyObject *cap, *v[6] = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOOO:executor_configure", kwlist, &cap, &v[0], &v[1], &v[2],
-                                     &v[3], &v[4], &v[5]))
+    static char *kwlist[] = {"net",  "training",          "share_gradients", "deterministic", "allow_tf32",
+                             "find", "share_activations", "grad",            NULL};
+    PyObject *cap, *v[7] = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOOOO:executor_configure", kwlist, &cap, &v[0], &v[1], &v[2],
+                                     &v[3], &v[4], &v[5], &v[6]))
         return NULL;
     ptl_net_exec *x = ptl_py_executor(cap);
     if (!x)
         return NULL;
-    int f[6];
-    for (int i = 0; i < 6; i++)
+    int f[7];
+    for (int i = 0; i < 7; i++)
         if (v[i] != Py_None && (f[i] = PyObject_IsTrue(v[i])) < 0)
             return NULL;
     if (v[0] != Py_None)
         ptl_net_exec_set_training(x, f[0]);
+    if (v[6] != Py_None)
+        ptl_net_exec_set_grad(x, f[6]);
     if (v[1] != Py_None || v[5] != Py_None) {
         int share = x->share;
         if (v[1] != Py_None)
@@ -382,11 +384,12 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
     PyObject *dev = ptl_device_str(x->device);
     if (!dev)
         return NULL;
-    return Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:i,s:i,s:i,s:i,s:{s:O,s:O,s:O}}",
+    return Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:O,s:i,s:i,s:i,s:i,s:{s:O,s:O,s:O}}",
                          "device", dev, "backend", x->be->name, "dtype", ptl_dtype_name(x->cdt), "master_dtype",
                          ptl_dtype_name(x->mdt), "training", x->training, "num_parameters", (long long)x->net->nparams,
                          "batch_shape", L->B, L->H, L->W, "anchors", (long long)L->A, "fixed_bytes", (long long)fixed,
-                         "shape_bytes", (long long)shape, "arena", (long long)L->arena_numel, "recorded",
+                         "shape_bytes", (long long)shape, "arena", (long long)L->arena_numel, "forward_only",
+                         L->forward_only ? Py_True : Py_False, "recorded",
                          ptl_net_recorded(x) ? Py_True : Py_False, "have_forward", x->have_forward, "frozen_tensors",
                          x->nfrozen, "backward_ops", x->backward_ops, "ops", x->net->nops, "conv_options",
                          "deterministic", x->opts.deterministic ? Py_True : Py_False, "allow_tf32",
@@ -500,7 +503,7 @@ static PyMethodDef methods[] = {
      "executor_use_weights(x, params, buffers): forwards on other weights (None, None: its own)."},
     {"executor_configure", (PyCFunction)(void (*)(void))py_configure, METH_VARARGS | METH_KEYWORDS,
      "executor_configure(x, training=None, share_gradients=None, deterministic=None, allow_tf32=None, find=None, "
-     "share_activations=None)."},
+     "share_activations=None, grad=None)."},
     {"executor_set_frozen", py_set_frozen, METH_VARARGS,
      "executor_set_frozen(x, flags): freeze the tensors flagged 1 (network_entries order; None: none)."},
     {"executor_info", py_info, METH_O, "executor_info(x) -> dict."},
