@@ -16,11 +16,12 @@
  *                   first write to the backward step of its producer;
  *                 - the weight-cast table: where each conv weight (and, for a backend that casts
  *                   biases, each bias) sits in the compute-dtype OHWI copy;
- *                 - per batch shape, the memory layout: activation slots, a value that no backward
- *                   reads sharing its slot with values born after its last forward reader; gradient
- *                   slots shared by values whose lives in the backward do not overlap (both first fit
- *                   by birth); attention probabilities, the sizes of the scratch and of the conv
- *                   workspace.
+ *                 - per batch shape, the memory layout: one arena whose slots hold the activations,
+ *                   the gradients and the backward's scratch, placed first fit by birth on one clock
+ *                   over the forward and the backward (each lives from its first write to its last
+ *                   read, so the gradients take the memory of the activations the backward has read;
+ *                   a forward-only layout keeps nothing for a backward); attention probabilities, the
+ *                   size of the conv workspace.
  *   executor      (this file) one instance per (description, backend, device, compute dtype): master
  *                 storage (params, grads, BN buffers, saved batch statistics) in the master dtype, the
  *                 compute-dtype weight copy and weight-gradient buffer, and per-shape slots (the
