@@ -142,10 +142,9 @@ def main():
           f"{ptl.cuda.max_memory_allocated() / mib:.0f} MiB, peak reserved {ptl.cuda.max_memory_reserved() / mib:.0f} MiB")
     if hasattr(step, "model"):
         info = step.model.info()
-        es = 2 if info["dtype"] in ("bfloat16", "float16") else 4
         print(f"the network's share: fixed {info['fixed_bytes'] / mib:.0f} MiB; per training shape "
               f"{info['shape_bytes'] / mib:.0f} MiB, of which the arena of activations, gradients and scratch "
-              f"{info['arena'] * es / mib:.0f} MiB")
+              f"{info['arena_bytes'] / mib:.0f} MiB")
     if args.no_profile:
         return
     try:

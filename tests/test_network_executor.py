@@ -86,7 +86,7 @@ def test_slot_sharing_is_bitwise_neutral(training, what, ratio):
     for a in r1[0] + [r1[1], r1[3]]:
         assert np.isfinite(a).all()
     assert np.count_nonzero(r1[1]) > 0.9 * r1[1].size
-    sizes = _C.executor_info(shared.x)["arena"], _C.executor_info(private.x)["arena"]
+    sizes = _C.executor_info(shared.x)["arena_bytes"], _C.executor_info(private.x)["arena_bytes"]
     assert sizes[0] < ratio * sizes[1], sizes
 
 
@@ -119,7 +119,7 @@ def test_forward_only_layout(training):
     assert np.array_equal(_bits(full.det.flat_buffers.numpy()), _bits(fwd.det.flat_buffers.numpy()))
     info = _C.executor_info(fwd.x)
     assert info["forward_only"] and not _C.executor_info(full.x)["forward_only"]
-    assert info["arena"] < 0.25 * _C.executor_info(full.x)["arena"]
+    assert info["arena_bytes"] < 0.25 * _C.executor_info(full.x)["arena_bytes"]
     d = [None if g is None else _C.from_numpy(g) for g in grads]
     with pytest.raises(RuntimeError, match="without gradients"):
         _C.executor_backward(fwd.x, *d)

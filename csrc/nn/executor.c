@@ -598,26 +598,27 @@ static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], in
     const int64_t *vo = S->L.voff, *go = S->L.goff;
     const ptl_dtype dt = x->cdt;
     const uint32_t first = x->gp.first[i];
-    void *act = S->arena.ptr, *g = S->arena.ptr, *scratch = AT(S->arena.ptr, S->L.scratch_off);
+    void *const arena = S->arena.ptr; /* activations at vo, gradients at go */
+    void *const scratch = AT(arena, S->L.scratch_off);
     const uint8_t fz = x->op_frozen[i];
     switch (op->kind) {
     case PTL_OP_CONV:
         PTL_CHECK(be->batchnorm_backward(
-            x->ctx, dt, dims(x, op->out).m, op->cout, AT(act, vo[op->z]), AT(g, go[op->out]),
+            x->ctx, dt, dims(x, op->out).m, op->cout, AT(arena, vo[op->z]), AT(arena, go[op->out]),
             PAR(x->params, op->gamma_off), PAR(x->params, op->beta_off), PAR(x->stats, op->stat_off),
             PAR(x->stats, op->stat_off + op->cout), x->fwd_training && !(fz & PTL_NET_FROZEN_BN_EVAL),
-            op->act ? PTL_ACT_SILU : PTL_ACT_NONE, AT(g, go[op->z]),
+            op->act ? PTL_ACT_SILU : PTL_ACT_NONE, AT(arena, go[op->z]),
             fz & PTL_NET_FROZEN_GAMMA ? NULL : PAR(x->grads, op->gamma_off),
             fz & PTL_NET_FROZEN_BETA ? NULL : PAR(x->grads, op->beta_off)));
-        return conv_backward(x, i, AT(g, go[op->z]), want_input_grad);
+        return conv_backward(x, i, AT(arena, go[op->z]), want_input_grad);
     case PTL_OP_CONV_BIAS:
-        return conv_backward(x, i, AT(g, go[op->out]), want_input_grad);
+        return conv_backward(x, i, AT(arena, go[op->out]), want_input_grad);
     case PTL_OP_ADD: {
         const int64_t n = dims(x, op->out).m * V[op->out].C;
         if (needs(x, op->in, want_input_grad))
-            PTL_CHECK(pass_through(x, first & 1u, n, AT(g, go[op->out]), AT(g, go[op->in])));
+            PTL_CHECK(pass_through(x, first & 1u, n, AT(arena, go[op->out]), AT(arena, go[op->in])));
         return needs(x, op->in2, want_input_grad)
-                   ? pass_through(x, first & 2u, n, AT(g, go[op->out]), AT(g, go[op->in2]))
+                   ? pass_through(x, first & 2u, n, AT(arena, go[op->out]), AT(arena, go[op->in2]))
                    : 0;
     }
     case PTL_OP_CAT: {
@@ -631,33 +632,33 @@ static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], in
             }
             /* a first writer of only some channels finds its slot zeroed (zero_op) and adds */
             const int overwrite = (first >> (2 + p)) & 1u && x->gp.zero_op[pt->value] != i;
-            PTL_CHECK(be->channel_copy(x->ctx, dt, m, pt->nc, AT(g, go[op->out]), V[op->out].C, src,
-                                       AT(g, go[pt->value]), V[pt->value].C, pt->c0, !overwrite));
+            PTL_CHECK(be->channel_copy(x->ctx, dt, m, pt->nc, AT(arena, go[op->out]), V[op->out].C, src,
+                                       AT(arena, go[pt->value]), V[pt->value].C, pt->c0, !overwrite));
             src += pt->nc;
         }
         return 0;
     }
     case PTL_OP_ATTN: {
         const ptl_net_dims d = dims(x, op->in);
-        void *gin = AT(g, go[op->in]);
+        void *gin = AT(arena, go[op->in]);
         void *dst = first & 1u ? gin : scratch;
         PTL_CHECK(be->attention_backward(x->ctx, dt, S->L.B, d.h * d.w, op->heads, op->kd, op->hd,
-                                         AT(act, vo[op->in]), AT(S->attn.ptr, S->L.attn_off[i]), AT(g, go[op->out]),
-                                         op->out2 >= 0 ? AT(g, go[op->out2]) : NULL, dst));
+                                         AT(arena, vo[op->in]), AT(S->attn.ptr, S->L.attn_off[i]),
+                                         AT(arena, go[op->out]), op->out2 >= 0 ? AT(arena, go[op->out2]) : NULL, dst));
         return first & 1u ? 0 : be->accumulate(x->ctx, dt, d.m * V[op->in].C, scratch, gin);
     }
     case PTL_OP_HEAD: {
         const void *src = d_out[op->branch][op->box ? 0 : 1];
         const ptl_net_dims d = dims(x, op->in);
         if (!src)
-            return first & 1u ? be->zero(x->ctx, AT(g, go[op->in]), (size_t)d.m * V[op->in].C * x->csz) : 0;
+            return first & 1u ? be->zero(x->ctx, AT(arena, go[op->in]), (size_t)d.m * V[op->in].C * x->csz) : 0;
         return be->head_grad(x->ctx, dt, S->L.B, (int64_t)d.h * d.w, V[op->in].C, S->L.A, S->L.level_off[op->level],
-                             src, AT(g, go[op->in]), !(first & 1u));
+                             src, AT(arena, go[op->in]), !(first & 1u));
     }
     default: {
         const ptl_net_dims d = dims(x, op->in);
-        return be->unary[op->kind].backward(x->ctx, dt, S->L.B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
-                                            AT(g, go[op->out]), AT(g, go[op->in]), !(first & 1u));
+        return be->unary[op->kind].backward(x->ctx, dt, S->L.B, d.h, d.w, V[op->in].C, AT(arena, vo[op->in]),
+                                            AT(arena, go[op->out]), AT(arena, go[op->in]), !(first & 1u));
     }
     }
 fail:

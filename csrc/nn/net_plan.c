@@ -339,7 +339,6 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
         L->goff[v] = born[nv + v] >= 0 ? off[nv + v] : 0;
     }
     L->scratch_off = fwd_only ? 0 : off[2 * nv];
-    L->scratch_numel = fwd_only ? 0 : maxv;
     L->forward_only = fwd_only;
     free(size);
     free(off);

@@ -48,9 +48,9 @@ typedef struct {
     int64_t A, level_off[3];
     int64_t *voff;       /* per value: offset of its activation in the arena */
     int64_t *goff;       /* per value: offset of its gradient in the arena */
-    int64_t scratch_off; /* the backward's scratch, scratch_numel elements, in the arena */
+    int64_t scratch_off; /* the backward's scratch (as large as the largest value) in the arena */
     int64_t *attn_off;   /* per op: offset of its softmax probabilities in the attention arena */
-    int64_t arena_numel, attn_numel, scratch_numel;
+    int64_t arena_numel, attn_numel;
     int forward_only; /* built with PTL_NET_FORWARD_ONLY: no backward can follow its forwards */
 } ptl_net_layout;
 
