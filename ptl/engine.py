@@ -349,24 +349,24 @@ class Engine:
         loss_keys, loss_rows, image_keys = [], [], []
         limit = _limit(trainer.limit_val_batches, self.val_loader.num_global_batches, "limit_val_batches")
         try:
-            for j, batch in enumerate(self.val_loader):
-                if batch.batch >= limit:
-                    break
-                trainer._call("on_validation_batch_start", batch, j)
-                with model.no_grad():
+            with model.no_grad():  # validation keeps nothing for a backward
+                for j, batch in enumerate(self.val_loader):
+                    if batch.batch >= limit:
+                        break
+                    trainer._call("on_validation_batch_start", batch, j)
                     out = model.forward(self._images(batch))
-                h, w = batch.images.shape[1:3]
-                res = _objective((*out["one2many"], *out["one2one"]), batch.targets, img_size=(h, w),
-                                 num_classes=self.model.num_classes, o2m_weight=0.8,
-                                 gains=self.model.loss_gains)
-                loss_keys.append(batch.batch)
-                loss_rows.append(np.asarray(res["losses"])[ITEM])
-                image_keys += [batch.batch * self.data.val_batch_size + k for k in range(len(batch))]
-                # 8.4.190's default (nms=None): the one-to-many head with NMS; end2end: the one-to-one top-k
-                head = out["one2one" if trainer.end2end else "one2many"]
-                dets = _metrics.postprocess(head[0], head[1], (h, w), conf=0.001, end2end=trainer.end2end)
-                _update_metrics(met, dets, batch, h, w)
-                trainer._call("on_validation_batch_end", dets, batch, j)  # outputs: the detections per image
+                    h, w = batch.images.shape[1:3]
+                    res = _objective((*out["one2many"], *out["one2one"]), batch.targets, img_size=(h, w),
+                                     num_classes=self.model.num_classes, o2m_weight=0.8,
+                                     gains=self.model.loss_gains)
+                    loss_keys.append(batch.batch)
+                    loss_rows.append(np.asarray(res["losses"])[ITEM])
+                    image_keys += [batch.batch * self.data.val_batch_size + k for k in range(len(batch))]
+                    # 8.4.190's default (nms=None): the one-to-many head with NMS; end2end: the one-to-one top-k
+                    head = out["one2one" if trainer.end2end else "one2many"]
+                    dets = _metrics.postprocess(head[0], head[1], (h, w), conf=0.001, end2end=trainer.end2end)
+                    _update_metrics(met, dets, batch, h, w)
+                    trainer._call("on_validation_batch_end", dets, batch, j)  # outputs: the detections per image
         finally:
             model.train(was)
         rows = np.asarray(loss_rows, np.float32).reshape(-1, 3)
