@@ -136,7 +136,8 @@ def main():
     what = args.what + (" capture" if args.capture else "")
     print(f"{what} batch {args.batch} {args.dtype} {args.imgsz}: wall {np.median(wall):.2f} ms median "
           f"({np.min(wall):.2f}-{np.max(wall):.2f}), mean {np.mean(wall):.2f} over {args.iters}; host enqueue "
-          f"{np.median(enq):.2f} ms median; back to back {b2b:.2f} ms per step")
+          f"{np.median(enq):.2f} ms median; back to back {b2b:.2f} ms per step; early launch "
+          f"{'on' if ptl.cuda.early_launch() else 'off'}")
     mib = 1 << 20
     print(f"device memory (ptl's allocator, since the process began): peak allocated "
           f"{ptl.cuda.max_memory_allocated() / mib:.0f} MiB, peak reserved {ptl.cuda.max_memory_reserved() / mib:.0f} MiB")

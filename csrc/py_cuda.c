@@ -108,6 +108,21 @@ static PyObject *py_memory_stats(PyObject *module, PyObject *arg)
 #endif
 }
 
+/* Whether kernel launches may start before the kernel ahead of them has finished (cuda/launch.cuh); made
+ * for every device whose context exists, `index`'s included. */
+static PyObject *py_early_launch(PyObject *module, PyObject *arg)
+{
+#ifdef PTL_WITH_CUDA
+    if (!ctx_of(module, arg))
+        return NULL;
+    return PyBool_FromLong(ptl_cuda_pdl == 1);
+#else
+    (void)module;
+    (void)arg;
+    return no_cuda();
+#endif
+}
+
 /* Allocator control: op 0 reset peaks, 1 empty cache, 2 create pool, 3 release pool `arg`,
  * 4 set current pool to `arg` (returns the previous one). */
 static PyObject *py_allocator_op(PyObject *module, PyObject *args)
@@ -273,6 +288,7 @@ static PyMethodDef methods[] = {
     {"cuda_get_device_name", py_get_device_name, METH_O, "Name of CUDA device `index`."},
     {"cuda_synchronize", py_synchronize, METH_O, "Wait for all work queued on device `index`."},
     {"cuda_memory_stats", py_memory_stats, METH_O, "Caching-allocator statistics of device `index` (bytes)."},
+    {"cuda_early_launch", py_early_launch, METH_O, "Whether kernels start early (programmatic dependent launch)."},
     {"_allocator_op", py_allocator_op, METH_VARARGS, "Allocator control (internal; see ptl.cuda)."},
     {"_set_library_roots", py_set_library_roots, METH_O, "Folders searched for pip-installed CUDA libraries."},
     {"_dynlib_probe", py_dynlib_probe, METH_VARARGS, "Open a library as the CUDA ones are (tests)."},

@@ -107,6 +107,14 @@ def synchronize(device=None):
     _C.cuda_synchronize(_index(device))
 
 
+def early_launch(device=None):
+    """Whether ptl's kernels are launched to start while the kernel ahead of them in the stream finishes
+    (programmatic dependent launch: devices running code built for compute capability 9.0 or later; the
+    environment variable ``PTL_PDL=0`` turns it off). Each kernel still waits for that kernel's results
+    before it reads or writes anything, so results are the same bits either way."""
+    return _C.cuda_early_launch(_index(device))
+
+
 def memory_stats(device=None):
     return _C.cuda_memory_stats(_index(device))
 

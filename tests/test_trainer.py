@@ -651,6 +651,31 @@ def test_cuda_capture_network_fit_equals_eager(coco256, tmp_path, precision, bat
     assert digests[0] == digests[1]
 
 
+@pytest.mark.cuda
+def test_cuda_early_launch_changes_no_bit(coco256, tmp_path):
+    """Kernels that start while the one ahead of them finishes (programmatic dependent launch, on by default
+    on an H100/H200) still wait for its results: a fit with eager steps, recorded and replayed steps and
+    validation gives the digests of the same fit with plain launches (PTL_PDL=0)."""
+    script = ("import json, sys, ptl; from ptl import cuda; "
+              "tr = ptl.Trainer(max_epochs=1, accelerator='cuda', precision='bf16-mixed', limit_train_batches=4, "
+              "limit_val_batches=1, accumulate_grad_batches=2, logger=False, enable_checkpointing=False, "
+              "enable_progress_bar=False, default_root_dir=sys.argv[2]); "
+              "data = ptl.DetectionData(sys.argv[1], imgsz=256, batch_size=8, workers=2, verbose=False); "
+              "tr.fit(ptl.Detector('yolo26n'), data, capture_network=True); "
+              "print(json.dumps([cuda.early_launch(), tr.digest()]))")
+    runs = []
+    for flag in ("1", "0"):
+        env = dict(os.environ, PTL_PDL=flag, PYTHONPATH=os.pathsep.join(sys.path))
+        r = subprocess.run([sys.executable, "-c", script, str(coco256 / "data.yaml"), str(tmp_path / flag)],
+                           capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    (on, d_on), (off, d_off) = runs
+    major, _ = ptl.cuda.get_device_capability()
+    assert on == (major >= 9) and off is False
+    assert d_on == d_off
+
+
 def test_fused_step_accumulates_parameter_gradients(coco256, tmp_path):
     """Gradient accumulation through _C.train_step: two micro-batches without an optimizer step leave the
     sum of their separate gradients (to float32 rounding: a kernel adds its partial sums into the live

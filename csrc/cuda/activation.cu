@@ -6,6 +6,7 @@
 template <typename T>
 __global__ void silu_fwd_kernel(int64_t n, const T *x, T *y)
 {
+    ptl_wait_prior();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const float v = ptl_ld(x + i);
@@ -16,6 +17,7 @@ __global__ void silu_fwd_kernel(int64_t n, const T *x, T *y)
 template <typename T>
 __global__ void silu_bwd_kernel(int64_t n, const T *x, const T *dy, T *dx)
 {
+    ptl_wait_prior();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const float v = ptl_ld(x + i), s = ptl_sigmoidf(v);
@@ -29,8 +31,9 @@ extern "C" int ptl_silu_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t n,
         return ptl_set_error(PTL_ERR_VALUE, "silu_forward_cuda: negative length %lld", (long long)n);
     if (n == 0)
         return 0;
-    PTL_LAYER_DISPATCH("silu_forward_cuda", dt,
-                       silu_fwd_kernel<T><<<ptl_grid_for(n, 256), 256, 0, ctx->stream>>>(n, (const T *)x, (T *)y));
+    PTL_LAYER_DISPATCH(
+        "silu_forward_cuda", dt,
+        ptl_launch(silu_fwd_kernel<T>, ptl_grid_for(n, 256), 256, 0, ctx->stream, n, (const T *)x, (T *)y));
     PTL_LAUNCH_CHECK("silu_fwd_kernel");
     return 0;
 fail:
@@ -45,8 +48,8 @@ extern "C" int ptl_silu_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t n
     if (n == 0)
         return 0;
     PTL_LAYER_DISPATCH("silu_backward_cuda", dt,
-                       silu_bwd_kernel<T><<<ptl_grid_for(n, 256), 256, 0, ctx->stream>>>(n, (const T *)x,
-                                                                                          (const T *)dy, (T *)dx));
+                       ptl_launch(silu_bwd_kernel<T>, ptl_grid_for(n, 256), 256, 0, ctx->stream, n, (const T *)x,
+                                  (const T *)dy, (T *)dx));
     PTL_LAUNCH_CHECK("silu_bwd_kernel");
     return 0;
 fail:

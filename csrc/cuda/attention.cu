@@ -35,6 +35,7 @@ __device__ __forceinline__ float block_reduce(float v, float *sh, int is_max)
 template <typename T>
 __global__ void softmax_rows_kernel(int n, T *p)
 {
+    ptl_wait_prior();
     __shared__ float sh[SM_THREADS];
     T *row = p + (int64_t)blockIdx.x * n;
     float mx = -INFINITY;
@@ -54,6 +55,7 @@ __global__ void softmax_rows_kernel(int n, T *p)
 template <typename T>
 __global__ void softmax_bwd_kernel(int n, float scale, const T *P, const float *dP, T *dZ)
 {
+    ptl_wait_prior();
     __shared__ float sh[SM_THREADS];
     const int64_t off = (int64_t)blockIdx.x * n;
     float r = 0.0f;
@@ -68,6 +70,7 @@ __global__ void softmax_bwd_kernel(int n, float scale, const T *P, const float *
 template <typename T>
 __global__ void v_copy_kernel(int64_t total, int heads, int kd, int hd, const T *src, T *dst, int to_dense)
 {
+    ptl_wait_prior();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     const int dim = heads * hd, per = 2 * kd + hd, cq = heads * per;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -141,8 +144,8 @@ extern "C" int ptl_attention_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int b
                 return -1;
         }
         PTL_LAYER_DISPATCH("attention_forward_cuda", dt,
-                           softmax_rows_kernel<T><<<(unsigned)((int64_t)b * heads * n), SM_THREADS, 0, ctx->stream>>>(
-                               n, (T *)attn));
+                           ptl_launch(softmax_rows_kernel<T>, (unsigned)((int64_t)b * heads * n), SM_THREADS, 0,
+                                      ctx->stream, n, (T *)attn));
         PTL_LAUNCH_CHECK("softmax_rows_kernel");
         for (int bi = 0; bi < b; bi++) {
             const char *base = q + (size_t)bi * n * cq * es;
@@ -154,8 +157,8 @@ extern "C" int ptl_attention_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int b
         if (v) {
             const int64_t total = (int64_t)b * n * dim;
             PTL_LAYER_DISPATCH("attention_forward_cuda", dt,
-                               v_copy_kernel<T><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>(
-                                   total, heads, kd, hd, (const T *)qkv, (T *)v, 1));
+                               ptl_launch(v_copy_kernel<T>, ptl_grid_for(total, 256), 256, 0, ctx->stream, total, heads,
+                                          kd, hd, (const T *)qkv, (T *)v, 1));
             PTL_LAUNCH_CHECK("v_copy_kernel");
         }
     }
@@ -185,8 +188,8 @@ extern "C" int ptl_attention_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int 
         if (dv) {
             const int64_t total = (int64_t)b * n * dim;
             PTL_LAYER_DISPATCH("attention_backward_cuda", dt,
-                               v_copy_kernel<T><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>(
-                                   total, heads, kd, hd, (const T *)dv, (T *)dqkv, 0));
+                               ptl_launch(v_copy_kernel<T>, ptl_grid_for(total, 256), 256, 0, ctx->stream, total, heads,
+                                          kd, hd, (const T *)dv, (T *)dqkv, 0));
             PTL_LAUNCH_CHECK("v_copy_kernel");
         }
         for (int bi = 0; bi < b; bi++) {
@@ -203,8 +206,8 @@ extern "C" int ptl_attention_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int 
                      dP, CUDA_R_32F, n, nn, heads))
                 return -1;
             PTL_LAYER_DISPATCH("attention_backward_cuda", dt,
-                               softmax_bwd_kernel<T><<<(unsigned)((int64_t)heads * n), SM_THREADS, 0, ctx->stream>>>(
-                                   n, scale, (const T *)ab, dP, (T *)dZ));
+                               ptl_launch(softmax_bwd_kernel<T>, (unsigned)((int64_t)heads * n), SM_THREADS, 0,
+                                          ctx->stream, n, scale, (const T *)ab, dP, (T *)dZ));
             PTL_LAUNCH_CHECK("softmax_bwd_kernel");
             /* dQ^T = Kc dZ^T ; dK^T = Qc dZ  (dZ row-major = dZ^T column-major) */
             if (gemm(ctx, dt, CUBLAS_OP_N, CUBLAS_OP_N, kd, n, n, 1.0f, base + kd * es, cq, per, dZ, n, nn, 0.0f, dbase,

@@ -50,6 +50,7 @@ template <typename T>
 __global__ void bn_fwd_finish(int64_t m, int c, int nchunks, const double *part, const T *x, float *rm,
                               float *rv, float *smean, float *sinv)
 {
+    ptl_wait_prior();
     const int ch = ptl_colsum_finish_channel();
     if (ch >= c)
         return;
@@ -70,6 +71,7 @@ __global__ void bn_fwd_finish(int64_t m, int c, int nchunks, const double *part,
 
 __global__ void bn_eval_stats(int c, const float *rm, const float *rv, float *smean, float *sinv)
 {
+    ptl_wait_prior();
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= c)
         return;
@@ -82,6 +84,7 @@ template <typename T, typename I, int V>
 __global__ void bn_apply(I groups, int c, const T *x, const float *gamma, const float *beta, const float *smean,
                          const float *sinv, int silu, T *y)
 {
+    ptl_wait_prior();
     const I stride = (I)gridDim.x * blockDim.x;
     for (I gi = (I)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += stride) {
         const int ch0 = (int)((gi * V) % c);
@@ -103,17 +106,18 @@ static void bn_apply_launch(cudaStream_t st, int64_t total, int c, const T *x, c
 {
     const int64_t groups = total / V;
     if (total < INT32_MAX)
-        bn_apply<T, int, V><<<ptl_grid_for(groups, 256), 256, 0, st>>>((int)groups, c, x, gamma, beta, smean, sinv,
-                                                                        silu, y);
+        ptl_launch(bn_apply<T, int, V>, ptl_grid_for(groups, 256), 256, 0, st, (int)groups, c, x, gamma, beta, smean,
+                   sinv, silu, y);
     else
-        bn_apply<T, int64_t, V><<<ptl_grid_for(groups, 256), 256, 0, st>>>(groups, c, x, gamma, beta, smean, sinv,
-                                                                            silu, y);
+        ptl_launch(bn_apply<T, int64_t, V>, ptl_grid_for(groups, 256), 256, 0, st, groups, c, x, gamma, beta, smean,
+                   sinv, silu, y);
 }
 
 /* mean_g / mean_gx (float, as the CPU rounds them) for the dx pass, and dgamma/dbeta accumulation. */
 __global__ void bn_bwd_finish(int64_t m, int c, int nchunks, const double *part, float *mean_g, float *mean_gx,
                               float *dgamma, float *dbeta)
 {
+    ptl_wait_prior();
     const int ch = ptl_colsum_finish_channel();
     if (ch >= c)
         return;
@@ -134,6 +138,7 @@ __global__ void bn_bwd_apply(I groups, int c, const T *x, const T *dy, const flo
                              const float *smean, const float *sinv, const float *mean_g, const float *mean_gx,
                              int training, int silu, T *dx)
 {
+    ptl_wait_prior();
     const I stride = (I)gridDim.x * blockDim.x;
     for (I gi = (I)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += stride) {
         const int ch0 = (int)((gi * V) % c);
@@ -164,11 +169,11 @@ static void bn_bwd_apply_launch(cudaStream_t st, int64_t total, int c, const T *
 {
     const int64_t groups = total / V;
     if (total < INT32_MAX)
-        bn_bwd_apply<T, int, V><<<ptl_grid_for(groups, 256), 256, 0, st>>>(
-            (int)groups, c, x, dy, gamma, beta, smean, sinv, mean_g, mean_gx, training, silu, dx);
+        ptl_launch(bn_bwd_apply<T, int, V>, ptl_grid_for(groups, 256), 256, 0, st, (int)groups, c, x, dy, gamma, beta,
+                   smean, sinv, mean_g, mean_gx, training, silu, dx);
     else
-        bn_bwd_apply<T, int64_t, V><<<ptl_grid_for(groups, 256), 256, 0, st>>>(
-            groups, c, x, dy, gamma, beta, smean, sinv, mean_g, mean_gx, training, silu, dx);
+        ptl_launch(bn_bwd_apply<T, int64_t, V>, ptl_grid_for(groups, 256), 256, 0, st, groups, c, x, dy, gamma, beta,
+                   smean, sinv, mean_g, mean_gx, training, silu, dx);
 }
 
 static int check(const char *fn, int64_t m, int c, ptl_act act)
@@ -203,11 +208,11 @@ static int bn_forward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const flo
         double *part = (double *)scratch;
         ptl_colsum_launch(g, m, c, bn_stat_op<T>{x, c}, part, st);
         PTL_LAUNCH_CHECK("bn_stat_partials");
-        bn_fwd_finish<T><<<ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, st>>>(m, c, g.nchunks, part, x,
-                                                                                             rm, rv, smean, sinv);
+        ptl_launch(bn_fwd_finish<T>, ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, st, m, c, g.nchunks,
+                   part, x, rm, rv, smean, sinv);
         PTL_LAUNCH_CHECK("bn_fwd_finish");
     } else {
-        bn_eval_stats<<<cblocks, 128, 0, st>>>(c, rm, rv, smean, sinv);
+        ptl_launch(bn_eval_stats, cblocks, 128, 0, st, c, rm, rv, smean, sinv);
         PTL_LAUNCH_CHECK("bn_eval_stats");
     }
     if (ptl_vec_ok(c, 16 / sizeof(T), x, y, y))
@@ -237,8 +242,8 @@ static int bn_backward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const T 
         float *mg = (float *)((char *)scratch + ptl_colsum_part_bytes(m, c, 2));
         ptl_colsum_launch(g, m, c, bn_grad_op<T>{x, dy, gamma, beta, smean, sinv, c, silu}, part, st);
         PTL_LAUNCH_CHECK("bn_grad_partials");
-        bn_bwd_finish<<<ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, st>>>(m, c, g.nchunks, part, mg,
-                                                                                         mg + c, dgamma, dbeta);
+        ptl_launch(bn_bwd_finish, ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, st, m, c, g.nchunks, part,
+                   mg, mg + c, dgamma, dbeta);
         PTL_LAUNCH_CHECK("bn_bwd_finish");
         mean_g = mg;
         mean_gx = mg + c;

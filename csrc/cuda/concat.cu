@@ -7,6 +7,7 @@
 template <typename T, typename I, int V>
 __global__ void channel_copy_kernel(I groups, int cg, const T *src, int src_cg, T *dst, int dst_cg, int accumulate)
 {
+    ptl_wait_prior();
     typedef ptl_pack<T, V> P;
     const I stride = (I)gridDim.x * blockDim.x;
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < groups; i += stride) {
@@ -34,11 +35,11 @@ static void channel_copy_launch(cudaStream_t st, int64_t m, int c, const T *src,
     const int64_t groups = m * (c / V);
     const unsigned grid = ptl_grid_for(groups, 256);
     if (m * (int64_t)(src_c > dst_c ? src_c : dst_c) < INT32_MAX)
-        channel_copy_kernel<T, int, V><<<grid, 256, 0, st>>>((int)groups, c / V, src, src_c / V, dst, dst_c / V,
-                                                            accumulate);
+        ptl_launch(channel_copy_kernel<T, int, V>, grid, 256, 0, st, (int)groups, c / V, src, src_c / V, dst, dst_c / V,
+                   accumulate);
     else
-        channel_copy_kernel<T, int64_t, V><<<grid, 256, 0, st>>>(groups, c / V, src, src_c / V, dst, dst_c / V,
-                                                                accumulate);
+        ptl_launch(channel_copy_kernel<T, int64_t, V>, grid, 256, 0, st, groups, c / V, src, src_c / V, dst, dst_c / V,
+                   accumulate);
 }
 
 extern "C" int ptl_channel_copy_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *src, int src_c,

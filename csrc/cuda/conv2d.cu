@@ -450,6 +450,7 @@ static int check_exec(const char *fn, ptl_cuda_ctx *ctx, const ptl_conv2d_plan *
 template <typename T, typename I>
 __global__ void bias_add_kernel(I total, int c, const T *bias, T *y)
 {
+    ptl_wait_prior();
     const I stride = (I)gridDim.x * blockDim.x;
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride)
         ptl_st(y + i, ptl_ld(y + i) + ptl_ld(bias + (int)(i % c)));
@@ -466,6 +467,7 @@ struct bias_grad_op {
 template <typename T>
 __global__ void bias_grad_finish(int c, int nchunks, const double *part, T *db)
 {
+    ptl_wait_prior();
     const int ch = ptl_colsum_finish_channel();
     if (ch >= c)
         return;
@@ -482,6 +484,7 @@ __global__ void bias_grad_finish(int c, int nchunks, const double *part, T *db)
 template <typename T, typename I, int V>
 __global__ void dw_forward_kernel(I groups, ptl_conv2d_desc d, const T *x, const T *w, T *y)
 {
+    ptl_wait_prior();
     typedef ptl_pack<T, V> P;
     const I stride = (I)gridDim.x * blockDim.x;
     const int cg = d.cout / V;
@@ -521,6 +524,7 @@ __global__ void dw_forward_kernel(I groups, ptl_conv2d_desc d, const T *x, const
 template <typename T, typename I, int V>
 __global__ void dw_backward_input_kernel(I groups, ptl_conv2d_desc d, const T *dy, const T *w, T *dx)
 {
+    ptl_wait_prior();
     typedef ptl_pack<T, V> P;
     const I stride = (I)gridDim.x * blockDim.x;
     const int cg = d.cin / V;
@@ -587,6 +591,7 @@ struct dw_grad_op {
 template <typename T>
 __global__ void dw_grad_finish(int c, int nchunks, const double *part, T *dw)
 {
+    ptl_wait_prior();
     const int ch = ptl_colsum_finish_channel();
     if (ch >= c)
         return;
@@ -599,14 +604,14 @@ __global__ void dw_grad_finish(int c, int nchunks, const double *part, T *dw)
 
 /* Launches kernel<T, I, V> over `total` elements, V channels per thread (a 16-byte pack when the channel
  * count and the pointers allow it), with 32-bit indices when both activations' sizes fit. */
-#define DW_LAUNCH_V(kernel, p, total, V, ...)                                                                     \
-    do {                                                                                                          \
-        const int64_t groups_ = (total) / (V);                                                                    \
-        if ((int64_t)(p)->d.n * (p)->d.h * (p)->d.w * (p)->d.cin < INT32_MAX &&                                   \
-            (int64_t)(p)->d.n * (p)->d.ho * (p)->d.wo * (p)->d.cout < INT32_MAX)                                  \
-            kernel<T, int, V><<<ptl_grid_for(groups_, 256), 256, 0, ctx->stream>>>((int)groups_, __VA_ARGS__);    \
-        else                                                                                                      \
-            kernel<T, int64_t, V><<<ptl_grid_for(groups_, 256), 256, 0, ctx->stream>>>(groups_, __VA_ARGS__);     \
+#define DW_LAUNCH_V(kernel, p, total, V, ...) \
+    do { \
+        const int64_t groups_ = (total) / (V); \
+        if ((int64_t)(p)->d.n * (p)->d.h * (p)->d.w * (p)->d.cin < INT32_MAX && \
+            (int64_t)(p)->d.n * (p)->d.ho * (p)->d.wo * (p)->d.cout < INT32_MAX) \
+            ptl_launch(kernel<T, int, V>, ptl_grid_for(groups_, 256), 256, 0, ctx->stream, (int)groups_, __VA_ARGS__); \
+        else \
+            ptl_launch(kernel<T, int64_t, V>, ptl_grid_for(groups_, 256), 256, 0, ctx->stream, groups_, __VA_ARGS__); \
     } while (0)
 #define DW_LAUNCH(fn, kernel, p, total, a, b, out)                                                                \
     do {                                                                                                          \
@@ -642,12 +647,12 @@ extern "C" int ptl_conv2d_forward_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan 
     if (bias) {
         if (total < INT32_MAX)
             PTL_LAYER_DISPATCH("conv2d_forward_cuda", p->dt,
-                               bias_add_kernel<T, int><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>(
-                                   (int)total, p->d.cout, (const T *)bias, (T *)y));
+                               ptl_launch(bias_add_kernel<T, int>, ptl_grid_for(total, 256), 256, 0, ctx->stream,
+                                          (int)total, p->d.cout, (const T *)bias, (T *)y));
         else
             PTL_LAYER_DISPATCH("conv2d_forward_cuda", p->dt,
-                               bias_add_kernel<T, int64_t><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>(
-                                   total, p->d.cout, (const T *)bias, (T *)y));
+                               ptl_launch(bias_add_kernel<T, int64_t>, ptl_grid_for(total, 256), 256, 0, ctx->stream,
+                                          total, p->d.cout, (const T *)bias, (T *)y));
         PTL_LAUNCH_CHECK("bias_add_kernel");
     }
     return 0;
@@ -695,8 +700,8 @@ extern "C" int ptl_conv2d_backward_weight_cuda(ptl_cuda_ctx *ctx, const ptl_conv
             ptl_colsum_launch(p->dw_geom, rows, c, dw_grad_op<T>{(const T *)x, (const T *)dy, p->d}, part,
                               ctx->stream);
             PTL_LAUNCH_CHECK("dw_grad_partials");
-            dw_grad_finish<T><<<ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, ctx->stream>>>(
-                c, p->dw_geom.nchunks, part, (T *)dw);
+            ptl_launch(dw_grad_finish<T>, ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, ctx->stream, c,
+                       p->dw_geom.nchunks, part, (T *)dw);
             PTL_LAUNCH_CHECK("dw_grad_finish");
         });
         return 0;
@@ -722,8 +727,8 @@ extern "C" int ptl_conv2d_backward_bias_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d
     PTL_LAYER_DISPATCH("conv2d_backward_bias_cuda", p->dt, {
         ptl_colsum_launch(g, rows, c, bias_grad_op<T>{(const T *)dy, c}, part, ctx->stream);
         PTL_LAUNCH_CHECK("bias_grad_partials");
-        bias_grad_finish<T><<<ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, ctx->stream>>>(
-            c, g.nchunks, part, (T *)dbias);
+        ptl_launch(bias_grad_finish<T>, ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, ctx->stream, c,
+                   g.nchunks, part, (T *)dbias);
         PTL_LAUNCH_CHECK("bias_grad_finish");
     });
     return 0;

@@ -102,6 +102,7 @@ static int ctx_create(ptl_runtime *rt, int device, ptl_cuda_ctx **out)
     pthread_mutex_init(&ctx->ext_lock, NULL);
     PTL_CHECK(ptl_cuda_libraries_load()); /* cuBLAS and cuDNN are opened here, on first CUDA use */
     PTL_CUDA_TRY(cudaSetDevice(device));
+    PTL_CHECK(ptl_cuda_pdl_setup());
     PTL_CUDA_TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
     PTL_CUBLAS_TRY(cublasCreate(&ctx->cublas));
     PTL_CUBLAS_TRY(cublasSetStream(ctx->cublas, ctx->stream));

@@ -48,6 +48,11 @@ int ptl_cublas_fail(const char *call, cublasStatus_t status);
 int ptl_cudnn_fail(const char *call, cudnnStatus_t status);
 /* cuDNN's data type for an activation dtype (float32, bfloat16; anything else float16). */
 cudnnDataType_t ptl_cudnn_data_type(ptl_dtype dt);
+/* Programmatic dependent launch (launch.cuh): 1 when kernel launches may start early, 0 when not, -1
+ * before the first context; ptl_cuda_pdl_setup decides it for the current device (every context's device
+ * must allow it). */
+extern int ptl_cuda_pdl;
+int ptl_cuda_pdl_setup(void);
 /* Checks the last launch; names the kernel on failure. */
 int ptl_cuda_launch_check(const char *kernel);
 

@@ -8,6 +8,7 @@
 template <typename T>
 __global__ void add_kernel(int64_t n, const T *a, const T *b, T *y)
 {
+    ptl_wait_prior();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         ptl_st(y + i, ptl_ld(a + i) + ptl_ld(b + i));
@@ -16,6 +17,7 @@ __global__ void add_kernel(int64_t n, const T *a, const T *b, T *y)
 template <typename T>
 __global__ void accumulate_kernel(int64_t n, const T *x, T *y)
 {
+    ptl_wait_prior();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         ptl_st(y + i, ptl_ld(y + i) + ptl_ld(x + i));
@@ -34,9 +36,9 @@ extern "C" int ptl_add_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t n, const vo
         return -1;
     if (n == 0)
         return 0;
-    PTL_LAYER_DISPATCH("add_cuda", dt,
-                       add_kernel<T><<<ptl_grid_for(n, 256), 256, 0, ctx->stream>>>(n, (const T *)a, (const T *)b,
-                                                                                     (T *)y));
+    PTL_LAYER_DISPATCH(
+        "add_cuda", dt,
+        ptl_launch(add_kernel<T>, ptl_grid_for(n, 256), 256, 0, ctx->stream, n, (const T *)a, (const T *)b, (T *)y));
     PTL_LAUNCH_CHECK("add_kernel");
     return 0;
 fail:
@@ -49,8 +51,9 @@ extern "C" int ptl_accumulate_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t n, c
         return -1;
     if (n == 0)
         return 0;
-    PTL_LAYER_DISPATCH("accumulate_cuda", dt,
-                       accumulate_kernel<T><<<ptl_grid_for(n, 256), 256, 0, ctx->stream>>>(n, (const T *)x, (T *)y));
+    PTL_LAYER_DISPATCH(
+        "accumulate_cuda", dt,
+        ptl_launch(accumulate_kernel<T>, ptl_grid_for(n, 256), 256, 0, ctx->stream, n, (const T *)x, (T *)y));
     PTL_LAUNCH_CHECK("accumulate_kernel");
     return 0;
 fail:

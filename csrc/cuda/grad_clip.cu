@@ -4,6 +4,7 @@
  * the host. */
 #include "../optim/optim.h"
 #include "device.h"
+#include "launch.cuh"
 
 #define GC_THREADS 256
 
@@ -28,6 +29,7 @@ __device__ float gc_inv_scale(const float *scalars, int scaler, int world)
 __global__ void grad_partial_kernel(const float *g, const int64_t *call, const float *scalars, int scaler,
                                     int world, double *part)
 {
+    ptl_wait_prior();
     __shared__ double sh[GC_THREADS];
     int64_t c = blockIdx.x, start = call[3 * c], len = call[3 * c + 1];
     float inv = gc_inv_scale(scalars, scaler, world);
@@ -43,6 +45,7 @@ __global__ void grad_partial_kernel(const float *g, const int64_t *call, const f
 
 __global__ void grad_finalize_kernel(const double *part, int64_t nchunks, float *scalars, float max_norm, int scaler)
 {
+    ptl_wait_prior();
     __shared__ double sh[GC_THREADS];
     double acc = 0;
     for (int64_t i = threadIdx.x; i < nchunks; i += GC_THREADS)
@@ -64,6 +67,7 @@ __global__ void grad_finalize_kernel(const double *part, int64_t nchunks, float 
 
 __global__ void grad_reset_kernel(float *scalars)
 {
+    ptl_wait_prior();
     scalars[PTL_OPT_S_FOUND_INF] = 0.0f;
     scalars[PTL_OPT_S_COEF] = 1.0f;
 }
@@ -73,15 +77,15 @@ extern "C" int ptl_grad_stats_cuda(struct CUstream_st *stream, const ptl_optim_b
     float *scalars = (float *)b->scalars;
     double *part = (double *)b->ws_f64;
     if ((!hp->scaler && !(hp->max_norm > 0)) || b->nchunks == 0) {
-        grad_reset_kernel<<<1, 1, 0, stream>>>(scalars);
+        ptl_launch(grad_reset_kernel, 1, 1, 0, stream, scalars);
         PTL_LAUNCH_CHECK("grad_reset_kernel");
         return 0;
     }
-    grad_partial_kernel<<<(unsigned)b->nchunks, GC_THREADS, 0, stream>>>((const float *)b->grads, b->call, scalars,
-                                                                         hp->scaler, hp->world, part);
+    ptl_launch(grad_partial_kernel, (unsigned)b->nchunks, GC_THREADS, 0, stream, (const float *)b->grads, b->call,
+               scalars, hp->scaler, hp->world, part);
     PTL_LAUNCH_CHECK("grad_partial_kernel");
-    grad_finalize_kernel<<<1, GC_THREADS, 0, stream>>>(part, b->nchunks, scalars,
-                                                       hp->max_norm > 0 ? (float)hp->max_norm : 0.0f, hp->scaler);
+    ptl_launch(grad_finalize_kernel, 1, GC_THREADS, 0, stream, part, b->nchunks, scalars,
+               hp->max_norm > 0 ? (float)hp->max_norm : 0.0f, hp->scaler);
     PTL_LAUNCH_CHECK("grad_finalize_kernel");
     return 0;
 fail:

@@ -10,6 +10,7 @@
 
 #include "conv2d.h"
 #include "device.h"
+#include "launch.cuh"
 #include "layer_scratch.h"
 
 __device__ __forceinline__ float ptl_ld(const float *p) { return *p; }
@@ -21,7 +22,7 @@ __device__ __forceinline__ void ptl_st(__half *p, float v) { *p = __float2half_r
 
 /* Runs `body` (a statement using the type alias T) for float32, bfloat16 or float16 activations;
  * any other dtype sets a TypeError naming `fn` and jumps to fail. The body is variadic so that kernel
- * launches (whose <<<...>>> holds commas) can be written inline. */
+ * launches (whose template arguments hold commas) can be written inline. */
 #define PTL_LAYER_DISPATCH(fn, dt, ...)                                                                     \
     do {                                                                                                    \
         if ((dt) == PTL_FLOAT32) {                                                                          \
@@ -114,6 +115,7 @@ static inline size_t ptl_colsum_part_bytes(int64_t m, int c, int k)
 template <typename F>
 __global__ void ptl_colsum_partials(int64_t m, int c, int64_t rows_per_chunk, F f, double *part)
 {
+    ptl_wait_prior();
     constexpr int K = F::K;
     __shared__ double sh[K][PTL_COLSUM_THREADS];
     const int tx = threadIdx.x, ty = threadIdx.y, cw = blockDim.x, ry = blockDim.y;
@@ -184,7 +186,7 @@ static inline void ptl_colsum_launch(const ptl_colsum_geom &g, int64_t m, int c,
                                      cudaStream_t stream)
 {
     dim3 grid((unsigned)g.ctiles, (unsigned)g.nchunks), block((unsigned)g.cw, (unsigned)g.ry);
-    ptl_colsum_partials<F><<<grid, block, 0, stream>>>(m, c, g.rows_per_chunk, f, part);
+    ptl_launch(ptl_colsum_partials<F>, grid, block, 0, stream, m, c, g.rows_per_chunk, f, part);
 }
 
 #endif

@@ -15,6 +15,7 @@
 template <typename T>
 __global__ void maxpool_fwd_kernel(int64_t total, int h, int w, int c, const T *x, T *y)
 {
+    ptl_wait_prior();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
         const int ch = (int)(i % c);
@@ -58,6 +59,7 @@ __device__ __forceinline__ void argmax_step(float v, int pos, float *best, int *
 template <typename T>
 __global__ void maxpool_bwd_kernel(int h, int w, int c, const T *x, const T *dy, T *dx, int accumulate)
 {
+    ptl_wait_prior();
     __shared__ float rowv[ROWS * HALO][BWD_CW];
     __shared__ unsigned char rowx[ROWS * HALO][BWD_CW]; /* column in the window, 0..K-1 */
     __shared__ unsigned char arg[HALO * HALO][BWD_CW];  /* cell in the window, row-major 0..K*K-1 */
@@ -130,8 +132,8 @@ extern "C" int ptl_maxpool5_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int n,
     if (check("maxpool5_forward_cuda", n, h, w, c))
         return -1;
     PTL_LAYER_DISPATCH("maxpool5_forward_cuda", dt,
-                       maxpool_fwd_kernel<T><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>(total, h, w, c,
-                                                                                                 (const T *)x, (T *)y));
+                       ptl_launch(maxpool_fwd_kernel<T>, ptl_grid_for(total, 256), 256, 0, ctx->stream, total, h, w, c,
+                                  (const T *)x, (T *)y));
     PTL_LAUNCH_CHECK("maxpool_fwd_kernel");
     return 0;
 fail:
@@ -150,8 +152,8 @@ extern "C" int ptl_maxpool5_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int n
     const dim3 grid((unsigned)((w + TILE - 1) / TILE), (unsigned)((h + TILE - 1) / TILE), (unsigned)zblocks),
         block(BWD_CW, BWD_RY);
     PTL_LAYER_DISPATCH("maxpool5_backward_cuda", dt,
-                       maxpool_bwd_kernel<T><<<grid, block, 0, ctx->stream>>>(h, w, c, (const T *)x, (const T *)dy,
-                                                                              (T *)dx, accumulate));
+                       ptl_launch(maxpool_bwd_kernel<T>, grid, block, 0, ctx->stream, h, w, c, (const T *)x,
+                                  (const T *)dy, (T *)dx, accumulate));
     PTL_LAUNCH_CHECK("maxpool_bwd_kernel");
     return 0;
 fail:

@@ -8,6 +8,7 @@
 
 #include "../optim/optim.h"
 #include "device.h"
+#include "launch.cuh"
 
 #define OPT_THREADS 256
 
@@ -48,6 +49,7 @@ __device__ double opt_block_sum(double v, double *sh)
 __global__ void muon_momentum_kernel(const float *g, float *m, const int64_t *cmuon, const int64_t *ptab,
                                      const float *scalars, opt_dev_hp hp, uint16_t *X, double *part)
 {
+    ptl_wait_prior();
     __shared__ double sh[OPT_THREADS];
     if (scalars[PTL_OPT_S_FOUND_INF] != 0.0f)
         return;
@@ -73,6 +75,7 @@ __global__ void muon_momentum_kernel(const float *g, float *m, const int64_t *cm
 /* One thread per parameter: the bf16 denominator ||X||_F + eps of each orthogonalised matrix. */
 __global__ void muon_norm_kernel(const int64_t *ptab, int64_t nparams, const double *part, double *den)
 {
+    ptl_wait_prior();
     int64_t pi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (pi >= nparams)
         return;
@@ -89,6 +92,7 @@ __global__ void muon_norm_kernel(const int64_t *ptab, int64_t nparams, const dou
 __global__ void muon_div_kernel(const int64_t *cmuon, const int64_t *ptab, const float *scalars, const double *den,
                                 uint16_t *X)
 {
+    ptl_wait_prior();
     if (scalars[PTL_OPT_S_FOUND_INF] != 0.0f)
         return;
     int64_t c = blockIdx.x, start = cmuon[3 * c], len = cmuon[3 * c + 1];
@@ -105,6 +109,7 @@ __global__ void muon_div_kernel(const int64_t *cmuon, const int64_t *ptab, const
 __global__ void optim_update_kernel(float *p, const float *g, float *s1, float *s2, const int64_t *call,
                                     const int64_t *ptab, const float *scalars, opt_dev_hp hp, const uint16_t *X)
 {
+    ptl_wait_prior();
     if (scalars[PTL_OPT_S_FOUND_INF] != 0.0f)
         return;
     int64_t c = blockIdx.x, start = call[3 * c], len = call[3 * c + 1];
@@ -139,6 +144,7 @@ __global__ void optim_update_kernel(float *p, const float *g, float *s1, float *
 __global__ void optim_finish_kernel(float *s, int scaler, double growth_factor, double backoff_factor,
                                     int growth_interval)
 {
+    ptl_wait_prior();
     int found = s[PTL_OPT_S_FOUND_INF] != 0.0f;
     if (found)
         s[PTL_OPT_S_SKIPPED] = s[PTL_OPT_S_SKIPPED] + 1.0f;
@@ -245,12 +251,14 @@ extern "C" int ptl_optim_step_cuda(struct CUstream_st *stream, struct cublasCont
     if (has_muon && b->nmuon_chunks > 0) {
         uint16_t *X = (uint16_t *)b->ws_bf16;
         double *mpart = (double *)b->ws_f64 + b->nchunks, *den = mpart + b->nmuon_chunks;
-        muon_momentum_kernel<<<(unsigned)b->nmuon_chunks, OPT_THREADS, 0, stream>>>(
-            (const float *)b->grads, (float *)b->state1, b->cmuon, b->ptab, scalars, d, X, mpart);
+        ptl_launch(muon_momentum_kernel, (unsigned)b->nmuon_chunks, OPT_THREADS, 0, stream, (const float *)b->grads,
+                   (float *)b->state1, b->cmuon, b->ptab, scalars, d, X, mpart);
         PTL_LAUNCH_CHECK("muon_momentum_kernel");
-        muon_norm_kernel<<<(unsigned)((b->nparams + 127) / 128), 128, 0, stream>>>(b->ptab, b->nparams, mpart, den);
+        ptl_launch(muon_norm_kernel, (unsigned)((b->nparams + 127) / 128), 128, 0, stream, b->ptab, b->nparams, mpart,
+                   den);
         PTL_LAUNCH_CHECK("muon_norm_kernel");
-        muon_div_kernel<<<(unsigned)b->nmuon_chunks, OPT_THREADS, 0, stream>>>(b->cmuon, b->ptab, scalars, den, X);
+        ptl_launch(muon_div_kernel, (unsigned)b->nmuon_chunks, OPT_THREADS, 0, stream, b->cmuon, b->ptab, scalars, den,
+                   X);
         PTL_LAUNCH_CHECK("muon_div_kernel");
         if (g && g->state == PTL_NSG_EAGER && g->eager_runs >= 1)
             PTL_CHECK(ns_capture(stream, cublas, b, g));
@@ -263,13 +271,13 @@ extern "C" int ptl_optim_step_cuda(struct CUstream_st *stream, struct cublasCont
         }
     }
     if (b->nchunks > 0) {
-        optim_update_kernel<<<(unsigned)b->nchunks, OPT_THREADS, 0, stream>>>(
-            (float *)b->params, (const float *)b->grads, (float *)b->state1, (float *)b->state2, b->call, b->ptab,
-            scalars, d, (const uint16_t *)b->ws_bf16);
+        ptl_launch(optim_update_kernel, (unsigned)b->nchunks, OPT_THREADS, 0, stream, (float *)b->params,
+                   (const float *)b->grads, (float *)b->state1, (float *)b->state2, b->call, b->ptab, scalars, d,
+                   (const uint16_t *)b->ws_bf16);
         PTL_LAUNCH_CHECK("optim_update_kernel");
     }
-    optim_finish_kernel<<<1, 1, 0, stream>>>(scalars, hp->scaler, hp->growth_factor, hp->backoff_factor,
-                                              hp->growth_interval);
+    ptl_launch(optim_finish_kernel, 1, 1, 0, stream, scalars, hp->scaler, hp->growth_factor, hp->backoff_factor,
+               hp->growth_interval);
     PTL_LAUNCH_CHECK("optim_finish_kernel");
     if (hp->zero_grad && b->n > 0)
         PTL_CUDA_TRY(cudaMemsetAsync(b->grads, 0, sizeof(float) * (size_t)b->n, stream));

@@ -8,6 +8,7 @@
  * of X). Row-major matrices are handed to column-major cuBLAS as their transposes. */
 #include "../optim/optim.h"
 #include "device.h"
+#include "launch.cuh"
 
 #define NS_THREADS 256
 
@@ -67,6 +68,7 @@ fail:
 /* Standalone path: float32 [batch][rows][cols] -> bf16 wide-orientation arena, per-matrix normalisation. */
 __global__ void ns_load_kernel(const float *x, uint16_t *X, int64_t rows, int64_t cols, int64_t xs)
 {
+    ptl_wait_prior();
     int64_t b = blockIdx.y, n = rows * cols;
     const float *xb = x + b * n;
     uint16_t *Xb = X + b * xs;
@@ -79,6 +81,7 @@ __global__ void ns_load_kernel(const float *x, uint16_t *X, int64_t rows, int64_
 
 __global__ void ns_norm_kernel(const uint16_t *X, int64_t n, int64_t xs, float *den)
 {
+    ptl_wait_prior();
     __shared__ double sh[NS_THREADS];
     const uint16_t *Xb = X + (int64_t)blockIdx.x * xs;
     double acc = 0;
@@ -101,6 +104,7 @@ __global__ void ns_norm_kernel(const uint16_t *X, int64_t n, int64_t xs, float *
 
 __global__ void ns_div_kernel(uint16_t *X, int64_t n, int64_t xs, const float *den)
 {
+    ptl_wait_prior();
     int64_t b = blockIdx.y;
     uint16_t *Xb = X + b * xs;
     float d = den[b];
@@ -110,6 +114,7 @@ __global__ void ns_div_kernel(uint16_t *X, int64_t n, int64_t xs, const float *d
 
 __global__ void ns_store_kernel(const uint16_t *X, float *out, int64_t rows, int64_t cols, int64_t xs)
 {
+    ptl_wait_prior();
     int64_t b = blockIdx.y, n = rows * cols;
     const uint16_t *Xb = X + b * xs;
     float *ob = out + b * n;
@@ -135,14 +140,14 @@ extern "C" int ptl_newton_schulz_cuda(struct CUstream_st *stream, struct cublasC
     }
     {
         dim3 grid(ns_blocks(n) > 64 ? 64 : ns_blocks(n), (unsigned)batch);
-        ns_load_kernel<<<grid, NS_THREADS, 0, stream>>>(x, ws, rows, cols, xs);
+        ptl_launch(ns_load_kernel, grid, NS_THREADS, 0, stream, x, ws, rows, cols, xs);
         PTL_LAUNCH_CHECK("ns_load_kernel");
-        ns_norm_kernel<<<(unsigned)batch, NS_THREADS, 0, stream>>>(ws, n, xs, norms);
+        ptl_launch(ns_norm_kernel, (unsigned)batch, NS_THREADS, 0, stream, ws, n, xs, norms);
         PTL_LAUNCH_CHECK("ns_norm_kernel");
-        ns_div_kernel<<<grid, NS_THREADS, 0, stream>>>(ws, n, xs, norms);
+        ptl_launch(ns_div_kernel, grid, NS_THREADS, 0, stream, ws, n, xs, norms);
         PTL_LAUNCH_CHECK("ns_div_kernel");
         PTL_CHECK(ptl_newton_schulz_arena_cuda(stream, cublas, ws, batch * xs, batch * as, sg, 1));
-        ns_store_kernel<<<grid, NS_THREADS, 0, stream>>>(ws, out, rows, cols, xs);
+        ptl_launch(ns_store_kernel, grid, NS_THREADS, 0, stream, ws, out, rows, cols, xs);
         PTL_LAUNCH_CHECK("ns_store_kernel");
     }
     return 0;

@@ -9,6 +9,7 @@
 #include "../metrics/postprocess.h"
 #include "block_select.cuh"
 #include "device.h"
+#include "launch.cuh"
 
 #define NMS_SELECT_THREADS 1024
 #define NMS_GREEDY_THREADS 512
@@ -32,6 +33,7 @@ __global__ void __launch_bounds__(NMS_SELECT_THREADS)
 nms_candidates(const float *scores, int64_t A, int64_t nc, float conf, int max_nms, int multi_label, int cap,
                uint64_t *keys, int32_t *ncand)
 {
+    ptl_wait_prior();
     __shared__ BlockSelectShared sel;
     __shared__ unsigned total, filled;
     int64_t b = blockIdx.x, n = multi_label ? A * nc : A;
@@ -77,6 +79,7 @@ nms_greedy(const float *boxes, const float *scores, const uint64_t *keys, const 
            int64_t nc, int cap, int img_h, int img_w, int max_det, double iou, int agnostic, float *out,
            int32_t *count)
 {
+    ptl_wait_prior();
     __shared__ float kept_box[PTL_PP_MAX_DET][5];
     __shared__ int kept_rank[PTL_PP_MAX_DET];
     __shared__ float cand_box[NMS_GREEDY_THREADS][5];
@@ -153,11 +156,11 @@ extern "C" int ptl_nms_cuda(ptl_runtime *rt, int device, const float *boxes, con
     /* the candidate counts live in `count` until nms_greedy overwrites them with the kept counts */
     ncand = count;
     PTL_CHECK(ptl_cuda_ctx_get(rt, device, &ctx));
-    nms_candidates<<<(unsigned)B, NMS_SELECT_THREADS, 0, ctx->stream>>>(scores, A, nc, conf, max_nms, multi_label,
-                                                                        cap, keys, ncand);
+    ptl_launch(nms_candidates, (unsigned)B, NMS_SELECT_THREADS, 0, ctx->stream, scores, A, nc, conf, max_nms,
+               multi_label, cap, keys, ncand);
     PTL_LAUNCH_CHECK("nms_candidates");
-    nms_greedy<<<(unsigned)B, NMS_GREEDY_THREADS, 0, ctx->stream>>>(boxes, scores, keys, ncand, A, nc, cap, img_h,
-                                                                    img_w, max_det, iou, agnostic, out, count);
+    ptl_launch(nms_greedy, (unsigned)B, NMS_GREEDY_THREADS, 0, ctx->stream, boxes, scores, keys, ncand, A, nc, cap,
+               img_h, img_w, max_det, iou, agnostic, out, count);
     PTL_LAUNCH_CHECK("nms_greedy");
     return 0;
 fail:

@@ -21,6 +21,7 @@
 #include "../objective/objective_math.h"
 #include "../ops/half.h"
 #include "device.h"
+#include "launch.cuh"
 
 #define OBJ_THREADS 256
 #define OBJ_SEL_THREADS 128
@@ -120,6 +121,7 @@ __device__ void obj_claim(const ObjBufs &w, int64_t ba, int j, float al, float u
 __global__ void __launch_bounds__(OBJ_SEL_THREADS)
     obj_select_kernel(ObjGeom g, ObjBufs w, const void *boxes, const void *scores, ptl_dtype dt, int topk)
 {
+    ptl_wait_prior();
     __shared__ unsigned long long top[OBJ_KMAX];
     __shared__ unsigned long long wmax[OBJ_SEL_THREADS / 32];
     __shared__ int ntop;
@@ -229,6 +231,7 @@ __global__ void __launch_bounds__(OBJ_SEL_THREADS)
 __global__ void obj_conflict_kernel(ObjGeom g, ObjBufs w, const void *boxes, const void *scores, ptl_dtype dt,
                                     int topk)
 {
+    ptl_wait_prior();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)g.B * g.M * topk)
         return;
@@ -257,6 +260,7 @@ __global__ void obj_conflict_kernel(ObjGeom g, ObjBufs w, const void *boxes, con
 
 __global__ void obj_top1_kernel(ObjGeom g, ObjBufs w)
 {
+    ptl_wait_prior();
     int64_t n = (int64_t)g.B * g.A;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int j = w.owner[i];
@@ -269,6 +273,7 @@ __global__ void obj_top1_kernel(ObjGeom g, ObjBufs w)
 
 __global__ void obj_stats_kernel(ObjGeom g, ObjBufs w, int top1)
 {
+    ptl_wait_prior();
     int64_t n = (int64_t)g.B * g.A;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int j = w.owner[i];
@@ -309,6 +314,7 @@ __device__ void obj_block_sum(double v, double *out)
 
 __global__ void __launch_bounds__(OBJ_THREADS) obj_nval_kernel(ObjGeom g, ObjBufs w)
 {
+    ptl_wait_prior();
     int64_t n = (int64_t)g.B * g.A;
     double acc = 0;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -328,6 +334,7 @@ __global__ void __launch_bounds__(OBJ_THREADS) obj_nval_kernel(ObjGeom g, ObjBuf
 /* T's partial sums from given targets (assignment passed in). */
 __global__ void __launch_bounds__(OBJ_THREADS) obj_tsum_kernel(ObjGeom g, ObjBufs w)
 {
+    ptl_wait_prior();
     int64_t n = (int64_t)g.B * g.A;
     double acc = 0;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -339,6 +346,7 @@ __global__ void __launch_bounds__(OBJ_THREADS) obj_tsum_kernel(ObjGeom g, ObjBuf
 /* One block: sums partial array k (fixed order) for k in [k0, k1) into res[k]; k == 3 is T. */
 __global__ void __launch_bounds__(OBJ_THREADS) obj_reduce_kernel(ObjBufs w, int k0, int k1, double *res)
 {
+    ptl_wait_prior();
     for (int k = k0; k < k1; k++) {
         double s = 0;
         for (int i = threadIdx.x; i < OBJ_NB; i += blockDim.x)
@@ -356,6 +364,7 @@ __global__ void __launch_bounds__(OBJ_THREADS)
     obj_cls_kernel(ObjGeom g, ObjBufs w, const void *scores, void *gscores, ptl_dtype dt, double scale,
                    const float *dscale, const double *res)
 {
+    ptl_wait_prior();
     int64_t n = (int64_t)g.B * g.A * g.nc;
     float k = (float)(scale * (dscale ? (double)*dscale : 1.0) / res[3]);
     double acc = 0;
@@ -378,6 +387,7 @@ __global__ void __launch_bounds__(OBJ_THREADS)
     obj_box_kernel(ObjGeom g, ObjBufs w, const void *boxes, void *gboxes, ptl_dtype dt, double sbox, double sl1,
                    const float *dscale, const double *res)
 {
+    ptl_wait_prior();
     int64_t n = (int64_t)g.B * g.A;
     const double ds = dscale ? (double)*dscale : 1.0;
     float kb = (float)(sbox * ds / res[3]), kl = (float)(sl1 * ds / res[3]);
@@ -426,6 +436,7 @@ __global__ void __launch_bounds__(OBJ_THREADS)
 __global__ void obj_final_kernel(const double *res, double w0, double w1, double g0, double g1, double g2, int B,
                                  float *losses)
 {
+    ptl_wait_prior();
     const double gain[3] = {g0, g1, g2};
     double wt[2] = {w0, w1}, total = 0;
     for (int br = 0; br < 2; br++)
@@ -590,23 +601,24 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
                     PTL_CUDA_TRY(cudaMemsetAsync(w.gtkey, 0, 8 * (size_t)BM, st));
                     PTL_CUDA_TRY(cudaMemsetAsync(w.amax, 0, 4 * (size_t)BM, st));
                     PTL_CUDA_TRY(cudaMemsetAsync(w.omax, 0, 4 * (size_t)BM, st));
-                    obj_select_kernel<<<(unsigned)BM, OBJ_SEL_THREADS, 0, st>>>(g, w, boxes, scores, ar->dtype, topk);
+                    ptl_launch(obj_select_kernel, (unsigned)BM, OBJ_SEL_THREADS, 0, st, g, w, boxes, scores, ar->dtype,
+                               topk);
                     PTL_LAUNCH_CHECK("obj_select_kernel");
                     int64_t nsel = BM * topk;
-                    obj_conflict_kernel<<<(unsigned)((nsel + OBJ_THREADS - 1) / OBJ_THREADS), OBJ_THREADS, 0, st>>>(
-                        g, w, boxes, scores, ar->dtype, topk);
+                    ptl_launch(obj_conflict_kernel, (unsigned)((nsel + OBJ_THREADS - 1) / OBJ_THREADS), OBJ_THREADS, 0,
+                               st, g, w, boxes, scores, ar->dtype, topk);
                     PTL_LAUNCH_CHECK("obj_conflict_kernel");
                     int top1 = topk2s[br] != topk;
                     if (top1) {
-                        obj_top1_kernel<<<nb_anchor, OBJ_THREADS, 0, st>>>(g, w);
+                        ptl_launch(obj_top1_kernel, nb_anchor, OBJ_THREADS, 0, st, g, w);
                         PTL_LAUNCH_CHECK("obj_top1_kernel");
                     }
-                    obj_stats_kernel<<<nb_anchor, OBJ_THREADS, 0, st>>>(g, w, top1);
+                    ptl_launch(obj_stats_kernel, nb_anchor, OBJ_THREADS, 0, st, g, w, top1);
                     PTL_LAUNCH_CHECK("obj_stats_kernel");
                 }
             }
             if (!ar->assign_in) {
-                obj_nval_kernel<<<nb_anchor, OBJ_THREADS, 0, st>>>(g, w);
+                ptl_launch(obj_nval_kernel, nb_anchor, OBJ_THREADS, 0, st, g, w);
                 PTL_LAUNCH_CHECK("obj_nval_kernel");
                 if (ar->assign_gt[br])
                     PTL_CUDA_TRY(
@@ -615,29 +627,28 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
                     PTL_CUDA_TRY(
                         cudaMemcpyAsync(ar->assign_score[br], w.nval, 4 * (size_t)BA, cudaMemcpyDeviceToDevice, st));
             } else {
-                obj_tsum_kernel<<<nb_anchor, OBJ_THREADS, 0, st>>>(g, w);
+                ptl_launch(obj_tsum_kernel, nb_anchor, OBJ_THREADS, 0, st, g, w);
                 PTL_LAUNCH_CHECK("obj_tsum_kernel");
             }
             double *res = w.res + 4 * br;
-            obj_reduce_kernel<<<1, OBJ_THREADS, 0, st>>>(w, 3, 4, res);
+            ptl_launch(obj_reduce_kernel, 1, OBJ_THREADS, 0, st, w, 3, 4, res);
             PTL_LAUNCH_CHECK("obj_reduce_kernel");
             int64_t ncls = BA * ar->nc;
             unsigned nb_cls = (unsigned)((ncls + OBJ_THREADS - 1) / OBJ_THREADS);
             if (nb_cls > OBJ_NB)
                 nb_cls = OBJ_NB;
             double bsc = wt[br] * (double)B * ar->grad_scale;
-            obj_cls_kernel<<<nb_cls, OBJ_THREADS, 0, st>>>(g, w, scores, ar->grad_scores[br], ar->dtype,
-                                                           bsc * ar->gain[1], ar->grad_scale_dev, res);
+            ptl_launch(obj_cls_kernel, nb_cls, OBJ_THREADS, 0, st, g, w, scores, ar->grad_scores[br], ar->dtype,
+                       bsc * ar->gain[1], ar->grad_scale_dev, res);
             PTL_LAUNCH_CHECK("obj_cls_kernel");
-            obj_box_kernel<<<nb_anchor, OBJ_THREADS, 0, st>>>(g, w, boxes, ar->grad_boxes[br], ar->dtype,
-                                                              bsc * ar->gain[0], bsc * ar->gain[2],
-                                                              ar->grad_scale_dev, res);
+            ptl_launch(obj_box_kernel, nb_anchor, OBJ_THREADS, 0, st, g, w, boxes, ar->grad_boxes[br], ar->dtype,
+                       bsc * ar->gain[0], bsc * ar->gain[2], ar->grad_scale_dev, res);
             PTL_LAUNCH_CHECK("obj_box_kernel");
-            obj_reduce_kernel<<<1, OBJ_THREADS, 0, st>>>(w, 0, 3, res);
+            ptl_launch(obj_reduce_kernel, 1, OBJ_THREADS, 0, st, w, 0, 3, res);
             PTL_LAUNCH_CHECK("obj_reduce_kernel");
         }
-        obj_final_kernel<<<1, 1, 0, st>>>(w.res, wt[0], wt[1], ar->gain[0], ar->gain[1], ar->gain[2], (int)B,
-                                          ar->losses);
+        ptl_launch(obj_final_kernel, 1, 1, 0, st, w.res, wt[0], wt[1], ar->gain[0], ar->gain[1], ar->gain[2], (int)B,
+                   ar->losses);
         PTL_LAUNCH_CHECK("obj_final_kernel");
     }
     return 0;

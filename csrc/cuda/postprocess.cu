@@ -5,11 +5,13 @@
 #include "../metrics/postprocess.h"
 #include "block_select.cuh"
 #include "device.h"
+#include "launch.cuh"
 
 #define PP_THREADS 1024
 
 __global__ void pp_anchor_keys(const float *scores, int64_t BA, int64_t A, int64_t nc, uint64_t *keys)
 {
+    ptl_wait_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < BA; i += stride) {
         const float *row = scores + i * nc;
@@ -73,6 +75,7 @@ __global__ void __launch_bounds__(PP_THREADS)
 pp_select(const float *boxes, const float *scores, const uint64_t *keys, int64_t A, int64_t nc, int k,
           int img_h, int img_w, float conf, float *out, int32_t *count)
 {
+    ptl_wait_prior();
     __shared__ TopkShared sh;
     int64_t b = blockIdx.x;
     int tid = threadIdx.x;
@@ -121,10 +124,10 @@ extern "C" int ptl_postprocess_cuda(ptl_runtime *rt, int device, const float *bo
         int64_t blocks = (B * A + 255) / 256;
         if (blocks > 65536)
             blocks = 65536;
-        pp_anchor_keys<<<(unsigned)blocks, 256, 0, ctx->stream>>>(scores, B * A, A, nc, keys);
+        ptl_launch(pp_anchor_keys, (unsigned)blocks, 256, 0, ctx->stream, scores, B * A, A, nc, keys);
         PTL_LAUNCH_CHECK("pp_anchor_keys");
-        pp_select<<<(unsigned)B, PP_THREADS, 0, ctx->stream>>>(boxes, scores, keys, A, nc, (int)k, img_h, img_w,
-                                                                conf, out, count);
+        ptl_launch(pp_select, (unsigned)B, PP_THREADS, 0, ctx->stream, boxes, scores, keys, A, nc, (int)k, img_h, img_w,
+                   conf, out, count);
         PTL_LAUNCH_CHECK("pp_select");
     }
     return 0;

@@ -1,5 +1,6 @@
 #include "../ops/rng.h"
 #include "device.h"
+#include "launch.cuh"
 
 static unsigned grid_for(int64_t n)
 {
@@ -10,6 +11,7 @@ static unsigned grid_for(int64_t n)
 __global__ void rng_fill_kernel(void *dst, ptl_dtype dt, int64_t n, ptl_rng_kind kind, uint64_t seed, uint64_t offset,
                                 float a, float b)
 {
+    ptl_wait_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += stride)
         ptl_rng_store(dst, dt, j, ptl_rng_draw(kind, seed, offset, j, a, b));
@@ -17,6 +19,7 @@ __global__ void rng_fill_kernel(void *dst, ptl_dtype dt, int64_t n, ptl_rng_kind
 
 __global__ void fill_kernel(unsigned char *dst, int64_t n, int es, uint64_t pattern)
 {
+    ptl_wait_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         for (int k = 0; k < es; k++)
@@ -28,7 +31,7 @@ extern "C" int rng_fill_cuda(struct CUstream_st *stream, void *dst, ptl_dtype dt
 {
     if (n == 0)
         return 0;
-    rng_fill_kernel<<<grid_for(n), 256, 0, stream>>>(dst, dt, n, kind, seed, offset, a, b);
+    ptl_launch(rng_fill_kernel, grid_for(n), 256, 0, stream, dst, dt, n, kind, seed, offset, a, b);
     PTL_LAUNCH_CHECK("rng_fill_kernel");
     return 0;
 fail:
@@ -41,7 +44,7 @@ extern "C" int fill_cuda(struct CUstream_st *stream, void *dst, ptl_dtype dt, in
     if (n == 0)
         return 0;
     ptl_convert_one(&pattern, dt, &value, PTL_FLOAT64, 0); /* little-endian: element bytes first */
-    fill_kernel<<<grid_for(n), 256, 0, stream>>>((unsigned char *)dst, n, (int)ptl_dtype_size(dt), pattern);
+    ptl_launch(fill_kernel, grid_for(n), 256, 0, stream, (unsigned char *)dst, n, (int)ptl_dtype_size(dt), pattern);
     PTL_LAUNCH_CHECK("fill_kernel");
     return 0;
 fail:

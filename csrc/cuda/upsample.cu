@@ -6,6 +6,7 @@
 template <typename T>
 __global__ void up_fwd_kernel(int64_t total, int h, int w, int c, const T *x, T *y)
 {
+    ptl_wait_prior();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     const int W = 2 * w, H = 2 * h;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -20,6 +21,7 @@ __global__ void up_fwd_kernel(int64_t total, int h, int w, int c, const T *x, T 
 template <typename T>
 __global__ void up_bwd_kernel(int64_t total, int h, int w, int c, const T *dy, T *dx, int accumulate)
 {
+    ptl_wait_prior();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     const int64_t row = (int64_t)2 * w * c;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -48,8 +50,8 @@ extern "C" int ptl_upsample2x_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int 
     if (check("upsample2x_forward_cuda", n, h, w, c))
         return -1;
     PTL_LAYER_DISPATCH("upsample2x_forward_cuda", dt,
-                       up_fwd_kernel<T><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>(total, h, w, c,
-                                                                                            (const T *)x, (T *)y));
+                       ptl_launch(up_fwd_kernel<T>, ptl_grid_for(total, 256), 256, 0, ctx->stream, total, h, w, c,
+                                  (const T *)x, (T *)y));
     PTL_LAUNCH_CHECK("up_fwd_kernel");
     return 0;
 fail:
@@ -63,8 +65,8 @@ extern "C" int ptl_upsample2x_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int
     if (check("upsample2x_backward_cuda", n, h, w, c))
         return -1;
     PTL_LAYER_DISPATCH("upsample2x_backward_cuda", dt,
-                       up_bwd_kernel<T><<<ptl_grid_for(total, 256), 256, 0, ctx->stream>>>(
-                           total, h, w, c, (const T *)dy, (T *)dx, accumulate));
+                       ptl_launch(up_bwd_kernel<T>, ptl_grid_for(total, 256), 256, 0, ctx->stream, total, h, w, c,
+                                  (const T *)dy, (T *)dx, accumulate));
     PTL_LAUNCH_CHECK("up_bwd_kernel");
     return 0;
 fail:

@@ -10,6 +10,7 @@
 template <typename T>
 __global__ void weight_cast_kernel(const ptl_wcast_entry *tab, int n, int64_t total, const float *src, T *dst)
 {
+    ptl_wait_prior();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
         const ptl_wcast_entry *e = tab + ptl_wcast_find(tab, n, i);
@@ -22,6 +23,7 @@ __global__ void weight_cast_kernel(const ptl_wcast_entry *tab, int n, int64_t to
 template <typename T>
 __global__ void weight_grad_kernel(const ptl_wcast_entry *tab, int n, int64_t total, const T *g, float *grad)
 {
+    ptl_wait_prior();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
         const ptl_wcast_entry *e = tab + ptl_wcast_find(tab, n, i);
@@ -34,6 +36,7 @@ __global__ void weight_grad_kernel(const ptl_wcast_entry *tab, int n, int64_t to
 template <typename T>
 __global__ void head_out_kernel(int64_t total, int64_t hw, int C, int64_t A, int64_t a0, const T *map, float *out)
 {
+    ptl_wait_prior();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
         out[ptl_net_head_index(i, hw, C, A, a0)] = ptl_ld(map + i);
@@ -44,6 +47,7 @@ template <typename T>
 __global__ void head_grad_kernel(int64_t total, int64_t hw, int C, int64_t A, int64_t a0, const float *d_out, T *gmap,
                                  int accumulate)
 {
+    ptl_wait_prior();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
         const float d = d_out[ptl_net_head_index(i, hw, C, A, a0)];
@@ -58,8 +62,8 @@ extern "C" int ptl_net_weight_cast_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const p
     if (total <= 0 || n <= 0)
         return 0;
     PTL_LAYER_DISPATCH("network weight cast", dt,
-                       weight_cast_kernel<T><<<ptl_grid_for(total, NET_THREADS), NET_THREADS, 0, stream>>>(
-                           tab, n, total, (const float *)params, (T *)wc));
+                       ptl_launch(weight_cast_kernel<T>, ptl_grid_for(total, NET_THREADS), NET_THREADS, 0, stream, tab,
+                                  n, total, (const float *)params, (T *)wc));
     PTL_LAUNCH_CHECK("weight_cast_kernel");
     return 0;
 fail:
@@ -73,8 +77,8 @@ extern "C" int ptl_net_weight_grad_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const p
     if (total <= 0 || n <= 0)
         return 0;
     PTL_LAYER_DISPATCH("network weight gradient", dt,
-                       weight_grad_kernel<T><<<ptl_grid_for(total, NET_THREADS), NET_THREADS, 0, stream>>>(
-                           tab, n, total, (const T *)g, (float *)grads));
+                       ptl_launch(weight_grad_kernel<T>, ptl_grid_for(total, NET_THREADS), NET_THREADS, 0, stream, tab,
+                                  n, total, (const T *)g, (float *)grads));
     PTL_LAUNCH_CHECK("weight_grad_kernel");
     return 0;
 fail:
@@ -89,8 +93,8 @@ extern "C" int ptl_net_head_out_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int B, int
     if (total <= 0)
         return 0;
     PTL_LAYER_DISPATCH("network head output", dt,
-                       head_out_kernel<T><<<ptl_grid_for(total, NET_THREADS), NET_THREADS, 0, stream>>>(
-                           total, hw, C, A, a0, (const T *)map, (float *)out));
+                       ptl_launch(head_out_kernel<T>, ptl_grid_for(total, NET_THREADS), NET_THREADS, 0, stream, total,
+                                  hw, C, A, a0, (const T *)map, (float *)out));
     PTL_LAUNCH_CHECK("head_out_kernel");
     return 0;
 fail:
@@ -105,8 +109,8 @@ extern "C" int ptl_net_head_grad_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int B, in
     if (total <= 0)
         return 0;
     PTL_LAYER_DISPATCH("network head gradient", dt,
-                       head_grad_kernel<T><<<ptl_grid_for(total, NET_THREADS), NET_THREADS, 0, stream>>>(
-                           total, hw, C, A, a0, (const float *)d_out, (T *)gmap, accumulate));
+                       ptl_launch(head_grad_kernel<T>, ptl_grid_for(total, NET_THREADS), NET_THREADS, 0, stream, total,
+                                  hw, C, A, a0, (const float *)d_out, (T *)gmap, accumulate));
     PTL_LAUNCH_CHECK("head_grad_kernel");
     return 0;
 fail:
