@@ -106,6 +106,8 @@ def read(path):
         raise CheckpointError("ckpt_path: %s has a damaged trainer header ('%s' is not JSON: %s)"
                               % (path, HEADER_KEY, e)) from None
     _check_header(path, header)
+    if "ema.updates" in tensors:  # files written before 2026-12-03 also hold the EMA as optim.ema.*: a copy
+        tensors = {k: v for k, v in tensors.items() if not k.startswith("optim.ema.")}
     return Checkpoint(path, header, tensors)
 
 

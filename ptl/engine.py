@@ -387,8 +387,8 @@ class Engine:
     # -- state
     def state_tensors(self):
         t = {"model." + k: v for k, v in self.model.state_dict().items()}
-        t.update({"optim." + k: v for k, v in self.opt.state_dict().items()})
-        if self.opt.ema is not None:
+        t.update({"optim." + k: v for k, v in self.opt.state_dict(ema=False).items()})
+        if self.opt.ema is not None:  # once, as "ema.*" (weights files and predict read it there)
             t.update(self.opt.ema.state_dict(self.opt.specs, self.opt.bn_specs))
         t.update(self.schedule.state_dict())
         if self.world == 1:
@@ -402,7 +402,7 @@ class Engine:
         def strip(prefix):
             return {k[len(prefix):]: v for k, v in t.items() if k.startswith(prefix)}
         self.model.load_state_dict(strip("model."), strict=True)
-        self.opt.load_state_dict(strip("optim."))
+        self.opt.load_state_dict(strip("optim."), ema=False)
         if self.opt.ema is not None:
             self.opt.ema.load_state_dict({k: v for k, v in t.items() if k.startswith("ema.")}, self.opt.specs,
                                          self.opt.bn_specs)

@@ -456,11 +456,11 @@ class FlatOptimizer:
         arr = flat.numpy()
         return {s.name: arr[s.offset:s.offset + s.numel].reshape(s.shape) for s in self.specs}
 
-    def state_dict(self):
+    def state_dict(self, ema=True):
         """name -> NumPy: per-parameter optimizer state ("m.<name>": Muon momentum / AdamW exp_avg,
         "v.<name>": SGD momentum / AdamW exp_avg_sq), the scaler and step counters ("scalars"), the
-        group hyper-parameters and the EMA ("ema.<name>" for parameters and BatchNorm buffers alike,
-        "ema.updates")."""
+        group hyper-parameters and, with ``ema``, the EMA ("ema.<name>" for parameters and BatchNorm
+        buffers alike, "ema.updates")."""
         self._need_bn_table()
         out = {}
         if self.state1 is not None:
@@ -469,11 +469,11 @@ class FlatOptimizer:
         out["scalars"] = self._scalars()
         out["groups.lr"] = np.array([g["lr"] for g in self.param_groups], np.float64)
         out["groups.momentum"] = np.array([g["momentum"] for g in self.param_groups], np.float64)
-        if self.ema is not None:
+        if ema and self.ema is not None:
             out.update(self.ema.state_dict(self.specs, self.bn_specs))
         return out
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state, ema=True):
         """Inverse of state_dict (missing per-parameter entries raise KeyError)."""
         self._need_bn_table()
         for prefix, buf in (("m.", self.state1), ("v.", self.state2)):
@@ -490,7 +490,7 @@ class FlatOptimizer:
                 raise ValueError("%s: expected %d groups, got shape %r" % (key, len(self.param_groups), vals.shape))
             for g, v in zip(self.param_groups, vals):
                 g[field_] = float(v)
-        if self.ema is not None:
+        if ema and self.ema is not None:
             self.ema.load_state_dict(state, self.specs, self.bn_specs)
 
 

@@ -117,6 +117,26 @@ def test_good_checkpoint_passes_every_check(good, coco256):
         assert ckpt.plan_resume(ck, small_trainer("unused"), small_data(coco256))
 
 
+def test_the_ema_is_held_once_and_older_files_with_two_copies_resume(good, coco256, tmp_path):
+    """The EMA is written once, as ema.* (not also as optim.ema.*); a file written before that change, with
+    the second copy, still resumes, to the same state as the file without it."""
+    tensors, meta = ptl.io.load_safetensors(good[0])
+    ema = {k: v for k, v in tensors.items() if k.startswith("ema.")}
+    assert "ema.updates" in ema and len(ema) > 500
+    assert not any(k.startswith("optim.ema.") for k in tensors)
+    older = dict(tensors, **{"optim." + k: v for k, v in ema.items()})
+    old_path = str(tmp_path / "older.ckpt")
+    ptl.io.save_safetensors(old_path, older, metadata=meta)
+    assert set(ckpt.read(old_path).tensors) == set(tensors)
+    digests = []
+    for i, path in enumerate((good[0], old_path)):
+        tr = small_trainer(tmp_path / str(i), callbacks=[StopAfter(2)])
+        tr.fit(ptl.Detector("yolo26n"), small_data(coco256), ckpt_path=path)
+        assert tr.current_epoch == 2
+        digests.append(tr.digest())
+    assert digests[0] == digests[1]
+
+
 def test_model_file_checks_name_file_and_tensor(tmp_path):
     """check_model_tensors (for Detector.load / load_state_dict of a .safetensors): a relabelled dtype,
     a wrong shape, a missing or foreign tensor are named, and a good file passes."""
