@@ -33,6 +33,7 @@ import time
 import warnings
 
 from . import io
+from .file_writer import BackgroundWriter
 from .errors import ConfigError
 from .hparams_check import check_bool, check_float, check_int
 
@@ -146,6 +147,12 @@ class ModelCheckpoint(Callback):
     (whenever the best checkpoint changes) and ``last.safetensors`` (with ``save_last``) hold the EMA
     weights alone, for ``Detector.load``. Nothing is written during ``fast_dev_run``.
 
+    The files are written by a background thread while training goes on (``write_in_background``, keyword
+    only; False writes before the hook returns): the state is copied at the epoch's end, the previous epoch's
+    writes are waited for first (so at most one epoch's files are in flight), and every write is done before
+    ``fit`` returns. A failed write fails the fit at the next save or at its end, and the files it would have
+    replaced stay as they were.
+
     Only files this fit wrote are ever removed or overwritten (unless ``enable_version_counter=False``): a
     checkpoint of an earlier run (in a shared folder, or the top-k list a resumed fit inherits) keeps its
     file, and a name that an earlier run's file already has gets a ``-v1``, ``-v2``, ... suffix, as in
@@ -157,7 +164,7 @@ class ModelCheckpoint(Callback):
                  save_on_exception=False, save_weights_only=False, mode="min", auto_insert_metric_name=True,
                  every_n_train_steps=None, train_time_interval=None, every_n_epochs=None,
                  save_on_train_epoch_end=None, enable_version_counter=True, *, monitor_optional=False,
-                 save_weights=True):
+                 save_weights=True, write_in_background=True):
         if dirpath is not None:
             try:
                 dirpath = os.fspath(dirpath)
@@ -207,6 +214,8 @@ class ModelCheckpoint(Callback):
         # the trainer's default checkpointer skips top-k when nothing validates
         self.monitor_optional = check_bool("monitor_optional", monitor_optional)
         self.save_weights = check_bool("save_weights", save_weights)
+        self.write_in_background = check_bool("write_in_background", write_in_background)
+        self._writer = BackgroundWriter("ptl-checkpoint-writer")
         self.best_k_models = {}  # path -> score
         self.best_model_path = ""
         self.best_model_score = None
@@ -276,9 +285,25 @@ class ModelCheckpoint(Callback):
             candidate = "%s-v%d%s" % (stem, version, ext)
         return candidate
 
+    def _submit(self, job, *args):
+        if self.write_in_background:
+            self._writer.submit(job, *args)
+        else:
+            job(*args)
+
+    def wait_for_writes(self, raise_error=True):
+        """Blocks until the files submitted so far are written; raises a failed write's exception (or, with
+        ``raise_error=False``, logs it)."""
+        try:
+            self._writer.wait()
+        except Exception as e:
+            if raise_error:
+                raise
+            log.error("a checkpoint write failed: %s", e)
+
     def _write(self, trainer, path):
         path = self._unused_path(path)
-        trainer.save_checkpoint(path)
+        self._submit(trainer._checkpoint_snapshot(path))
         self._written.add(path)
         if self.verbose:
             shown = "" if self.monitor is None or self.monitor not in trainer.callback_metrics else \
@@ -291,12 +316,13 @@ class ModelCheckpoint(Callback):
         """Forgets a top-k entry; its file is removed only when this fit wrote it."""
         del self.best_k_models[path]
         if path in self._written:
-            _remove(path)
+            self._submit(_remove, path)  # after the writes submitted before it
             self._written.discard(path)
 
     def _save(self, trainer, pl_module):
         if trainer.current_epoch_completed % self.every_n_epochs or not _global_zero(trainer):
             return
+        self.wait_for_writes()  # the previous epoch's files first: one epoch's copies in memory at most
         metrics = trainer.callback_metrics
         d = self._dir(trainer)
         epoch, step = trainer.current_epoch_completed - 1, trainer.global_step
@@ -325,7 +351,18 @@ class ModelCheckpoint(Callback):
 
     def _save_weights(self, trainer, which):
         if self.save_weights:
-            trainer.save_weights(os.path.join(trainer.log_dir, "weights", which + ".safetensors"))
+            self._submit(trainer._weights_snapshot(os.path.join(trainer.log_dir, "weights", which + ".safetensors")))
+
+    def on_fit_end(self, trainer, pl_module):
+        self.wait_for_writes()  # fit returns with its files on disk, or raises why one is not
+
+    def teardown(self, trainer, pl_module, stage):
+        if stage != "fit":
+            return
+        try:
+            self._writer.close()  # a fit that failed elsewhere still finishes the writes it started
+        except Exception as e:
+            log.error("a checkpoint write failed: %s", e)
 
     def _update_top_k(self, trainer, d, metrics, epoch, step, score):
         full = self.save_top_k != -1 and len(self.best_k_models) >= self.save_top_k

@@ -11,6 +11,7 @@ Resuming validates before it changes anything: :func:`read` reads the whole file
 the model, optimizer, EMA and trainer state. Every failure is a :class:`ptl.errors.CheckpointError`
 naming the file (and the tensor), and leaves all live state as it was.
 """
+import functools
 import json
 import math
 import os
@@ -56,8 +57,9 @@ class Checkpoint:
         return planned
 
 
-def save(trainer, path):
-    """Writes ``trainer``'s full training state to ``path``."""
+def snapshot(trainer, path):
+    """Takes ``trainer``'s full training state now (copies) and returns the job that writes it to ``path``
+    (atomically), which may run later and on another thread."""
     eng, st = trainer._engine, trainer._state
     tensors = eng.state_tensors()
     broken = [k for k, v in tensors.items() if k.startswith(("model.", "ema.")) and np.asarray(v).dtype.kind == "f"
@@ -76,7 +78,8 @@ def save(trainer, path):
     checkpoint = {"header": header, "tensors": tensors}
     trainer._call("on_save_checkpoint", checkpoint)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    io.save_safetensors(path, checkpoint["tensors"], metadata={HEADER_KEY: json.dumps(checkpoint["header"])})
+    metadata = {HEADER_KEY: json.dumps(checkpoint["header"])}
+    return functools.partial(io.save_safetensors, path, checkpoint["tensors"], metadata=metadata)
 
 
 # ------------------------------------------------------------------------------------------- reading

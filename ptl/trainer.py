@@ -8,6 +8,7 @@ checkpoints. Callbacks run between steps, never inside one. The machinery of one
 Messages go through the ``ptl.trainer`` logger (the library adds no handler; the command line shows INFO).
 """
 import datetime
+import functools
 import hashlib
 import json
 import logging
@@ -798,6 +799,8 @@ class Trainer:
             what = "the weights are not finite after its optimizer step (%s%s)" % (
                 ", ".join(tensors[:3]), ", ..." if len(tensors) > 3 else "")
         saver = next((c for c in self.callbacks if isinstance(c, cb.ModelCheckpoint)), None)
+        if saver:
+            saver.wait_for_writes(raise_error=False)  # its files are on disk before they are listed
         kept = [saver.last_model_path, saver.best_model_path] if saver else []
         kept = sorted({p for p in kept + [self._resumed_from] if p and os.path.isfile(p)})
         raise DivergenceError(
@@ -898,17 +901,25 @@ class Trainer:
         """Writes the full training state to ``path`` (atomically: a crash leaves any previous file). Rank 0
         alone writes (the state is the same on every rank)."""
         if self.is_global_zero:
-            _checkpoint.save(self, path)
+            self._checkpoint_snapshot(path)()
+
+    def _checkpoint_snapshot(self, path):
+        """save_checkpoint's state taken now (copies); returns the job that writes it."""
+        return _checkpoint.snapshot(self, path)
 
     def save_weights(self, path):
         """Writes the fit's EMA weights (what validation measured) as a weights-only ``.safetensors`` that
         ``Detector.load`` reads (atomically)."""
+        if self.is_global_zero:
+            self._weights_snapshot(path)()
+
+    def _weights_snapshot(self, path):
+        """save_weights' state taken now (copies); returns the job that writes it."""
         from .weights import write_weights
-        if not self.is_global_zero:
-            return
         model = self.model
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        write_weights(path, self._engine.ema_state_dict(), model.model_name, model.num_classes, model.names)
+        return functools.partial(write_weights, path, self._engine.ema_state_dict(), model.model_name,
+                                 model.num_classes, model.names)
 
     # ----------------------------------------------------------------------------------- digests
     def digest(self):

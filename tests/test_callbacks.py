@@ -29,16 +29,20 @@ class FakeTrainer:
         self.weights = []  # weights-only files, relative to log_dir
         self.datamodule = None
 
-    def save_checkpoint(self, path):
-        with open(path, "w") as f:
-            f.write(str(self.callback_metrics))
-        self.saved.append(os.path.basename(path))
+    def _checkpoint_snapshot(self, path):  # the state now, written by the job ModelCheckpoint runs
+        text = str(self.callback_metrics)
+        return lambda: self._write(path, text, self.saved, os.path.basename(path))
 
-    def save_weights(self, path):
+    def _weights_snapshot(self, path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        text = str(self.callback_metrics)
+        return lambda: self._write(path, text, self.weights, os.path.relpath(path, self.log_dir))
+
+    @staticmethod
+    def _write(path, text, written, name):
         with open(path, "w") as f:
-            f.write(str(self.callback_metrics))
-        self.weights.append(os.path.relpath(path, self.log_dir))
+            f.write(text)
+        written.append(name)
 
     def log_dict(self, d):
         self.logged.update(d)
@@ -62,6 +66,7 @@ def test_model_checkpoint_keeps_top_k_and_last(tmp_path):
     for score in (0.1, 0.3, 0.2, 0.05, 0.4):
         tr.end_epoch(**{"metrics/mAP50-95": score})
         ck.on_validation_end(tr, None)
+    ck.on_fit_end(tr, None)  # the last epoch's background writes are done
     files = sorted(os.listdir(tmp_path / "checkpoints"))
     # Lightning's auto_insert_metric_name: each field written name=value ("/" as "_")
     assert files == ["epoch=1-metrics_mAP50-95=0.300.ckpt", "epoch=4-metrics_mAP50-95=0.400.ckpt", "last.ckpt"]
@@ -148,18 +153,21 @@ def test_model_checkpoint_lightning_options(tmp_path):
     plain = cb.ModelCheckpoint(dirpath=tmp_path / "a", auto_insert_metric_name=False)
     tr.end_epoch(loss=1.0)
     plain.on_validation_end(tr, None)
+    plain.wait_for_writes()  # the files are written in the background
     assert os.listdir(tmp_path / "a") == ["0-4.ckpt"]  # Lightning's default "{epoch}-{step}", no names
     # save_on_train_epoch_end=True: at the training epoch's end even when it validated
     at_end = cb.ModelCheckpoint(dirpath=tmp_path / "b", save_on_train_epoch_end=True)
     at_end.on_validation_end(tr, None)
     assert not os.path.exists(tmp_path / "b")
     at_end.on_train_epoch_end(tr, None)
+    at_end.wait_for_writes()
     assert os.listdir(tmp_path / "b") == ["epoch=0-step=4.ckpt"]
     # enable_version_counter=False overwrites an older run's file of the same name instead of adding -v1
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "last.ckpt").write_text("older run")
     over = cb.ModelCheckpoint(dirpath=tmp_path / "c", save_top_k=0, save_last=True, enable_version_counter=False)
     over.on_validation_end(tr, None)
+    over.wait_for_writes()
     assert os.listdir(tmp_path / "c") == ["last.ckpt"] and (tmp_path / "c" / "last.ckpt").read_text() != "older run"
     # nothing is written in the sanity check, with fast_dev_run, or for a validation inside an epoch
     quiet = cb.ModelCheckpoint(dirpath=tmp_path / "d")
@@ -240,6 +248,7 @@ def test_a_new_run_in_the_same_folder_keeps_the_older_runs_files(tmp_path):
     for score in (0.1, 0.5, 0.7):
         tr.end_epoch(score=score)
         ck.on_validation_end(tr, None)
+    ck.on_fit_end(tr, None)
     for name, content in old.items():
         assert (d / name).read_bytes() == content, name
     assert sorted(os.listdir(d)) == ["3-0.900.ckpt", "best-v1.ckpt", "best.ckpt", "last-v1.ckpt", "last.ckpt"]
@@ -252,6 +261,7 @@ def test_a_new_run_in_the_same_folder_keeps_the_older_runs_files(tmp_path):
     ck2.setup(tr2, None, "fit")
     tr2.end_epoch(score=0.3)
     ck2.on_validation_end(tr2, None)
+    ck2.on_fit_end(tr2, None)
     assert sorted(os.listdir(d)) == ["3-0.900.ckpt", "best-v1.ckpt", "best-v2.ckpt", "best.ckpt", "last-v1.ckpt",
                                      "last-v2.ckpt", "last.ckpt"]
 
@@ -267,6 +277,7 @@ def test_keep_latest_only_removes_this_runs_files(tmp_path):
     for _ in range(3):
         tr.end_epoch(loss=1.0)
         ck.on_validation_end(tr, None)
+    ck.on_fit_end(tr, None)
     assert sorted(os.listdir(d)) == ["epoch=0-step=4.ckpt", "epoch=2-step=12.ckpt"]
 
 
