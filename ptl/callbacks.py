@@ -221,6 +221,7 @@ class ModelCheckpoint(Callback):
         self.best_model_score = None
         self.last_model_path = ""
         self._written = set()  # the files this fit wrote: the only ones it may remove or overwrite
+        self._copy = None  # the training state of the save in progress (_state)
 
     def state_dict(self):
         return {"monitor": self.monitor, "best_model_score": self.best_model_score,
@@ -301,9 +302,15 @@ class ModelCheckpoint(Callback):
                 raise
             log.error("a checkpoint write failed: %s", e)
 
+    def _state(self, trainer):
+        """One copy of the training state per save, shared by the checkpoints and weights files it writes."""
+        if self._copy is None:
+            self._copy = trainer._checkpoint_tensors()
+        return self._copy
+
     def _write(self, trainer, path):
         path = self._unused_path(path)
-        self._submit(trainer._checkpoint_snapshot(path))
+        self._submit(trainer._checkpoint_snapshot(path, self._state(trainer)))
         self._written.add(path)
         if self.verbose:
             shown = "" if self.monitor is None or self.monitor not in trainer.callback_metrics else \
@@ -323,6 +330,12 @@ class ModelCheckpoint(Callback):
         if trainer.current_epoch_completed % self.every_n_epochs or not _global_zero(trainer):
             return
         self.wait_for_writes()  # the previous epoch's files first: one epoch's copies in memory at most
+        try:
+            self._save_files(trainer)
+        finally:
+            self._copy = None  # the jobs hold what they write
+
+    def _save_files(self, trainer):
         metrics = trainer.callback_metrics
         d = self._dir(trainer)
         epoch, step = trainer.current_epoch_completed - 1, trainer.global_step
@@ -351,7 +364,8 @@ class ModelCheckpoint(Callback):
 
     def _save_weights(self, trainer, which):
         if self.save_weights:
-            self._submit(trainer._weights_snapshot(os.path.join(trainer.log_dir, "weights", which + ".safetensors")))
+            path = os.path.join(trainer.log_dir, "weights", which + ".safetensors")
+            self._submit(trainer._weights_snapshot(path, self._state(trainer)))
 
     def on_fit_end(self, trainer, pl_module):
         self.wait_for_writes()  # fit returns with its files on disk, or raises why one is not
@@ -359,10 +373,7 @@ class ModelCheckpoint(Callback):
     def teardown(self, trainer, pl_module, stage):
         if stage != "fit":
             return
-        try:
-            self._writer.close()  # a fit that failed elsewhere still finishes the writes it started
-        except Exception as e:
-            log.error("a checkpoint write failed: %s", e)
+        self.wait_for_writes(raise_error=False)  # a fit that failed elsewhere still finishes the writes it started
 
     def _update_top_k(self, trainer, d, metrics, epoch, step, score):
         full = self.save_top_k != -1 and len(self.best_k_models) >= self.save_top_k

@@ -57,11 +57,12 @@ class Checkpoint:
         return planned
 
 
-def snapshot(trainer, path):
+def snapshot(trainer, path, tensors=None):
     """Takes ``trainer``'s full training state now (copies) and returns the job that writes it to ``path``
-    (atomically), which may run later and on another thread."""
+    (atomically), which may run later and on another thread. ``tensors``: the engine's state_tensors() taken
+    at this moment already (one copy for several files), which the job then writes as they are."""
     eng, st = trainer._engine, trainer._state
-    tensors = eng.state_tensors()
+    tensors = dict(eng.state_tensors() if tensors is None else tensors)
     broken = [k for k, v in tensors.items() if k.startswith(("model.", "ema.")) and np.asarray(v).dtype.kind == "f"
               and not np.isfinite(v).all()]
     if broken:  # the epoch's last update, which no loss has seen yet, broke the weights

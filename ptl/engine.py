@@ -326,6 +326,12 @@ class Engine:
                 out[name] = arr[off:off + int(np.prod(shape))].reshape(shape).copy()
         return {k: out[k] if k in out else v for k, v in self.model.state_dict().items()}
 
+    def ema_state_from(self, tensors):
+        """ema_state_dict() read from state_tensors() taken at the same moment (they hold the same arrays)."""
+        src = "ema." if self.opt is not None and self.opt.ema is not None else "model."
+        return {k: tensors[src + k] if src + k in tensors else tensors["model." + k]
+                for k, *_ in self.model._entries}
+
     def adopt_ema(self):
         """Copies the EMA weights into the model (as Ultralytics' final model is its EMA)."""
         ema = self.opt.ema if self.opt is not None else None

@@ -46,7 +46,7 @@ class ParamSpec:
 
     @property
     def numel(self):
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape)
 
 
 def param_specs(table):
@@ -453,6 +453,7 @@ class FlatOptimizer:
             raise ValueError("bn_table: needed to export or import the EMA of bn_buffers")
 
     def _views(self, flat):
+        """name -> view of a copy of ``flat`` (the views share that copy, not the live buffer)."""
         arr = flat.numpy()
         return {s.name: arr[s.offset:s.offset + s.numel].reshape(s.shape) for s in self.specs}
 
@@ -464,8 +465,8 @@ class FlatOptimizer:
         self._need_bn_table()
         out = {}
         if self.state1 is not None:
-            out.update({"m." + k: v.copy() for k, v in self._views(self.state1).items()})
-        out.update({"v." + k: v.copy() for k, v in self._views(self.state2).items()})
+            out.update({"m." + k: v for k, v in self._views(self.state1).items()})
+        out.update({"v." + k: v for k, v in self._views(self.state2).items()})
         out["scalars"] = self._scalars()
         out["groups.lr"] = np.array([g["lr"] for g in self.param_groups], np.float64)
         out["groups.momentum"] = np.array([g["momentum"] for g in self.param_groups], np.float64)
@@ -534,11 +535,11 @@ class EMA:
             _C._optim_ema(self.bn, bn_buffers, d)
 
     def state_dict(self, specs, bn_specs=None):
-        arr = self.params.numpy()
-        out = {"ema." + s.name: arr[s.offset:s.offset + s.numel].reshape(s.shape).copy() for s in specs}
+        arr = self.params.numpy()  # a copy: the entries are views of it
+        out = {"ema." + s.name: arr[s.offset:s.offset + s.numel].reshape(s.shape) for s in specs}
         if self.bn is not None and bn_specs is not None:
             b = self.bn.numpy()
-            out.update({"ema." + s.name: b[s.offset:s.offset + s.numel].reshape(s.shape).copy() for s in bn_specs})
+            out.update({"ema." + s.name: b[s.offset:s.offset + s.numel].reshape(s.shape) for s in bn_specs})
         out["ema.updates"] = np.array(self.updates, np.int64)
         return out
 

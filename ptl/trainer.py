@@ -903,9 +903,14 @@ class Trainer:
         if self.is_global_zero:
             self._checkpoint_snapshot(path)()
 
-    def _checkpoint_snapshot(self, path):
-        """save_checkpoint's state taken now (copies); returns the job that writes it."""
-        return _checkpoint.snapshot(self, path)
+    def _checkpoint_tensors(self):
+        """A copy of the training state's tensors now, for _checkpoint_snapshot and _weights_snapshot."""
+        return self._engine.state_tensors()
+
+    def _checkpoint_snapshot(self, path, tensors=None):
+        """save_checkpoint's state taken now (copies; or ``tensors``, _checkpoint_tensors() of this moment);
+        returns the job that writes it."""
+        return _checkpoint.snapshot(self, path, tensors)
 
     def save_weights(self, path):
         """Writes the fit's EMA weights (what validation measured) as a weights-only ``.safetensors`` that
@@ -913,13 +918,14 @@ class Trainer:
         if self.is_global_zero:
             self._weights_snapshot(path)()
 
-    def _weights_snapshot(self, path):
-        """save_weights' state taken now (copies); returns the job that writes it."""
+    def _weights_snapshot(self, path, tensors=None):
+        """save_weights' state taken now (copies; or read from ``tensors``, _checkpoint_tensors() of this
+        moment); returns the job that writes it."""
         from .weights import write_weights
-        model = self.model
+        model, eng = self.model, self._engine
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        return functools.partial(write_weights, path, self._engine.ema_state_dict(), model.model_name,
-                                 model.num_classes, model.names)
+        weights = eng.ema_state_dict() if tensors is None else eng.ema_state_from(tensors)
+        return functools.partial(write_weights, path, weights, model.model_name, model.num_classes, model.names)
 
     # ----------------------------------------------------------------------------------- digests
     def digest(self):

@@ -29,14 +29,15 @@ class FakeTrainer:
         self.weights = []  # weights-only files, relative to log_dir
         self.datamodule = None
 
-    def _checkpoint_snapshot(self, path):  # the state now, written by the job ModelCheckpoint runs
-        text = str(self.callback_metrics)
-        return lambda: self._write(path, text, self.saved, os.path.basename(path))
+    def _checkpoint_tensors(self):
+        return str(self.callback_metrics)
 
-    def _weights_snapshot(self, path):
+    def _checkpoint_snapshot(self, path, tensors):  # the state now, written by the job ModelCheckpoint runs
+        return lambda: self._write(path, tensors, self.saved, os.path.basename(path))
+
+    def _weights_snapshot(self, path, tensors):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        text = str(self.callback_metrics)
-        return lambda: self._write(path, text, self.weights, os.path.relpath(path, self.log_dir))
+        return lambda: self._write(path, tensors, self.weights, os.path.relpath(path, self.log_dir))
 
     @staticmethod
     def _write(path, text, written, name):

@@ -21,8 +21,7 @@ def test_jobs_run_in_order_on_another_thread():
     gate.set()
     w.wait()
     assert seen == [(i, "t") for i in range(5)]
-    w.close()
-    assert not any(t.name == "t" for t in threading.enumerate())
+    assert not any(t.name == "t" for t in threading.enumerate())  # an idle writer holds no thread
 
 
 def test_a_failed_job_drops_the_rest_and_is_raised_once():
@@ -40,27 +39,24 @@ def test_a_failed_job_drops_the_rest_and_is_raised_once():
     assert seen == []
     w.wait()  # raised once
     w.submit(seen.append, 1)  # the writer goes on
-    w.close()
+    w.wait()
     assert seen == [1]
 
 
-def test_submit_raises_an_earlier_failure():
+def test_submit_raises_an_earlier_failure_and_the_thread_ends():
     w = BackgroundWriter("t")
-    w.submit(lambda: 1 / 0)
-    while w._running or w._jobs:
+    done = threading.Event()
+
+    def fail():
+        done.set()
+        raise ZeroDivisionError
+    w.submit(fail)
+    done.wait()
+    while any(t.name == "t" for t in threading.enumerate()):
         pass
     with pytest.raises(ZeroDivisionError):
         w.submit(print, "never")
-    w.close()
-
-
-def test_close_ends_the_thread_after_a_failure():
-    w = BackgroundWriter("t")
-    w.submit(lambda: 1 / 0)
-    with pytest.raises(ZeroDivisionError):
-        w.close()
-    assert not any(t.name == "t" for t in threading.enumerate())
-    w.close()  # nothing left
+    w.wait()  # nothing left
 
 
 def _fit(coco256, root, **ckpt):
