@@ -33,8 +33,8 @@ import time
 import warnings
 
 from . import io
-from .file_writer import BackgroundWriter
 from .errors import ConfigError
+from .file_writer import BackgroundWriter
 from .hparams_check import check_bool, check_float, check_int
 
 log = logging.getLogger(__name__)

@@ -3,10 +3,10 @@
 The caller takes the state on its own thread (copies, so training may change the live buffers at once) and
 submits the write; one thread runs the jobs in submission order, so a file that replaces another is written
 before the other is removed. A job that fails keeps its exception: the jobs queued after it are dropped (a
-removal must not follow a write that did not happen) and the next ``submit``, ``wait`` or ``close`` raises
-it, so a failed write is never silent. The writes themselves are atomic (``ptl.io.save_safetensors``): a
-job cut short, by an error or a killed process, leaves the previous file whole. The thread ends when the
-queue is empty, so an idle writer holds none.
+removal must not follow a write that did not happen) and the next ``submit`` or ``wait`` raises it, so a
+failed write is never silent. The writes themselves are atomic (``ptl.io.save_safetensors``): a job cut
+short, by an error or a killed process, leaves the previous file whole. The thread ends when the queue is
+empty, so an idle writer holds none.
 """
 import collections
 import threading
