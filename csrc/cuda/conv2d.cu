@@ -588,18 +588,19 @@ struct dw_grad_op {
     }
 };
 
+/* One warp per (channel, tap): the nine sums of a channel are independent, and one warp doing them in turn
+ * made this finish a chain of nine latency-bound reductions. */
 template <typename T>
 __global__ void dw_grad_finish(int c, int nchunks, const double *part, T *dw)
 {
     ptl_wait_prior();
-    const int ch = ptl_colsum_finish_channel();
-    if (ch >= c)
+    const int item = ptl_colsum_finish_channel(); /* ch * DW_TAPS + q: dw's own layout */
+    if (item >= c * DW_TAPS)
         return;
-    for (int q = 0; q < DW_TAPS; q++) {
-        const double s = ptl_colsum_finish(part, nchunks, c, q, ch);
-        if ((threadIdx.x & 31) == 0)
-            ptl_st(dw + ch * DW_TAPS + q, (float)((double)ptl_ld(dw + ch * DW_TAPS + q) + s));
-    }
+    const int ch = item / DW_TAPS, q = item % DW_TAPS;
+    const double s = ptl_colsum_finish(part, nchunks, c, q, ch);
+    if ((threadIdx.x & 31) == 0)
+        ptl_st(dw + item, (float)((double)ptl_ld(dw + item) + s));
 }
 
 /* Launches kernel<T, I, V> over `total` elements, V channels per thread (a 16-byte pack when the channel
@@ -700,8 +701,8 @@ extern "C" int ptl_conv2d_backward_weight_cuda(ptl_cuda_ctx *ctx, const ptl_conv
             ptl_colsum_launch(p->dw_geom, rows, c, dw_grad_op<T>{(const T *)x, (const T *)dy, p->d}, part,
                               ctx->stream);
             PTL_LAUNCH_CHECK("dw_grad_partials");
-            ptl_launch(dw_grad_finish<T>, ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, ctx->stream, c,
-                       p->dw_geom.nchunks, part, (T *)dw);
+            ptl_launch(dw_grad_finish<T>, ptl_colsum_finish_blocks(c * DW_TAPS), PTL_COLSUM_FINISH_THREADS, 0,
+                       ctx->stream, c, p->dw_geom.nchunks, part, (T *)dw);
             PTL_LAUNCH_CHECK("dw_grad_finish");
         });
         return 0;
