@@ -173,13 +173,14 @@ KILLED_FIT = textwrap.dedent("""
     from ptl.trainer import Trainer
 
     class PauseSecondCheckpoint(cb.Callback):
+        armed = False
+
         def on_save_checkpoint(self, trainer, pl_module, checkpoint):
             # the second epoch's first checkpoint write (the first epoch's are done: a save waits for the
             # previous one's files) stops half-way and waits to be killed
             if trainer.current_epoch_completed == 2 and not self.armed:
                 self.armed = True
                 ptl.io._inject_write_fault(int(sys.argv[3]), pause_ms=120_000)
-        armed = False
 
     data = DetectionData(sys.argv[2], imgsz=64, batch_size=4, workers=2, verbose=False)
     tr = Trainer(max_epochs=2, limit_train_batches=1, limit_val_batches=1, accelerator="cpu", seed=0,
