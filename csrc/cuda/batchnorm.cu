@@ -54,7 +54,8 @@ __global__ void bn_fwd_finish(int64_t m, int c, int nchunks, const double *part,
     const int ch = ptl_colsum_finish_channel();
     if (ch >= c)
         return;
-    const double s = ptl_colsum_finish(part, nchunks, c, 0, ch), q = ptl_colsum_finish(part, nchunks, c, 1, ch);
+    double s, q;
+    ptl_colsum_finish2(part, nchunks, c, ch, &s, &q);
     if (threadIdx.x & 31)
         return;
     const double ms = s / (double)m;
@@ -121,7 +122,8 @@ __global__ void bn_bwd_finish(int64_t m, int c, int nchunks, const double *part,
     const int ch = ptl_colsum_finish_channel();
     if (ch >= c)
         return;
-    const double sg = ptl_colsum_finish(part, nchunks, c, 0, ch), sgx = ptl_colsum_finish(part, nchunks, c, 1, ch);
+    double sg, sgx;
+    ptl_colsum_finish2(part, nchunks, c, ch, &sg, &sgx);
     if (threadIdx.x & 31)
         return;
     mean_g[ch] = (float)(sg / (double)m);

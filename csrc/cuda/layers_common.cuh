@@ -169,6 +169,27 @@ __device__ __forceinline__ double ptl_colsum_finish(const double *part, int nchu
     return __shfl_sync(0xffffffffu, s, 0);
 }
 
+/* ptl_colsum_finish of quantities 0 and 1 of channel ch at once: the same sums in the same order (so the
+ * same bits), with the two chains of loads and adds interleaved instead of one after the other. */
+__device__ __forceinline__ void ptl_colsum_finish2(const double *part, int nchunks, int c, int ch, double *s0,
+                                                   double *s1)
+{
+    const int lane = threadIdx.x & 31;
+    const double *p = part + ch, *q = part + (int64_t)nchunks * c + ch;
+    double a = 0.0, b = 0.0;
+    for (int i = lane; i < nchunks; i += 32) {
+        a += p[(int64_t)i * c];
+        b += q[(int64_t)i * c];
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+        a += __shfl_down_sync(0xffffffffu, a, off);
+        b += __shfl_down_sync(0xffffffffu, b, off);
+    }
+    *s0 = __shfl_sync(0xffffffffu, a, 0);
+    *s1 = __shfl_sync(0xffffffffu, b, 0);
+}
+
 /* The channel of the calling warp in a finishing kernel (>= c: the warp has nothing to do). */
 __device__ __forceinline__ int ptl_colsum_finish_channel(void)
 {
