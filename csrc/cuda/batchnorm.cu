@@ -54,8 +54,9 @@ __global__ void bn_fwd_finish(int64_t m, int c, int nchunks, const double *part,
     const int ch = ptl_colsum_finish_channel();
     if (ch >= c)
         return;
-    double s, q;
-    ptl_colsum_finish2(part, nchunks, c, ch, &s, &q);
+    double sums[2];
+    ptl_colsum_finish_n<2>(part, nchunks, c, 0, ch, sums);
+    const double s = sums[0], q = sums[1];
     if (threadIdx.x & 31)
         return;
     const double ms = s / (double)m;
@@ -122,8 +123,9 @@ __global__ void bn_bwd_finish(int64_t m, int c, int nchunks, const double *part,
     const int ch = ptl_colsum_finish_channel();
     if (ch >= c)
         return;
-    double sg, sgx;
-    ptl_colsum_finish2(part, nchunks, c, ch, &sg, &sgx);
+    double sums[2];
+    ptl_colsum_finish_n<2>(part, nchunks, c, 0, ch, sums);
+    const double sg = sums[0], sgx = sums[1];
     if (threadIdx.x & 31)
         return;
     mean_g[ch] = (float)(sg / (double)m);

@@ -605,14 +605,16 @@ __global__ void dw_grad_finish(int c, int nchunks, const double *part, T *dw)
 
 /* Launches kernel<T, I, V> over `total` elements, V channels per thread (a 16-byte pack when the channel
  * count and the pointers allow it), with 32-bit indices when both activations' sizes fit. */
-#define DW_LAUNCH_V(kernel, p, total, V, ...) \
-    do { \
-        const int64_t groups_ = (total) / (V); \
-        if ((int64_t)(p)->d.n * (p)->d.h * (p)->d.w * (p)->d.cin < INT32_MAX && \
-            (int64_t)(p)->d.n * (p)->d.ho * (p)->d.wo * (p)->d.cout < INT32_MAX) \
-            ptl_launch(kernel<T, int, V>, ptl_grid_for(groups_, 256), 256, 0, ctx->stream, (int)groups_, __VA_ARGS__); \
-        else \
-            ptl_launch(kernel<T, int64_t, V>, ptl_grid_for(groups_, 256), 256, 0, ctx->stream, groups_, __VA_ARGS__); \
+#define DW_LAUNCH_V(kernel, p, total, V, ...)                                                                     \
+    do {                                                                                                          \
+        const int64_t groups_ = (total) / (V);                                                                    \
+        if ((int64_t)(p)->d.n * (p)->d.h * (p)->d.w * (p)->d.cin < INT32_MAX &&                                   \
+            (int64_t)(p)->d.n * (p)->d.ho * (p)->d.wo * (p)->d.cout < INT32_MAX)                                  \
+            ptl_launch(kernel<T, int, V>, ptl_grid_for(groups_, 256), 256, 0, ctx->stream, (int)groups_,          \
+                       __VA_ARGS__);                                                                              \
+        else                                                                                                      \
+            ptl_launch(kernel<T, int64_t, V>, ptl_grid_for(groups_, 256), 256, 0, ctx->stream, groups_,           \
+                       __VA_ARGS__);                                                                              \
     } while (0)
 #define DW_LAUNCH(fn, kernel, p, total, a, b, out)                                                                \
     do {                                                                                                          \

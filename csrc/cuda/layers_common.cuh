@@ -151,43 +151,42 @@ __global__ void ptl_colsum_partials(int64_t m, int c, int64_t rows_per_chunk, F 
             part[((int64_t)q * gridDim.y + chunk) * c + ch] = sh[q][tx];
 }
 
-/* Sum of quantity q of channel ch over the chunks, by the 32 lanes of one warp: lane l adds chunks l,
- * l + 32, ... in ascending order, then a fixed shuffle tree combines the lanes. Every lane of the warp
- * must call it with the same (q, ch); all get the result. Finishing kernels run one warp per channel
+/* Sums of quantities q0 .. q0 + N - 1 of channel ch over the chunks, by the 32 lanes of one warp: lane l
+ * adds chunks l, l + 32, ... in ascending order, then a fixed shuffle tree combines the lanes. The N chains
+ * run interleaved in one loop, each in that order, so their bits do not depend on N. Every lane of the
+ * warp must call it with the same (q0, ch); all get the results. Finishing kernels run one warp per channel
  * (PTL_COLSUM_FINISH_WARPS per block, launched by ptl_colsum_finish_blocks). */
 #define PTL_COLSUM_FINISH_WARPS 4
-__device__ __forceinline__ double ptl_colsum_finish(const double *part, int nchunks, int c, int q, int ch)
+template <int N>
+__device__ __forceinline__ void ptl_colsum_finish_n(const double *part, int nchunks, int c, int q0, int ch,
+                                                    double *out)
 {
     const int lane = threadIdx.x & 31;
-    const double *p = part + (int64_t)q * nchunks * c + ch;
-    double s = 0.0;
+    const double *p = part + (int64_t)q0 * nchunks * c + ch;
+    double s[N];
+#pragma unroll
+    for (int k = 0; k < N; k++)
+        s[k] = 0.0;
     for (int i = lane; i < nchunks; i += 32)
-        s += p[(int64_t)i * c];
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            s[k] += p[((int64_t)k * nchunks + i) * c];
 #pragma unroll
     for (int off = 16; off > 0; off /= 2)
-        s += __shfl_down_sync(0xffffffffu, s, off);
-    return __shfl_sync(0xffffffffu, s, 0);
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            s[k] += __shfl_down_sync(0xffffffffu, s[k], off);
+#pragma unroll
+    for (int k = 0; k < N; k++)
+        out[k] = __shfl_sync(0xffffffffu, s[k], 0);
 }
 
-/* ptl_colsum_finish of quantities 0 and 1 of channel ch at once: the same sums in the same order (so the
- * same bits), with the two chains of loads and adds interleaved instead of one after the other. */
-__device__ __forceinline__ void ptl_colsum_finish2(const double *part, int nchunks, int c, int ch, double *s0,
-                                                   double *s1)
+/* ptl_colsum_finish_n of quantity q alone. */
+__device__ __forceinline__ double ptl_colsum_finish(const double *part, int nchunks, int c, int q, int ch)
 {
-    const int lane = threadIdx.x & 31;
-    const double *p = part + ch, *q = part + (int64_t)nchunks * c + ch;
-    double a = 0.0, b = 0.0;
-    for (int i = lane; i < nchunks; i += 32) {
-        a += p[(int64_t)i * c];
-        b += q[(int64_t)i * c];
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-        a += __shfl_down_sync(0xffffffffu, a, off);
-        b += __shfl_down_sync(0xffffffffu, b, off);
-    }
-    *s0 = __shfl_sync(0xffffffffu, a, 0);
-    *s1 = __shfl_sync(0xffffffffu, b, 0);
+    double s;
+    ptl_colsum_finish_n<1>(part, nchunks, c, q, ch, &s);
+    return s;
 }
 
 /* The channel of the calling warp in a finishing kernel (>= c: the warp has nothing to do). */
