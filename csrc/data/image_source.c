@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cpu/threads.h"
 #include "loader_impl.h"
 
 int ptl_src_init(ptl_loader *L, const char *const *cache_paths)
@@ -269,7 +270,11 @@ int ptl_src_fill(ptl_loader *L, const atomic_int *cancel)
     atomic_init(&f.next, 0);
     atomic_init(&f.failed, 0);
     pthread_mutex_init(&f.mu, NULL);
-    int nt = L->cfg.workers > 0 ? L->cfg.workers : 1, started = 0;
+    /* nothing else runs while the cache fills up front: every CPU the process may use decodes (each image
+     * by one thread, so the bytes do not depend on how many) */
+    const int cpus = ptl_cpu_threads();
+    int nt = L->cfg.workers > cpus ? L->cfg.workers : cpus, started = 0;
+    nt = nt < L->ds->n ? nt : L->ds->n > 0 ? L->ds->n : 1;
     pthread_t *th = calloc((size_t)nt, sizeof(pthread_t));
     if (th)
         for (; started < nt; started++)
