@@ -22,10 +22,12 @@ data=..., epochs=6, batch=4, imgsz=640, workers=4, cache="ram", amp=True, pretra
 
     python benchmarks/fit_protocol.py [--pairs 5] [--peer 3] [--device cuda] [--json out.json]
     python benchmarks/fit_protocol.py --device cpu --epochs 1 --imgsz 64 --pairs 1 --warmups 0   # dry run
+    python benchmarks/fit_protocol.py --pairs 1 --warmups 0 --profile prof/   # where the time goes (cProfile)
 
 On the CPU only the eager arm runs (replay needs CUDA).
 """
 import argparse
+import cProfile
 import json
 import os
 import statistics
@@ -119,11 +121,17 @@ def child_ptl(args, mode):
         if cuda:
             ptl.cuda.synchronize()
             ptl.cuda.reset_peak_memory_stats()
+        prof = cProfile.Profile() if args.profile else None
         t0 = time.perf_counter()
+        if prof:
+            prof.enable()
         trainer.fit(model, data, capture_network=mode == "replay")
         if cuda:
             ptl.cuda.synchronize()
         t1 = time.perf_counter()
+        if prof:
+            prof.disable()
+            prof.dump_stats(os.path.join(args.profile, "%s_%d.prof" % (mode, os.getpid())))
         mem = {"peak_allocated": ptl.cuda.max_memory_allocated(), "peak_reserved": ptl.cuda.max_memory_reserved()} \
             if cuda else {}
         digest = trainer.digest()
@@ -168,6 +176,8 @@ def spawn(args, mode, log_dir):
            "--workers", str(args.workers), "--cache", args.cache, "--device", args.device]
     if args.sync_phases:
         cmd.append("--sync-phases")
+    if args.profile:
+        cmd += ["--profile", os.path.abspath(args.profile)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "..")] + sys.path),
                NCCL_NVLS_ENABLE="0", PYTHONFAULTHANDLER="1")
     t0 = time.perf_counter()
@@ -242,6 +252,8 @@ def main():
     ap.add_argument("--warmups", type=int, default=1, help="discarded warm-up fits per arm (1: two in all)")
     ap.add_argument("--peer", type=int, default=0, help="Ultralytics train() runs after one warm-up (0: none)")
     ap.add_argument("--sync-phases", action="store_true", help="synchronise the device at every timeline mark")
+    ap.add_argument("--profile", default=None, help="cProfile each ptl fit into this folder (<arm>_<pid>.prof; "
+                    "the profiler slows the fit: not for timing)")
     ap.add_argument("--run-timeout", type=float, default=None)
     ap.add_argument("--logs", default=None, help="keep each run's stderr in this folder")
     ap.add_argument("--json", default=None)
@@ -253,8 +265,9 @@ def main():
     with tempfile.TemporaryDirectory(prefix="ptl-fitp-data-") as tmp:
         if args.data is None:
             args.data = write_data_yaml(tmp)
-        if args.logs:
-            os.makedirs(args.logs, exist_ok=True)
+        for folder in (args.logs, args.profile):
+            if folder:
+                os.makedirs(folder, exist_ok=True)
         arms = [] if args.pairs == 0 else ["eager"] if args.device == "cpu" else ["eager", "replay"]
         for _ in range(args.warmups):
             for m in arms:

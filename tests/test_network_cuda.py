@@ -512,6 +512,56 @@ def test_conv_plans_are_shared():
     assert made() == m2
 
 
+# One process's conv plans for a fresh shape (made concurrently unless PTL_NUM_THREADS=1): each conv's
+# algorithms and path, the plans made, and the outputs' and gradients' bytes.
+_PLAN_PROBE = r"""
+import hashlib, json
+import numpy as np
+import ptl
+from ptl.model import Detector
+net = Detector("yolo26n", num_classes=80, seed=0).to("cuda", dtype="bfloat16")
+x = np.random.default_rng(0).integers(0, 256, (2, 224, 160, 3), dtype=np.uint8)
+out = net.forward(x)
+h = hashlib.sha256()
+for branch in ("one2many", "one2one"):
+    for t in out[branch]:
+        h.update(t.numpy().tobytes())
+net.backward({k: tuple(np.full(t.shape, 1e-3, np.float32) for t in out[k]) for k in out})
+h.update(net.flat_gradients.numpy().tobytes())
+made = ptl._C.layer_cuda_conv2d_plan_cache(0)[1]
+# the first convs' plans as the cache holds them (a request for the same descriptor is a hit)
+infos = []
+for n, hh, ww, cin, cout, s in ((2, 224, 160, 3, 16, 2), (2, 112, 80, 16, 32, 2)):
+    xt = ptl.tensor(np.zeros((n, hh, ww, cin), np.float32), device="cuda").to(dtype="bfloat16")
+    wt = ptl.tensor(np.zeros((cout, 3, 3, cin), np.float32), device="cuda").to(dtype="bfloat16")
+    info = ptl._C.layer_cuda_conv2d_plan_info(ptl._C.layer_conv2d_plan(xt, wt, s, 1))
+    infos.append([info["algos"], info["path"], info["workspace"]])
+print(json.dumps({"made": made, "hits": ptl._C.layer_cuda_conv2d_plan_cache(0)[1] == made, "digest": h.hexdigest(),
+                  "plans": infos}))
+"""
+
+
+@pytest.mark.cuda
+def test_concurrent_plans_are_the_serial_plans():
+    """A shape's missing conv plans are made on several threads, each with its own cuDNN handle: the
+    heuristics must pick what one thread picks (same algorithms, paths, workspaces, so the same bits), and
+    a plan made through a thread's handle must run through the device's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def probe(threads):
+        env = dict(os.environ, PTL_NUM_THREADS=str(threads))
+        r = subprocess.run([sys.executable, "-c", _PLAN_PROBE], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    serial, concurrent = probe(1), probe(8)
+    assert serial["made"] > 8 and serial["hits"]  # a whole shape's plans were made; the probes found theirs
+    assert concurrent == serial
+
+
 @pytest.mark.cuda
 def test_step_allocates_nothing(case):
     """After the first forward of a shape, forward + backward allocate no device memory."""

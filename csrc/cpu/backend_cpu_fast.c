@@ -125,6 +125,12 @@ static int fast_conv_plan(ptl_exec_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype
 
 static void fast_conv_plan_free(void *plan) { ptl_cpu_conv2d_plan_destroy(plan); }
 
+static int fast_conv_plans(ptl_exec_ctx *ctx, int n, const ptl_conv2d_desc *d, ptl_dtype dt,
+                           const ptl_net_conv_opts *o, const uint8_t *bias, void **plans)
+{
+    return ptl_net_conv_plans_each(fast_conv_plan, fast_conv_plan_free, ctx, n, d, dt, o, bias, plans);
+}
+
 static size_t fast_conv_workspace(const void *plan) { return ptl_cpu_conv2d_plan_workspace(plan); }
 
 static int fast_conv_forward(ptl_exec_ctx *ctx, const void *p, const void *x, const void *w, const void *bias, void *y,
@@ -225,7 +231,7 @@ static void make_table(void)
 {
     table = ptl_net_backend_cpu;
     table.name = "cpu-fast";
-    table.conv_plan = fast_conv_plan;
+    table.conv_plans = fast_conv_plans;
     table.conv_plan_free = fast_conv_plan_free;
     table.conv_workspace = fast_conv_workspace;
     table.bn_scratch_bytes = fast_bn_scratch_bytes;

@@ -73,19 +73,15 @@ static int cuda_upsample_backward(ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h,
 
 /* ------------------------------------------------------------------------- conv plans */
 
-static int cuda_conv_plan(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt, const ptl_net_conv_opts *o,
-                          int bias, void **plan)
+static int cuda_conv_plans(ptl_cuda_ctx *ctx, int n, const ptl_conv2d_desc *d, ptl_dtype dt, const ptl_net_conv_opts *o,
+                           const uint8_t *bias, void **plans)
 {
     (void)bias; /* the CUDA plan serves forwards with and without a bias */
     ptl_conv2d_plan_opts po = ptl_conv2d_plan_opts_default();
     po.deterministic = o->deterministic;
     po.allow_tf32 = o->allow_tf32;
     po.find = o->find;
-    ptl_conv2d_plan *p = NULL;
-    if (ptl_conv2d_plan_acquire(ctx, d, dt, &po, &p))
-        return -1;
-    *plan = p;
-    return 0;
+    return ptl_conv2d_plans_acquire(ctx, n, d, dt, &po, (ptl_conv2d_plan **)plans);
 }
 
 /* the CUDA attention's scratch depends on the positions and heads only */
@@ -134,7 +130,7 @@ const ptl_net_backend ptl_net_backend_cuda = {
     .copy = cuda_copy,
     .upload = cuda_upload,
     .download = cuda_download,
-    .conv_plan = cuda_conv_plan,
+    .conv_plans = cuda_conv_plans,
     .conv_plan_free = cuda_conv_plan_free,
     .conv_workspace = cuda_conv_workspace,
     .bn_scratch_bytes = ptl_batchnorm_cuda_scratch_bytes,

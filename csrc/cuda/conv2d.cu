@@ -184,10 +184,10 @@ static int legacy_run(void *arg, int i, const ptl_conv_find_buffers *b)
                : -1;
 }
 
-static int choose(ptl_conv2d_plan *p, ptl_cuda_ctx *ctx, const ptl_conv2d_plan_opts *o, int strict, cudnnMathType_t mt0)
+static int choose(ptl_conv2d_plan *p, ptl_cuda_ctx *ctx, cudnnHandle_t h, const ptl_conv2d_plan_opts *o, int strict,
+                  cudnnMathType_t mt0)
 {
     static const char *names[3] = {"forward", "backward-data", "backward-filter"};
-    cudnnHandle_t h = ctx->cudnn;
     cand_t cands[3][MAX_CAND];
     int nc[3] = {0, 0, 0}, best[3] = {0, 0, 0};
     size_t wsmax = 0, sz;
@@ -272,7 +272,7 @@ fail:
     return -1;
 }
 
-extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt,
+extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, cudnnHandle_t cudnn, const ptl_conv2d_desc *d, ptl_dtype dt,
                                       const ptl_conv2d_plan_opts *opts, ptl_conv2d_plan **out)
 {
     const ptl_conv2d_plan_opts defaults = ptl_conv2d_plan_opts_default();
@@ -356,7 +356,7 @@ extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *
         size_t *ws[3] = {&p->ws_f, &p->ws_bd, &p->ws_bf};
         int n = 0;
         for (int i = 0; i < 3; i++) {
-            if (ptl_cudnn_conv_exec_create(ctx, d, dt, dirs[i], strict, o, &p->exec[i]))
+            if (ptl_cudnn_conv_exec_create(ctx, cudnn, d, dt, dirs[i], strict, o, &p->exec[i]))
                 goto fail;
             n += p->exec[i] != NULL;
         }
@@ -375,7 +375,7 @@ extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *
             p->exec[i] = NULL;
         }
     }
-    if (choose(p, ctx, o, strict, mt0))
+    if (choose(p, ctx, cudnn, o, strict, mt0))
         goto fail;
 
 sizes:

@@ -26,6 +26,7 @@ extern "C" {
 #endif
 
 struct ptl_cuda_ctx;
+struct cudnnContext; /* cudnnHandle_t */
 typedef struct ptl_conv2d_plan ptl_conv2d_plan;
 
 typedef struct {
@@ -43,11 +44,12 @@ typedef struct {
  * environment says PTL_CUDNN_API=legacy (for comparisons). */
 ptl_conv2d_plan_opts ptl_conv2d_plan_opts_default(void);
 
-/* Builds the plan for `d` and activations of dtype `dt` (float32, bfloat16 or float16) on ctx's device.
- * opts may be NULL for the defaults. With opts->find the search runs convolutions on temporary buffers
- * from ctx's allocator (and synchronises) here, at plan time. */
-int ptl_conv2d_plan_create(struct ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt,
-                           const ptl_conv2d_plan_opts *opts, ptl_conv2d_plan **out);
+/* Builds the plan for `d` and activations of dtype `dt` (float32, bfloat16 or float16) on ctx's device,
+ * asking cuDNN through handle `cudnn` (ctx's, or a plan-making thread's own). opts may be NULL for the
+ * defaults. With opts->find the search runs convolutions on ctx's stream, on temporary buffers from ctx's
+ * allocator (and synchronises) here, at plan time; cudnn must then be ctx's handle. */
+int ptl_conv2d_plan_create(struct ptl_cuda_ctx *ctx, struct cudnnContext *cudnn, const ptl_conv2d_desc *d,
+                           ptl_dtype dt, const ptl_conv2d_plan_opts *opts, ptl_conv2d_plan **out);
 /* Plans are reference-counted: create hands out one reference, retain adds one, destroy drops one and
  * frees the plan with the last (thread-safe). refs is the current count. */
 void ptl_conv2d_plan_retain(ptl_conv2d_plan *p);
@@ -59,6 +61,12 @@ int ptl_conv2d_plan_refs(const ptl_conv2d_plan *p);
  * (drop it with ptl_conv2d_plan_destroy); the cache keeps unreferenced plans up to a bound. */
 int ptl_conv2d_plan_acquire(struct ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt,
                             const ptl_conv2d_plan_opts *opts, ptl_conv2d_plan **out);
+/* The plans for n descriptors at once (a network shape's convolutions): those the cache lacks are made
+ * concurrently, one thread and cuDNN handle each, up to the CPUs the process may use (ptl_cpu_threads),
+ * except with opts->find, whose timings need the device to themselves. All n or none: on failure nothing is
+ * held and the error is the first failing descriptor's. */
+int ptl_conv2d_plans_acquire(struct ptl_cuda_ctx *ctx, int n, const ptl_conv2d_desc *d, ptl_dtype dt,
+                             const ptl_conv2d_plan_opts *opts, ptl_conv2d_plan **out);
 /* How many plans ctx's cache holds, and how many it has made (for tests and benchmarks). */
 void ptl_conv2d_plan_cache_stats(struct ptl_cuda_ctx *ctx, int64_t *held, int64_t *made);
 

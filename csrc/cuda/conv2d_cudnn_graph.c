@@ -211,8 +211,9 @@ static int graph_run(void *arg, int i, const ptl_conv_find_buffers *b)
     return execute(t->h, t->plans[i], b->buf[0], b->buf[1], b->buf[2], b->buf[3]);
 }
 
-int ptl_cudnn_conv_exec_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt, ptl_conv_direction dir,
-                               int strict, const ptl_conv2d_plan_opts *o, ptl_cudnn_conv_exec **out)
+int ptl_cudnn_conv_exec_create(ptl_cuda_ctx *ctx, cudnnHandle_t cudnn, const ptl_conv2d_desc *d, ptl_dtype dt,
+                               ptl_conv_direction dir, int strict, const ptl_conv2d_plan_opts *o,
+                               ptl_cudnn_conv_exec **out)
 {
     const cudnnDataType_t ct = ptl_cudnn_data_type(dt);
     const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
@@ -238,7 +239,7 @@ int ptl_cudnn_conv_exec_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_
     if (made > 0)
         goto none;
     PTL_CUDNN_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &graph));
-    PTL_CHECK(set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &ctx->cudnn));
+    PTL_CHECK(set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &cudnn));
     PTL_CHECK(set_desc(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, op));
     /* a problem the graph API does not take is no error: the caller goes the legacy way */
     st = cudnnBackendFinalize(graph);
@@ -263,7 +264,7 @@ int ptl_cudnn_conv_exec_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_
             goto fail;
         if (!ok)
             continue;
-        PTL_CHECK(make_plan(ctx->cudnn, cfgs[i], &plans[nplans], &ws[nplans]));
+        PTL_CHECK(make_plan(cudnn, cfgs[i], &plans[nplans], &ws[nplans]));
         if (!plans[nplans] || (o->workspace_limit && ws[nplans] > o->workspace_limit)) {
             drop(&plans[nplans]);
             continue;
@@ -273,7 +274,7 @@ int ptl_cudnn_conv_exec_create(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_
         nplans++;
     }
     if (nplans > 1) {
-        const graph_trial t = {ctx->cudnn, plans};
+        const graph_trial t = {cudnn, plans};
         size_t wsmax = 0;
         for (int i = 0; i < nplans; i++)
             if (ws[i] > wsmax)

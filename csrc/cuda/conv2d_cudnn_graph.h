@@ -34,11 +34,13 @@ typedef enum {
 
 typedef struct ptl_cudnn_conv_exec ptl_cudnn_conv_exec;
 
-/* Builds the plan of direction `dir`. 0 with *out NULL: no engine meets the options (the caller uses
- * another path); -1: a cuDNN or CUDA error (set). strict: float32 without TF32. With opts->find the
- * candidates run on scratch buffers from ctx's allocator, and this synchronises. */
-int ptl_cudnn_conv_exec_create(struct ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt,
-                               ptl_conv_direction dir, int strict, const ptl_conv2d_plan_opts *opts,
+/* Builds the plan of direction `dir`, querying cuDNN through handle `cudnn` (ctx's, or a plan-making
+ * thread's own: a handle serves one thread at a time; a plan runs through any handle of its device). 0 with
+ * *out NULL: no engine meets the options (the caller uses another path); -1: a cuDNN or CUDA error (set).
+ * strict: float32 without TF32. With opts->find the candidates run on ctx's stream, on scratch buffers
+ * from ctx's allocator (cudnn must then be ctx's handle), and this synchronises. */
+int ptl_cudnn_conv_exec_create(struct ptl_cuda_ctx *ctx, struct cudnnContext *cudnn, const ptl_conv2d_desc *d,
+                               ptl_dtype dt, ptl_conv_direction dir, int strict, const ptl_conv2d_plan_opts *opts,
                                ptl_cudnn_conv_exec **out);
 void ptl_cudnn_conv_exec_destroy(ptl_cudnn_conv_exec *e);
 

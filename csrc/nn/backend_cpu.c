@@ -74,6 +74,12 @@ static int cpu_conv_plan(ptl_exec_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype 
 
 static void cpu_conv_plan_free(void *plan) { free(plan); }
 
+static int cpu_conv_plans(ptl_exec_ctx *ctx, int n, const ptl_conv2d_desc *d, ptl_dtype dt, const ptl_net_conv_opts *o,
+                          const uint8_t *bias, void **plans)
+{
+    return ptl_net_conv_plans_each(cpu_conv_plan, cpu_conv_plan_free, ctx, n, d, dt, o, bias, plans);
+}
+
 const ptl_conv2d_desc *ptl_net_cpu_plan_desc(const void *plan) { return &((const cpu_plan *)plan)->d; }
 
 static size_t cpu_conv_workspace(const void *plan)
@@ -152,7 +158,7 @@ const ptl_net_backend ptl_net_backend_cpu = {
     .copy = cpu_copy,
     .upload = cpu_copy,
     .download = cpu_copy,
-    .conv_plan = cpu_conv_plan,
+    .conv_plans = cpu_conv_plans,
     .conv_plan_free = cpu_conv_plan_free,
     .conv_workspace = cpu_conv_workspace,
     .weight_cast = cpu_weight_cast,

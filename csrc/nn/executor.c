@@ -86,12 +86,59 @@ static void free_slot(ptl_net_exec *x, ptl_net_slot *s)
         x->have_forward = 0;
 }
 
+int ptl_net_conv_plans_each(int (*one)(ptl_exec_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt,
+                                       const ptl_net_conv_opts *o, int bias, void **plan),
+                            void (*drop)(void *plan), ptl_exec_ctx *ctx, int n, const ptl_conv2d_desc *d, ptl_dtype dt,
+                            const ptl_net_conv_opts *o, const uint8_t *bias, void **plans)
+{
+    for (int i = 0; i < n; i++)
+        if (one(ctx, &d[i], dt, o, bias[i], &plans[i])) {
+            while (i-- > 0)
+                drop(plans[i]);
+            return -1;
+        }
+    return 0;
+}
+
+/* Slot s's conv plans, asked of the backend at once (the CUDA backend makes missing ones concurrently). */
+static int plan_convs(ptl_net_exec *x, ptl_net_slot *s)
+{
+    const ptl_network *net = x->net;
+    ptl_conv2d_desc *d = malloc((size_t)net->nops * sizeof *d);
+    uint8_t *bias = malloc((size_t)net->nops);
+    void **plans = malloc((size_t)net->nops * sizeof *plans);
+    int n = 0, rc = -1;
+    if (!d || !bias || !plans) {
+        oom();
+        goto fail;
+    }
+    for (int i = 0; i < net->nops; i++) {
+        const ptl_net_op *op = &net->ops[i];
+        if (!is_conv(op))
+            continue;
+        const ptl_net_dims di = ptl_net_value_dims(net, &s->L, op->in);
+        PTL_CHECK(ptl_conv2d_init(&d[n], s->L.B, di.h, di.w, op->cin, op->cout, op->k, op->s, op->g));
+        bias[n++] = op->kind == PTL_OP_CONV_BIAS;
+    }
+    PTL_CHECK(x->be->conv_plans(x->ctx, n, d, x->cdt, &x->opts, bias, plans));
+    for (int i = 0, j = 0; i < net->nops; i++)
+        if (is_conv(&net->ops[i]))
+            s->plans[i] = plans[j++];
+    rc = 0;
+fail:
+    free(d);
+    free(bias);
+    free(plans);
+    return rc;
+}
+
 /* Allocates slot s's buffers and plans for its layout. */
 static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
 {
     const ptl_network *net = x->net;
     const ptl_net_layout *L = &s->L;
     size_t layer_scratch = 0, ws = 0;
+    PTL_CHECK(plan_convs(x, s));
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
         if (op->kind == PTL_OP_ATTN && x->be->attn_scratch_bytes) {
@@ -104,10 +151,6 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
             layer_scratch = b > layer_scratch ? b : layer_scratch;
         }
         if (is_conv(op)) {
-            ptl_conv2d_desc d;
-            const ptl_net_dims di = ptl_net_value_dims(net, L, op->in);
-            PTL_CHECK(ptl_conv2d_init(&d, L->B, di.h, di.w, op->cin, op->cout, op->k, op->s, op->g));
-            PTL_CHECK(x->be->conv_plan(x->ctx, &d, x->cdt, &x->opts, op->kind == PTL_OP_CONV_BIAS, &s->plans[i]));
             const size_t b = x->be->conv_workspace(s->plans[i]);
             ws = b > ws ? b : ws;
         }

@@ -112,10 +112,10 @@ typedef struct ptl_net_backend {
     int (*upload)(ptl_exec_ctx *ctx, void *dst, const void *host, size_t bytes);
     int (*download)(ptl_exec_ctx *ctx, void *host, const void *src, size_t bytes);
 
-    /* per shape: a conv plan (desc + dtype + algorithm choice; bias: whether its forward adds one), its
-     * workspace, the layer scratch */
-    int (*conv_plan)(ptl_exec_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt, const ptl_net_conv_opts *o,
-                     int bias, void **plan);
+    /* per shape: the conv plans (desc + dtype + algorithm choice; bias[i]: whether plan i's forward adds
+     * one; all n or none), their workspaces, the layer scratch */
+    int (*conv_plans)(ptl_exec_ctx *ctx, int n, const ptl_conv2d_desc *d, ptl_dtype dt, const ptl_net_conv_opts *o,
+                      const uint8_t *bias, void **plans);
     void (*conv_plan_free)(void *plan);
     size_t (*conv_workspace)(const void *plan);
     size_t (*bn_scratch_bytes)(int64_t m, int c);                    /* NULL: none */
@@ -166,6 +166,12 @@ typedef struct ptl_net_backend {
 } ptl_net_backend;
 
 extern const ptl_net_backend ptl_net_backend_cpu;
+/* conv_plans for a backend that makes its plans one at a time with one() (all n or none: drop() frees the
+ * ones made before a failure). */
+int ptl_net_conv_plans_each(int (*one)(ptl_exec_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt,
+                                       const ptl_net_conv_opts *o, int bias, void **plan),
+                            void (*drop)(void *plan), ptl_exec_ctx *ctx, int n, const ptl_conv2d_desc *d, ptl_dtype dt,
+                            const ptl_net_conv_opts *o, const uint8_t *bias, void **plans);
 /* The convolution a plan of ptl_net_backend_cpu describes (for backends built on its plans). */
 const ptl_conv2d_desc *ptl_net_cpu_plan_desc(const void *plan);
 /* Blocks the CPU backend holds now, over all executors (tests check that nothing leaks). */

@@ -178,7 +178,8 @@ static PyObject *py_conv2d_plan(PyObject *m, PyObject *args, PyObject *kwargs)
     if (!p)
         return PyErr_NoMemory();
     *p = (ptl_py_conv_plan){k.be, k.ctx, x->storage->device, x->dtype, d, NULL};
-    RUN(k.be->conv_plan(k.ctx, &d, x->dtype, &o, 1, &p->plan)); /* bias 1: a forward may be given one */
+    const uint8_t bias = 1; /* a forward may be given one */
+    RUN(k.be->conv_plans(k.ctx, 1, &d, x->dtype, &o, &bias, &p->plan));
     PyObject *cap = PyCapsule_New(p, PLAN_CAPSULE, plan_capsule_free);
     if (!cap) {
         k.be->conv_plan_free(p->plan);
