@@ -367,6 +367,21 @@ class Loader:
     def __init__(self, owner, split, c_loader, info, train):
         self._owner, self.split, self._c, self.info, self.train = owner, split, c_loader, info, train
         self._reported = 0
+        self._filled = not owner.cache
+
+    def fill(self):
+        """Fills the RAM cache (or checks and writes the disk cache) now, once; returns the loader.
+        ``train_loader()`` and ``val_loader()`` return filled loaders."""
+        if not self._filled:
+            o = self._owner
+            need, _ = self._c.cache_info()
+            if o.verbose and o._says():
+                log.info("caching %d %s images %s (%.2f GB)", self.info["n"], self.split,
+                         "in RAM" if o.cache == "ram" else "on disk", need / 1e9)
+            self._c.fill_cache()
+            self._filled = True
+            self.report_problems()
+        return self
 
     def __len__(self):
         """Batches per epoch of this rank (in training every rank has as many, see the module documentation)."""
@@ -562,13 +577,21 @@ class DetectionData:
 
     # -- loaders ------------------------------------------------------------------------------------
     def train_loader(self):
-        return self._loader("train")
+        return self._loader("train").fill()
 
     def val_loader(self):
-        return self._loader("val")
+        return self._loader("val").fill()
+
+    def scan(self, split):
+        """The ``"train"`` or ``"val"`` loader after the scan (files and labels read, batches and their
+        shapes planned) and before its cache is filled (:meth:`Loader.fill`); the same object the split's
+        ``*_loader()`` returns, filled."""
+        if split not in ("train", "val"):
+            raise ValueError("split: expected 'train' or 'val', got %r" % (split,))
+        return self._loader(split)
 
     def __len__(self):
-        return len(self.train_loader())
+        return len(self._loader("train"))
 
     def _split(self, split):
         """(image paths, labels: label file paths or (name, rows) tuples) of a split, after ``fraction``."""
@@ -631,13 +654,6 @@ class DetectionData:
         if train and rect and c.fixed_order() and self._says():
             warnings.warn("rect=True: batches have differing shapes, so the training order is kept (sorted by "
                           "aspect ratio) instead of shuffled, as Ultralytics does", UserWarning, stacklevel=3)
-        if self.cache:
-            need, _ = c.cache_info()
-            if self.verbose and self._says():
-                log.info("caching %d %s images %s (%.2f GB)", info["n"], split,
-                         "in RAM" if self.cache == "ram" else "on disk", need / 1e9)
-            c.fill_cache()
-            loader.report_problems()
         self._loaders[split] = loader
         return loader
 

@@ -2,6 +2,7 @@
 loaders, the fused C step per batch and validation of the EMA weights. ``ptl.Trainer`` drives it."""
 import contextlib
 import os
+import threading
 
 import numpy as np
 
@@ -16,6 +17,9 @@ PRECISIONS = {"32-true": "float32", "32": "float32", 32: "float32", "16-mixed": 
               16: "float16", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}
 # PyTorch's torch.set_float32_matmul_precision values; all but "highest" let float32 convolutions use TF32
 FLOAT32_MATMUL_PRECISIONS = ("highest", "high", "medium")
+# batch shapes planned while the caches fill: the first ones of training, then validation's (the device's plan
+# cache keeps 1024 unused plans, 57 per yolo26n shape, more for the deeper scales)
+PLAN_AHEAD_SHAPES = 8
 ITEM = slice(LOSS["item_box"], LOSS["item_l1"] + 1)  # the o2o loss items (box, cls, l1) of the losses vector
 
 class LossValue:
@@ -91,9 +95,9 @@ class Engine:
         self._counts = []  # images of each training batch of the epoch on this rank
         self._rank_grads = None  # rank 0: (batches_seen, every rank's pending gradients) for a checkpoint
         data.shard(self.rank, self.world)
-        self.train_loader = data.train_loader() if for_fit else None
+        self.train_loader = data.scan("train") if for_fit else None
         try:
-            self.val_loader = data.val_loader()
+            self.val_loader = data.scan("val")
         except (ValueError, KeyError):
             if not for_fit:
                 raise
@@ -106,6 +110,7 @@ class Engine:
         if self.device != "cpu":
             model.to(self.device, dtype=self.compute)
             model.set_conv_options(allow_tf32=getattr(trainer, "float32_matmul_precision", "highest") != "highest")
+        self._fill_loaders()
         self.params, self.grads, self.buffers = model.flat_parameters, model.flat_gradients, model.flat_buffers
         self._inputs = {}  # CUDA: per batch shape, the network input and the uint8 staging buffer
         self.capture = False
@@ -140,6 +145,35 @@ class Engine:
         if self.world > 1:
             self.comm = (self.dist.group.handle if self.device == "cpu"
                          else _distributed.nccl_communicator(self.dist, trainer.timeout))
+
+    def _fill_loaders(self):
+        """Fills the loaders' caches; on CUDA a second thread meanwhile makes the conv plans of their first
+        batch shapes (host work both; the process's first cuDNN query alone takes ~0.2 s), which the first
+        forwards of those shapes then find. The fill stays on this thread, where Ctrl-C reaches it."""
+        loaders = [ld for ld in (self.train_loader, self.val_loader) if ld is not None]
+        planner, failed = None, []
+        if self.device != "cpu":
+            shapes = []
+            for ld in loaders:
+                for (_, _, n), (h, w) in zip(ld.batch_slices, ld.batch_shapes):
+                    if n > 0 and (int(n), int(h), int(w)) not in shapes and len(shapes) < PLAN_AHEAD_SHAPES:
+                        shapes.append((int(n), int(h), int(w)))
+
+            def plan():
+                try:
+                    self.model.plan(shapes)
+                except Exception as exc:  # raised here, after the fill
+                    failed.append(exc)
+            planner = threading.Thread(target=plan, name="ptl-conv-plans")
+            planner.start()
+        try:
+            for ld in loaders:
+                ld.fill()
+        finally:
+            if planner is not None:
+                planner.join()
+        if failed:
+            raise failed[0]
 
     # -- hyperparameters
     def model_hparams(self):

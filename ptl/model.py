@@ -555,6 +555,13 @@ class Detector:
         finally:
             _C.executor_use_weights(self._exec, None, None)
 
+    def plan(self, shapes) -> None:
+        """Makes the conv plans of these ``(batch, height, width)`` shapes now, so that their first forwards
+        find them (CUDA: each shape's missing plans are made concurrently into the device's plan cache, while
+        the caller may do other work: the GIL is released; the CPU has nothing to plan). A fit plans the
+        shapes of its loaders while their caches fill."""
+        _C.executor_plan(self._exec, [tuple(int(v) for v in s) for s in shapes])
+
     def prepare(self, batch: int, height: int, width: int) -> None:
         """Allocates every buffer and makes every conv plan for this shape (forward does it too)."""
         _C.executor_prepare(self._exec, int(batch), int(height), int(width))

@@ -252,16 +252,17 @@ def _build(values, given, command="train"):
         model = ptl.Detector(model_arg, num_classes=data.num_classes, seed=values["seed"])
     model.hparams = hparams
     if command == "train":
-        n = len(data.train_loader())
+        # the splits are scanned here, so bad data fails before the fit; their caches fill in the fit
+        n = len(data.scan("train"))
         if _limit(trainer.limit_train_batches, n, "limit_train_batches") == 0:
             raise ConfigError("--limit-train-batches %s leaves none of the %d training batches"
                               % (values["limit_train_batches"], n))
         try:
-            data.val_loader()
+            data.scan("val")
         except (ValueError, KeyError):
             pass  # no usable validation split: the fit runs without validation
     else:
-        data.val_loader()
+        data.scan("val")
     return data, model, trainer
 
 

@@ -311,6 +311,21 @@ def test_bad_inputs_reported_once_and_skipped(tmp_path, coco256):
     np.testing.assert_allclose(t[4], [[1, 0.5, 0.5, 1.0, 0.2]], atol=1e-6)  # within tolerance, clipped
 
 
+def test_scan_comes_before_the_fill(tmp_path):
+    """scan() gives the split's loader with nothing decoded into its cache; *_loader() returns that same
+    object filled, once (a fit makes its conv plans between the two)."""
+    d = data(make_dataset(tmp_path), cache="ram")
+    tl = d.scan("train")
+    need, filled = tl._c.cache_info()
+    assert need == 4 * 64 * 48 * 3 and filled == 0  # no letterbox padding in the cache: 64x48 at imgsz 64
+    assert len(tl) == 2 and [tuple(s) for s in tl.batch_shapes] == [(64, 64), (64, 64)]
+    assert d.train_loader() is tl and tl._c.cache_info() == (need, need)
+    assert d.train_loader() is tl and d.scan("train") is tl
+    assert d.scan("val")._c.cache_info()[1] == 0 and d.val_loader()._c.cache_info()[1] == need
+    with pytest.raises(ValueError, match="split: expected 'train' or 'val'"):
+        d.scan("test")
+
+
 def test_ring_exhaustion_is_an_error_not_a_hang(tmp_path):
     y = make_dataset(tmp_path, n=8)
     d = data(y, batch_size=1, workers=2, prefetch=2, **no_aug())

@@ -512,6 +512,27 @@ def test_conv_plans_are_shared():
     assert made() == m2
 
 
+@pytest.mark.cuda
+def test_planned_shapes_prepare_without_queries():
+    """Detector.plan makes the conv plans of several shapes at once (what a fit does while its caches fill);
+    preparing those shapes afterwards, with or without gradients, asks cuDNN nothing."""
+    def made():
+        return ptl._C.layer_cuda_conv2d_plan_cache(0)[1]
+
+    net = Detector("yolo26n", num_classes=80).to("cuda", dtype="bfloat16")
+    shapes = [(5, 160, 128), (5, 128, 224)]  # shapes no other test uses
+    m0 = made()
+    net.plan(shapes)
+    m1 = made()
+    assert m1 - m0 >= 2 * 8  # each shape's cuDNN convolutions (the 1x1 and depthwise ones need no query)
+    for s in shapes:
+        net.prepare(*s)
+    with net.no_grad():
+        net.prepare(*shapes[1])
+    net.plan(shapes)
+    assert made() == m1
+
+
 # One process's conv plans for a fresh shape (made concurrently unless PTL_NUM_THREADS=1): each conv's
 # algorithms and path, the plans made, and the outputs' and gradients' bytes.
 _PLAN_PROBE = r"""

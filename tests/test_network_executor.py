@@ -200,6 +200,25 @@ def test_bad_calls_leave_the_executor_usable():
     _same(r, Net(_state(seed=7), True).step(x, grads))
 
 
+def test_plan_checks_its_shapes():
+    """Detector.plan takes (batch, height, width) shapes, checked as a forward checks them; on the CPU
+    there is nothing to plan ahead, and planning changes no result."""
+    det = Detector("yolo26n", num_classes=80, seed=0)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        det.plan([(1, 64, 64), (1, 48, 64)])
+    with pytest.raises(ValueError, match="batch size"):
+        det.plan([(0, 64, 64)])
+    with pytest.raises(TypeError, match=r"shapes\[1\]: expected a tuple"):
+        _C.executor_plan(det._exec, [(1, 64, 64), (1, 64)])
+    with pytest.raises(TypeError, match="shapes: expected a sequence"):
+        _C.executor_plan(det._exec, 3)
+    x = np.random.default_rng(0).integers(0, 256, (1, 64, 96, 3), dtype=np.uint8)
+    before = _bits(det.forward(x)["one2one"][1]).copy()
+    det.plan([(1, 64, 96), (2, 64, 64)])
+    det.plan([])
+    assert np.array_equal(_bits(det.forward(x)["one2one"][1]), before)
+
+
 def test_no_block_leaks():
     """Every block an executor takes goes back when it is freed."""
     gc.collect()

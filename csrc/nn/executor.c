@@ -100,30 +100,62 @@ int ptl_net_conv_plans_each(int (*one)(ptl_exec_ctx *ctx, const ptl_conv2d_desc 
     return 0;
 }
 
-/* Slot s's conv plans, asked of the backend at once (the CUDA backend makes missing ones concurrently). */
-static int plan_convs(ptl_net_exec *x, ptl_net_slot *s)
+/* The conv descriptors of shape (B, H, W) into d (and whether each adds a bias), in op order; their count. */
+static int conv_descs(const ptl_net_exec *x, int B, int H, int W, ptl_conv2d_desc *d, uint8_t *bias)
 {
     const ptl_network *net = x->net;
-    ptl_conv2d_desc *d = malloc((size_t)net->nops * sizeof *d);
-    uint8_t *bias = malloc((size_t)net->nops);
-    void **plans = malloc((size_t)net->nops * sizeof *plans);
+    const ptl_net_layout L = {.B = B, .H = H, .W = W};
+    int n = 0;
+    for (int i = 0; i < net->nops; i++) {
+        const ptl_net_op *op = &net->ops[i];
+        if (!is_conv(op))
+            continue;
+        const ptl_net_dims di = ptl_net_value_dims(net, &L, op->in);
+        if (ptl_conv2d_init(&d[n], B, di.h, di.w, op->cin, op->cout, op->k, op->s, op->g))
+            return -1;
+        bias[n++] = op->kind == PTL_OP_CONV_BIAS;
+    }
+    return n;
+}
+
+static int check_shape(int B, int H, int W)
+{
+    if (B < 1)
+        return ptl_set_error(PTL_ERR_VALUE, "images: batch size must be >= 1 (got %d)", B);
+    if (H < 32 || W < 32 || H % 32 || W % 32)
+        return ptl_set_error(PTL_ERR_VALUE, "images: height and width must be positive multiples of 32 (got %dx%d)",
+                             H, W);
+    return 0;
+}
+
+/* The conv plans of `count` shapes (bhw: B, H, W each) at once: into s's plans when s is given (one shape),
+ * else made and dropped (the backend's plan cache keeps them). */
+static int plan_shapes(ptl_net_exec *x, int count, const int *bhw, ptl_net_slot *s)
+{
+    const int per = x->net->nops;
+    ptl_conv2d_desc *d = malloc((size_t)count * per * sizeof *d);
+    uint8_t *bias = malloc((size_t)count * per);
+    void **plans = malloc((size_t)count * per * sizeof *plans);
     int n = 0, rc = -1;
     if (!d || !bias || !plans) {
         oom();
         goto fail;
     }
-    for (int i = 0; i < net->nops; i++) {
-        const ptl_net_op *op = &net->ops[i];
-        if (!is_conv(op))
-            continue;
-        const ptl_net_dims di = ptl_net_value_dims(net, &s->L, op->in);
-        PTL_CHECK(ptl_conv2d_init(&d[n], s->L.B, di.h, di.w, op->cin, op->cout, op->k, op->s, op->g));
-        bias[n++] = op->kind == PTL_OP_CONV_BIAS;
+    for (int k = 0; k < count; k++) {
+        const int made = conv_descs(x, bhw[3 * k], bhw[3 * k + 1], bhw[3 * k + 2], d + n, bias + n);
+        if (made < 0)
+            goto fail;
+        n += made;
     }
     PTL_CHECK(x->be->conv_plans(x->ctx, n, d, x->cdt, &x->opts, bias, plans));
-    for (int i = 0, j = 0; i < net->nops; i++)
-        if (is_conv(&net->ops[i]))
-            s->plans[i] = plans[j++];
+    if (s) {
+        for (int i = 0, j = 0; i < per; i++)
+            if (is_conv(&x->net->ops[i]))
+                s->plans[i] = plans[j++];
+    } else {
+        for (int j = 0; j < n; j++)
+            x->be->conv_plan_free(plans[j]);
+    }
     rc = 0;
 fail:
     free(d);
@@ -132,13 +164,24 @@ fail:
     return rc;
 }
 
+int ptl_net_exec_plan(ptl_net_exec *x, int count, const int *bhw)
+{
+    for (int k = 0; k < count; k++)
+        if (check_shape(bhw[3 * k], bhw[3 * k + 1], bhw[3 * k + 2]))
+            return -1;
+    if (count == 0 || activate(x->be, x->ctx))
+        return count == 0 ? 0 : -1;
+    return plan_shapes(x, count, bhw, NULL);
+}
+
 /* Allocates slot s's buffers and plans for its layout. */
 static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
 {
     const ptl_network *net = x->net;
     const ptl_net_layout *L = &s->L;
     size_t layer_scratch = 0, ws = 0;
-    PTL_CHECK(plan_convs(x, s));
+    const int bhw[3] = {L->B, L->H, L->W};
+    PTL_CHECK(plan_shapes(x, 1, bhw, s));
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
         if (op->kind == PTL_OP_ATTN && x->be->attn_scratch_bytes) {
@@ -172,11 +215,8 @@ fail:
 
 int ptl_net_exec_prepare(ptl_net_exec *x, int B, int H, int W)
 {
-    if (B < 1)
-        return ptl_set_error(PTL_ERR_VALUE, "images: batch size must be >= 1 (got %d)", B);
-    if (H < 32 || W < 32 || H % 32 || W % 32)
-        return ptl_set_error(PTL_ERR_VALUE, "images: height and width must be positive multiples of 32 (got %dx%d)",
-                             H, W);
+    if (check_shape(B, H, W))
+        return -1;
     /* the current mode's slots: a slot that holds the shape already is switched to (plans, buffers and
      * recording as they were), else an empty one, or the least recently used one, is filled */
     const int first = x->training ? 0 : PTL_NET_TRAIN_SHAPES;

@@ -240,6 +240,11 @@ void ptl_net_exec_free(ptl_net_exec *x);
  * host storage (to_device 1: host -> executor); a no-op for aliased storage. Synchronous. */
 int ptl_net_exec_sync(ptl_net_exec *x, const char *which, int to_device);
 
+/* Makes the conv plans of `count` shapes (bhw: B, H, W each) now, in one request to the backend (the CUDA
+ * backend makes a shape's missing plans concurrently and keeps them in its plan cache), so that the first
+ * prepare of each finds them: for the shapes a fit will see, made while its images decode. Changes no slot. */
+int ptl_net_exec_plan(ptl_net_exec *x, int count, const int *bhw);
+
 /* Makes (B, H, W) the current shape: switches to its slot among the current mode's, or fills the
  * empty / least recently used one (buffers, conv plans, layer scratch reserved). A no-op for the
  * current shape. H and W: positive multiples of 32. */

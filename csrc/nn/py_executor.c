@@ -233,6 +233,48 @@ static PyObject *py_prepare(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* executor_plan(x, shapes): the conv plans of a sequence of (B, H, W) shapes, made now. */
+static PyObject *py_plan(PyObject *self, PyObject *args)
+{
+    PyObject *cap, *shapes, *seq = NULL, *ret = NULL;
+    int *bhw = NULL, rc;
+    if (!PyArg_ParseTuple(args, "OO:executor_plan", &cap, &shapes))
+        return NULL;
+    ptl_net_exec *x = ptl_py_executor(cap);
+    if (!x || !(seq = PySequence_Fast(shapes, "shapes: expected a sequence of (batch, height, width)")))
+        return NULL;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > 4096) {
+        PyErr_Format(PyExc_ValueError, "shapes: at most 4096 shapes at once, got %zd", n);
+        goto fail;
+    }
+    if (!(bhw = malloc((size_t)(n ? n : 1) * 3 * sizeof *bhw))) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(seq, k);
+        if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "iii", &bhw[3 * k], &bhw[3 * k + 1], &bhw[3 * k + 2])) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "shapes[%zd]: expected a tuple (batch, height, width) of ints", k);
+            goto fail;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    rc = ptl_net_exec_plan(x, (int)n, bhw);
+    Py_END_ALLOW_THREADS;
+    if (rc) {
+        ptl_raise(self);
+        goto fail;
+    }
+    Py_INCREF(Py_None);
+    ret = Py_None;
+fail:
+    Py_XDECREF(seq);
+    free(bhw);
+    return ret;
+}
+
 /* executor_sync(x, 'params'|'grads'|'buffers', to_device): copies between the executor's storage and
  * the description's host storage (a no-op on the CPU). */
 static PyObject *py_sync(PyObject *self, PyObject *args)
@@ -497,6 +539,7 @@ static PyMethodDef methods[] = {
     {"executor_backward", (PyCFunction)(void (*)(void))py_backward, METH_VARARGS | METH_KEYWORDS,
      "executor_backward(x, d_boxes, d_scores, d_boxes_o2o, d_scores_o2o, input_grad=False) -> d images or None."},
     {"executor_prepare", py_prepare, METH_VARARGS, "executor_prepare(x, B, H, W): buffers and plans of a shape."},
+    {"executor_plan", py_plan, METH_VARARGS, "executor_plan(x, [(B, H, W), ...]): the conv plans of these shapes."},
     {"executor_sync", py_sync, METH_VARARGS, "executor_sync(x, which, to_device): storage <-> host copy."},
     {"executor_zero_grad", py_zero_grad, METH_O, "executor_zero_grad(x): grads = 0."},
     {"executor_use_weights", py_use_weights, METH_VARARGS,
