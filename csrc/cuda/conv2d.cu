@@ -718,6 +718,20 @@ fail:
     return -1;
 }
 
+extern "C" int ptl_conv2d_plan_warm(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, void *a, void *b, void *c,
+                                    void *workspace, size_t workspace_bytes)
+{
+    if (workspace_bytes < p->ws)
+        return ptl_set_error(PTL_ERR_VALUE, "conv2d plan warm-up: workspace of %zu bytes is smaller than the plan's %zu",
+                             workspace_bytes, p->ws);
+    if (ptl_conv2d_forward_cuda(ctx, p, a, b, NULL, c, workspace, workspace_bytes) ||
+        ptl_conv2d_backward_input_cuda(ctx, p, c, b, a, workspace, workspace_bytes) ||
+        ptl_conv2d_backward_weight_cuda(ctx, p, a, c, b, workspace, workspace_bytes) ||
+        ptl_conv2d_backward_bias_cuda(ctx, p, c, b, workspace, workspace_bytes))
+        return -1;
+    return 0;
+}
+
 extern "C" int ptl_conv2d_backward_bias_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *dy,
                                              void *dbias, void *workspace, size_t workspace_bytes)
 {

@@ -62,11 +62,21 @@ int ptl_conv2d_plan_refs(const ptl_conv2d_plan *p);
 int ptl_conv2d_plan_acquire(struct ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt,
                             const ptl_conv2d_plan_opts *opts, ptl_conv2d_plan **out);
 /* The plans for n descriptors at once (a network shape's convolutions): those the cache lacks are made
- * concurrently, one thread and cuDNN handle each, up to the CPUs the process may use (ptl_cpu_threads),
- * except with opts->find, whose timings need the device to themselves. All n or none: on failure nothing is
- * held and the error is the first failing descriptor's. */
+ * concurrently while the caller waits, one thread, cuDNN handle and stream each, up to the CPUs the process
+ * may use (ptl_cpu_threads, 16 at most); each thread warms the plans it makes (ptl_conv2d_plan_warm) on
+ * scratch it shares with the others, allocated for the call and freed after it (cudaMalloc / cudaFree:
+ * this may synchronise). One missing plan, one CPU or opts->find (its timings need the device to
+ * themselves): made on the calling thread with ctx's handle, not warmed. All n or none: on failure nothing
+ * is held and the error is the first failing descriptor's. */
 int ptl_conv2d_plans_acquire(struct ptl_cuda_ctx *ctx, int n, const ptl_conv2d_desc *d, ptl_dtype dt,
                              const ptl_conv2d_plan_opts *opts, ptl_conv2d_plan **out);
+/* Runs each of p's directions once (forward, backward-input, backward-weight, backward-bias) on ctx's
+ * stream over scratch buffers whose contents do not matter: a of x's size (x, then dx), b of at least w's
+ * and cout elements (w, dw, dbias), c of y's (y, dy), a workspace of ptl_conv2d_plan_workspace(p). The
+ * first launch of a cuDNN kernel loads it (10-40 ms each on an H200) and cuBLAS chooses a GEMM's algorithm
+ * at its first call per problem (~5 ms); a plan-making thread warms its plans so that a step does neither. */
+int ptl_conv2d_plan_warm(struct ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, void *a, void *b, void *c,
+                         void *workspace, size_t workspace_bytes);
 /* How many plans ctx's cache holds, and how many it has made (for tests and benchmarks). */
 void ptl_conv2d_plan_cache_stats(struct ptl_cuda_ctx *ctx, int64_t *held, int64_t *made);
 

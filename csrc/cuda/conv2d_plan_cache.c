@@ -6,7 +6,8 @@
  * a cached plan is the plan a fresh query would make, whichever thread and handle made it. A shape's
  * missing plans are made concurrently (the queries are host work): a new validation shape at batch 8 took
  * 127-137 ms on one thread and takes 22-29 ms on an H200 host's 16 (benchmarks/RESULTS.md). Each thread
- * but the caller queries through a cuDNN handle of its own, which the cache keeps for later shapes. */
+ * queries through a cuDNN handle of its own, which the cache keeps for later shapes, and warms the plans it
+ * makes (ptl_conv2d_plan_warm) on a stream of its own, so that a step's first launches load no kernel. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -19,8 +20,18 @@
 
 /* unreferenced plans kept for later (about 15 yolo26n shapes' worth); beyond it the oldest go */
 #define KEEP_UNUSED 1024
-/* plan-making threads at most (the calling thread with ctx's handle, the others with the cache's) */
+/* plan-making threads at most */
 #define MAX_MAKERS 16
+/* the warm-up's workspace at least (plans needing more than it and x's size are not warmed) */
+#define WARM_WORKSPACE (16u << 20)
+
+/* A plan-making thread's own handles and stream (a handle serves one thread at a time); the cuBLAS handle
+ * lives for one batch only, as it holds a workspace on the device. */
+typedef struct {
+    cudnnHandle_t cudnn;
+    cublasHandle_t cublas;
+    cudaStream_t stream;
+} maker_handles;
 
 typedef struct {
     ptl_conv2d_plan *plan;
@@ -35,7 +46,7 @@ typedef struct {
     int n, cap;
     uint64_t clock;
     int64_t made;
-    cudnnHandle_t makers[MAX_MAKERS]; /* [0] unused: the calling thread queries through ctx's handle */
+    maker_handles makers[MAX_MAKERS];
 } plan_cache;
 
 static void cache_destroy(void *p)
@@ -43,9 +54,15 @@ static void cache_destroy(void *p)
     plan_cache *c = p;
     for (int i = 0; i < c->n; i++)
         ptl_conv2d_plan_destroy(c->e[i].plan); /* plans a network still holds live on until it drops them */
-    for (int t = 1; t < MAX_MAKERS; t++)
-        if (c->makers[t])
-            cudnnDestroy(c->makers[t]);
+    for (int t = 0; t < MAX_MAKERS; t++) {
+        maker_handles *m = &c->makers[t];
+        if (m->cudnn)
+            cudnnDestroy(m->cudnn);
+        if (m->cublas)
+            cublasDestroy(m->cublas);
+        if (m->stream)
+            cudaStreamDestroy(m->stream);
+    }
     free(c->e);
     free(c);
 }
@@ -75,7 +92,9 @@ static void trim(plan_cache *c)
     }
 }
 
-/* The plans one batch makes: job j makes plan[j] for key (d[j], dt, o); threads take jobs in turn. */
+/* The plans one batch makes: job j makes plan[j] for key (d[j], dt, o); threads take jobs in turn. With
+ * several threads each warms the plans it makes on its own stream, over scratch buffers they share (what
+ * the warm-up computes is never read, so their races do not matter). */
 typedef struct {
     ptl_cuda_ctx *ctx;
     plan_cache *c;
@@ -87,6 +106,8 @@ typedef struct {
     char (*msg)[512];
     int njobs;
     atomic_int next;
+    void *scratch[4]; /* x / dx, w / dw / dbias, y / dy, workspace; NULL: no warm-up */
+    size_t ws_bytes;
 } make_batch;
 
 typedef struct {
@@ -94,48 +115,117 @@ typedef struct {
     int t;
 } maker_arg;
 
-static void make_jobs(make_batch *b, cudnnHandle_t h, const char *setup_error)
+/* Runs jobs until none is left. w: a maker's context (its handles and stream; the plans are warmed), or
+ * NULL for the calling thread on ctx's handle. */
+static void make_jobs(make_batch *b, ptl_cuda_ctx *w)
 {
     for (int j; (j = atomic_fetch_add(&b->next, 1)) < b->njobs;) {
-        if (!setup_error && !ptl_conv2d_plan_create(b->ctx, h, b->d[j], b->dt, b->o, &b->plan[j]))
+        cudnnHandle_t h = w ? w->cudnn : b->ctx->cudnn;
+        if (!ptl_conv2d_plan_create(b->ctx, h, b->d[j], b->dt, b->o, &b->plan[j])) {
+            /* best effort: a plan not warmed loads its kernels at its first step instead */
+            if (w && b->scratch[0] && ptl_conv2d_plan_workspace(b->plan[j]) <= b->ws_bytes)
+                (void)ptl_conv2d_plan_warm(w, b->plan[j], b->scratch[0], b->scratch[1], b->scratch[2],
+                                           b->scratch[3], b->ws_bytes);
             continue;
+        }
         b->plan[j] = NULL;
-        b->kind[j] = setup_error ? PTL_ERR_RUNTIME : ptl_error_kind_get();
-        snprintf(b->msg[j], sizeof b->msg[j], "%s", setup_error ? setup_error : ptl_error_message());
+        b->kind[j] = ptl_error_kind_get();
+        snprintf(b->msg[j], sizeof b->msg[j], "%s", ptl_error_message());
     }
 }
 
+/* Creates what a maker lacks on `device`; 0, or -1 when something could not be made. */
+static int maker_ready(maker_handles *m, int device)
+{
+    if (cudaSetDevice(device) != cudaSuccess)
+        return -1;
+    if (!m->stream && cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking) != cudaSuccess)
+        m->stream = NULL;
+    if (m->stream && !m->cudnn &&
+        (cudnnCreate(&m->cudnn) != CUDNN_STATUS_SUCCESS || cudnnSetStream(m->cudnn, m->stream) != CUDNN_STATUS_SUCCESS)) {
+        if (m->cudnn)
+            cudnnDestroy(m->cudnn);
+        m->cudnn = NULL;
+    }
+    if (m->stream && !m->cublas &&
+        (cublasCreate(&m->cublas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(m->cublas, m->stream) != CUBLAS_STATUS_SUCCESS)) {
+        if (m->cublas)
+            cublasDestroy(m->cublas);
+        m->cublas = NULL;
+    }
+    return m->stream && m->cudnn && m->cublas ? 0 : -1;
+}
+
+/* A maker whose handles cannot be made takes no job: the caller makes those left after the join. */
 static void *maker(void *arg)
 {
     const maker_arg *a = arg;
     make_batch *b = a->b;
-    cudnnHandle_t *h = &b->c->makers[a->t];
-    const char *err = NULL;
-    if (cudaSetDevice(b->ctx->device) != cudaSuccess)
-        err = "conv2d plans: cudaSetDevice failed in a plan-making thread";
-    else if (!*h && cudnnCreate(h) != CUDNN_STATUS_SUCCESS) {
-        *h = NULL;
-        err = "conv2d plans: cudnnCreate failed in a plan-making thread";
+    maker_handles *m = &b->c->makers[a->t];
+    if (maker_ready(m, b->ctx->device)) {
+        cudaGetLastError();
+        return NULL;
     }
-    make_jobs(b, *h, err);
+    ptl_cuda_ctx w = *b->ctx; /* ctx with this thread's handles and stream */
+    w.stream = m->stream;
+    w.cudnn = m->cudnn;
+    w.cublas = m->cublas;
+    make_jobs(b, &w);
+    cudaStreamSynchronize(m->stream); /* the warm-ups are done with the scratch */
+    cudaGetLastError();               /* a failed warm-up is no error of the batch */
+    cublasDestroy(m->cublas);         /* and its GEMM workspace: cuBLAS's algorithm choices stay cached */
+    m->cublas = NULL;
     return NULL;
 }
 
-/* Makes b's jobs on up to `threads` threads (the caller is one); 0 or -1 with the first failed job's error. */
+/* Scratch for the warm-ups of b's jobs (NULL entries when the device has no room: no warm-up). */
+static void scratch_alloc(make_batch *b)
+{
+    const size_t esz = ptl_dtype_size(b->dt);
+    size_t sz[4] = {0, 0, 0, WARM_WORKSPACE};
+    for (int j = 0; j < b->njobs; j++) {
+        const ptl_conv2d_desc *d = b->d[j];
+        const size_t x = (size_t)d->n * d->h * d->w * d->cin, y = (size_t)d->n * d->ho * d->wo * d->cout;
+        size_t w = (size_t)d->cout * d->k * d->k * (d->cin / d->groups);
+        w = w > (size_t)d->cout ? w : (size_t)d->cout;
+        sz[0] = x * esz > sz[0] ? x * esz : sz[0];
+        sz[1] = w * esz > sz[1] ? w * esz : sz[1];
+        sz[2] = y * esz > sz[2] ? y * esz : sz[2];
+    }
+    sz[3] = sz[0] > sz[3] ? sz[0] : sz[3];
+    for (int i = 0; i < 4; i++)
+        if (cudaMalloc(&b->scratch[i], sz[i]) != cudaSuccess) {
+            cudaGetLastError();
+            b->scratch[i] = NULL;
+        }
+    if (!b->scratch[0] || !b->scratch[1] || !b->scratch[2] || !b->scratch[3])
+        for (int i = 0; i < 4; i++) {
+            cudaFree(b->scratch[i]);
+            b->scratch[i] = NULL;
+        }
+    b->ws_bytes = sz[3];
+}
+
+/* Makes b's jobs: on the calling thread alone (threads 1), else on `threads` makers while the caller waits
+ * (and then makes what they left). 0, or -1 with the first failed job's error. */
 static int make_all(make_batch *b, int threads)
 {
     pthread_t th[MAX_MAKERS];
     maker_arg args[MAX_MAKERS];
     int started = 0;
-    for (int t = 1; t < threads; t++) {
-        args[t] = (maker_arg){b, t};
-        if (pthread_create(&th[t], NULL, maker, &args[t]) != 0)
-            break; /* fewer threads: the jobs still all run */
-        started = t;
+    if (threads > 1 && cudaSetDevice(b->ctx->device) == cudaSuccess) {
+        scratch_alloc(b);
+        for (; started < threads; started++) {
+            args[started] = (maker_arg){b, started};
+            if (pthread_create(&th[started], NULL, maker, &args[started]) != 0)
+                break; /* fewer threads: the jobs still all run */
+        }
     }
-    make_jobs(b, b->ctx->cudnn, NULL);
-    for (int t = 1; t <= started; t++)
+    for (int t = 0; t < started; t++)
         pthread_join(th[t], NULL);
+    for (int i = 0; i < 4; i++)
+        cudaFree(b->scratch[i]);
+    make_jobs(b, NULL); /* what no maker took: all of it with one thread or no maker */
     for (int j = 0; j < b->njobs; j++)
         if (!b->plan[j]) {
             ptl_set_error(b->kind[j], "%s", b->msg[j]);
