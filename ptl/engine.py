@@ -147,9 +147,10 @@ class Engine:
                          else _distributed.nccl_communicator(self.dist, trainer.timeout))
 
     def _fill_loaders(self):
-        """Fills the loaders' caches; on CUDA a second thread meanwhile makes the conv plans of their first
-        batch shapes (host work both; the process's first cuDNN query alone takes ~0.2 s), which the first
-        forwards of those shapes then find. The fill stays on this thread, where Ctrl-C reaches it."""
+        """Fills the loaders' caches; on CUDA a second thread meanwhile makes and warms the conv plans of
+        their first batch shapes (the process's first cuDNN query alone takes ~0.2 s, a cuDNN kernel's first
+        launch 10-40 ms), which the first forwards of those shapes then find. The fill stays on this thread,
+        where Ctrl-C reaches it."""
         loaders = [ld for ld in (self.train_loader, self.val_loader) if ld is not None]
         planner, failed = None, []
         if self.device != "cpu":

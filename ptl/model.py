@@ -557,9 +557,9 @@ class Detector:
 
     def plan(self, shapes) -> None:
         """Makes the conv plans of these ``(batch, height, width)`` shapes now, so that their first forwards
-        find them (CUDA: each shape's missing plans are made concurrently into the device's plan cache, while
-        the caller may do other work: the GIL is released; the CPU has nothing to plan). A fit plans the
-        shapes of its loaders while their caches fill."""
+        find them (CUDA: the missing plans are made concurrently into the device's plan cache and run once
+        there, which loads their kernels; the GIL is released meanwhile; the CPU has nothing to plan). A fit
+        plans the shapes of its loaders while their caches fill."""
         _C.executor_plan(self._exec, [tuple(int(v) for v in s) for s in shapes])
 
     def prepare(self, batch: int, height: int, width: int) -> None:

@@ -169,8 +169,10 @@ int ptl_net_exec_plan(ptl_net_exec *x, int count, const int *bhw)
     for (int k = 0; k < count; k++)
         if (check_shape(bhw[3 * k], bhw[3 * k + 1], bhw[3 * k + 2]))
             return -1;
-    if (count == 0 || activate(x->be, x->ctx))
-        return count == 0 ? 0 : -1;
+    if (count == 0)
+        return 0;
+    if (activate(x->be, x->ctx))
+        return -1;
     return plan_shapes(x, count, bhw, NULL);
 }
 
