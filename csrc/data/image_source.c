@@ -270,8 +270,8 @@ int ptl_src_fill(ptl_loader *L, const atomic_int *cancel)
     atomic_init(&f.next, 0);
     atomic_init(&f.failed, 0);
     pthread_mutex_init(&f.mu, NULL);
-    /* nothing else runs while the cache fills up front: every CPU the process may use decodes (each image
-     * by one thread, so the bytes do not depend on how many) */
+    /* a one-off before the first epoch: every CPU the process may use decodes (each image by one thread, so
+     * the bytes do not depend on how many) */
     const int cpus = ptl_cpu_threads();
     int nt = L->cfg.workers > cpus ? L->cfg.workers : cpus, started = 0;
     nt = nt < L->ds->n ? nt : L->ds->n > 0 ? L->ds->n : 1;
