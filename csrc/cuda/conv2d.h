@@ -56,12 +56,10 @@ void ptl_conv2d_plan_retain(ptl_conv2d_plan *p);
 void ptl_conv2d_plan_destroy(ptl_conv2d_plan *p);
 int ptl_conv2d_plan_refs(const ptl_conv2d_plan *p);
 
-/* The plan for (d, dt, opts) from ctx's plan cache (conv2d_plan_cache.c): made on the first request,
- * shared by every later one, so a shape seen before costs no cuDNN query. The caller owns one reference
- * (drop it with ptl_conv2d_plan_destroy); the cache keeps unreferenced plans up to a bound. */
-int ptl_conv2d_plan_acquire(struct ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt,
-                            const ptl_conv2d_plan_opts *opts, ptl_conv2d_plan **out);
-/* The plans for n descriptors at once (a network shape's convolutions): those the cache lacks are made
+/* The plans for (d[i], dt, opts) from ctx's plan cache (conv2d_plan_cache.c): each made on the first request,
+ * shared by every later one, so a shape seen before costs no cuDNN query. The caller owns one reference per
+ * out[i] (drop it with ptl_conv2d_plan_destroy); the cache keeps unreferenced plans up to a bound.
+ * Asked for n at once (a network shape's convolutions), those the cache lacks are made
  * concurrently while the caller waits, one thread, cuDNN handle and stream each, up to the CPUs the process
  * may use (ptl_cpu_threads, 16 at most); each thread warms the plans it makes (ptl_conv2d_plan_warm) on
  * scratch it shares with the others, allocated for the call and freed after it (cudaMalloc / cudaFree:

@@ -1,4 +1,4 @@
-/* The per-device cache of convolution plans (see ptl_conv2d_plan_acquire in conv2d.h). Making a plan asks
+/* The per-device cache of convolution plans (see ptl_conv2d_plans_acquire in conv2d.h). Making a plan asks
  * cuDNN's heuristics for three directions, about 2 ms per convolution on cuDNN 9 (yolo26n has 57 cuDNN
  * convolutions). Validation's rectangular batches and a fit's partial last batch revisit the same few
  * shapes every epoch, and every network of a process needs the same plans, so a plan is made once per key
@@ -122,8 +122,9 @@ static void make_jobs(make_batch *b, ptl_cuda_ctx *w)
     for (int j; (j = atomic_fetch_add(&b->next, 1)) < b->njobs;) {
         cudnnHandle_t h = w ? w->cudnn : b->ctx->cudnn;
         if (!ptl_conv2d_plan_create(b->ctx, h, b->d[j], b->dt, b->o, &b->plan[j])) {
-            /* best effort: a plan not warmed loads its kernels at its first step instead */
-            if (w && b->scratch[0] && ptl_conv2d_plan_workspace(b->plan[j]) <= b->ws_bytes)
+            /* best effort (a plan needing more workspace is refused): one not warmed loads its kernels at
+             * its first step instead */
+            if (w && b->scratch[0])
                 (void)ptl_conv2d_plan_warm(w, b->plan[j], b->scratch[0], b->scratch[1], b->scratch[2],
                                            b->scratch[3], b->ws_bytes);
             continue;
@@ -330,12 +331,6 @@ done:
     free(b.kind);
     free(b.msg);
     return rc;
-}
-
-int ptl_conv2d_plan_acquire(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt,
-                            const ptl_conv2d_plan_opts *opts, ptl_conv2d_plan **out)
-{
-    return ptl_conv2d_plans_acquire(ctx, 1, d, dt, opts, out);
 }
 
 void ptl_conv2d_plan_cache_stats(ptl_cuda_ctx *ctx, int64_t *held, int64_t *made)
