@@ -166,6 +166,8 @@ fail:
 
 int ptl_net_exec_plan(ptl_net_exec *x, int count, const int *bhw)
 {
+    if (count < 0)
+        return ptl_set_error(PTL_ERR_VALUE, "shapes: a negative count (%d)", count);
     for (int k = 0; k < count; k++)
         if (check_shape(bhw[3 * k], bhw[3 * k + 1], bhw[3 * k + 2]))
             return -1;

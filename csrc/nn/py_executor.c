@@ -244,8 +244,8 @@ static PyObject *py_plan(PyObject *self, PyObject *args)
     if (!x || !(seq = PySequence_Fast(shapes, "shapes: expected a sequence of (batch, height, width)")))
         return NULL;
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n > 4096) {
-        PyErr_Format(PyExc_ValueError, "shapes: at most 4096 shapes at once, got %zd", n);
+    if (n > INT_MAX / 3) {
+        PyErr_Format(PyExc_ValueError, "shapes: %zd shapes are too many", n);
         goto fail;
     }
     if (!(bhw = malloc((size_t)(n ? n : 1) * 3 * sizeof *bhw))) {
