@@ -154,15 +154,23 @@ class Engine:
         loaders = [ld for ld in (self.train_loader, self.val_loader) if ld is not None]
         planner, failed = None, []
         if self.device != "cpu":
-            shapes = []
-            for ld in loaders:
+            # the training shapes, then validation's, whose no-grad forwards need forward plans alone
+            shapes, taken = [], 0
+            for forward_only, ld in ((False, self.train_loader), (True, self.val_loader)):
+                if ld is None:
+                    continue
+                mine = []
                 for (_, _, n), (h, w) in zip(ld.batch_slices, ld.batch_shapes):
-                    if n > 0 and (int(n), int(h), int(w)) not in shapes and len(shapes) < PLAN_AHEAD_SHAPES:
-                        shapes.append((int(n), int(h), int(w)))
+                    shape = (int(n), int(h), int(w))
+                    if n > 0 and shape not in mine and taken < PLAN_AHEAD_SHAPES:
+                        mine.append(shape)
+                        taken += 1
+                shapes.append((mine, forward_only))
 
             def plan():
                 try:
-                    self.model.plan(shapes)
+                    for mine, forward_only in shapes:
+                        self.model.plan(mine, forward_only=forward_only)
                 except Exception as exc:  # raised here, after the fill
                     failed.append(exc)
             planner = threading.Thread(target=plan, name="ptl-conv-plans")

@@ -555,12 +555,14 @@ class Detector:
         finally:
             _C.executor_use_weights(self._exec, None, None)
 
-    def plan(self, shapes) -> None:
+    def plan(self, shapes, forward_only: bool = False) -> None:
         """Makes the conv plans of these ``(batch, height, width)`` shapes now, so that their first forwards
         find them (CUDA: the missing plans are made concurrently into the device's plan cache and run once
         there, which loads their kernels; the GIL is released meanwhile; the CPU has nothing to plan). A fit
-        plans the shapes of its loaders while their caches fill."""
-        _C.executor_plan(self._exec, [tuple(int(v) for v in s) for s in shapes])
+        plans the shapes of its loaders while their caches fill. ``forward_only``: for forwards inside
+        :meth:`no_grad` (validation, prediction), whose plans on CUDA leave the backward out, a third of the
+        work."""
+        _C.executor_plan(self._exec, [tuple(int(v) for v in s) for s in shapes], bool(forward_only))
 
     def prepare(self, batch: int, height: int, width: int) -> None:
         """Allocates every buffer and makes every conv plan for this shape (forward does it too)."""

@@ -230,6 +230,32 @@ def test_conv2d_reruns_are_bitwise_equal(case, dt, cudnn_api):
         assert same_bits(a, b)
 
 
+@pytest.mark.parametrize("case", [(2, 20, 20, 16, 32, 3, 1, 1), (2, 20, 20, 32, 16, 3, 2, 1),
+                                  (2, 16, 16, 32, 32, 1, 1, 1), (2, 20, 20, 32, 32, 3, 1, 32)])
+def test_conv2d_forward_only_plans(case, cudnn_api):
+    """A forward-only plan (a no-grad layout's) gives the full plan's forward bits, needs no more workspace,
+    and refuses every backward direction by name."""
+    rng = np.random.default_rng(4)
+    x, wt, xg, wg, plan, info, ws = conv_setup(case, "bfloat16", rng)
+    fplan = C.layer_conv2d_plan(xg, wg, case[6], case[7], forward_only=True)
+    finfo = C.layer_cuda_conv2d_plan_info(fplan)
+    assert finfo["path"] == info["path"] and finfo["algos"][0] == info["algos"][0]
+    assert finfo["workspace"] <= info["workspace"]
+    b = gpu(rng.standard_normal(case[4]), "bfloat16")
+    y, fy = empty(info["y_shape"], "bfloat16"), empty(info["y_shape"], "bfloat16")
+    C.layer_conv2d_forward(plan, xg, wg, b, y, ws)
+    fws = empty((finfo["workspace"],), "uint8") if finfo["workspace"] else None
+    C.layer_conv2d_forward(fplan, xg, wg, b, fy, fws)
+    assert same_bits(y, fy)
+    dyg = gpu(rng.standard_normal(info["y_shape"]), "bfloat16")
+    with pytest.raises(ValueError, match="backward_input_cuda: the plan was made for forwards only"):
+        C.layer_conv2d_backward_input(fplan, dyg, wg, empty(x.shape, "bfloat16"), ws)
+    with pytest.raises(ValueError, match="backward_weight_cuda: the plan was made for forwards only"):
+        C.layer_conv2d_backward_weight(fplan, xg, dyg, ptl.zeros(wt.shape, "bfloat16", "cuda"), ws)
+    with pytest.raises(ValueError, match="backward_bias_cuda: the plan was made for forwards only"):
+        C.layer_conv2d_backward_bias(fplan, dyg, ptl.zeros((case[4],), "bfloat16", "cuda"), ws)
+
+
 @pytest.mark.parametrize("dt", ["float32", "bfloat16"])
 def test_conv2d_find_mode_and_workspace_checks(dt, cudnn_api):
     rng = np.random.default_rng(3)

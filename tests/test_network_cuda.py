@@ -514,8 +514,9 @@ def test_conv_plans_are_shared():
 
 @pytest.mark.cuda
 def test_planned_shapes_prepare_without_queries():
-    """Detector.plan makes the conv plans of several shapes at once (what a fit does while its caches fill);
-    preparing those shapes afterwards, with or without gradients, asks cuDNN nothing."""
+    """Detector.plan makes the conv plans of several shapes at once (what a fit does while its caches fill),
+    for training layouts or, forward_only, for no-grad ones (their own plans: the forward alone); preparing
+    those shapes afterwards, with and without gradients, asks cuDNN nothing."""
     def made():
         return ptl._C.layer_cuda_conv2d_plan_cache(0)[1]
 
@@ -525,12 +526,17 @@ def test_planned_shapes_prepare_without_queries():
     net.plan(shapes)
     m1 = made()
     assert m1 - m0 >= 2 * 8  # each shape's cuDNN convolutions (the 1x1 and depthwise ones need no query)
+    net.plan(shapes, forward_only=True)
+    m2 = made()
+    assert m2 - m1 == m1 - m0
     for s in shapes:
         net.prepare(*s)
     with net.no_grad():
-        net.prepare(*shapes[1])
+        for s in shapes:
+            net.prepare(*s)
     net.plan(shapes)
-    assert made() == m1
+    net.plan(shapes, forward_only=True)
+    assert made() == m2
 
 
 # One process's conv plans for a fresh shape (made concurrently unless PTL_NUM_THREADS=1): each conv's

@@ -201,8 +201,9 @@ def test_bad_calls_leave_the_executor_usable():
 
 
 def test_plan_checks_its_shapes():
-    """Detector.plan takes (batch, height, width) shapes, checked as a forward checks them; on the CPU
-    there is nothing to plan ahead, and planning changes no result."""
+    """Detector.plan takes (batch, height, width) shapes, checked as a forward checks them, for training
+    or (forward_only) no-grad layouts; on the CPU there is nothing to plan ahead, and planning changes no
+    result."""
     det = Detector("yolo26n", num_classes=80, seed=0)
     with pytest.raises(ValueError, match="multiples of 32"):
         det.plan([(1, 64, 64), (1, 48, 64)])
@@ -215,8 +216,11 @@ def test_plan_checks_its_shapes():
     x = np.random.default_rng(0).integers(0, 256, (1, 64, 96, 3), dtype=np.uint8)
     before = _bits(det.forward(x)["one2one"][1]).copy()
     det.plan([(1, 64, 96), (2, 64, 64)])
+    det.plan([(1, 64, 96)], forward_only=True)
     det.plan([])
     assert np.array_equal(_bits(det.forward(x)["one2one"][1]), before)
+    with det.no_grad():
+        assert np.array_equal(_bits(det.forward(x)["one2one"][1]), before)
 
 
 def test_no_block_leaks():

@@ -32,6 +32,7 @@ struct ptl_conv2d_plan {
     ptl_colsum_geom dw_geom;     /* the depthwise weight gradient's reduction over output pixels */
     size_t ws_f, ws_bd, ws_bf, ws_bias, ws;
     ptl_colsum_geom bias_geom;
+    int forward_only; /* opts->forward_only: the backward directions were neither planned nor sized */
 };
 
 extern "C" ptl_conv2d_plan_opts ptl_conv2d_plan_opts_default(void)
@@ -43,6 +44,7 @@ extern "C" ptl_conv2d_plan_opts ptl_conv2d_plan_opts_default(void)
     o.workspace_limit = 0;
     const char *api = getenv("PTL_CUDNN_API");
     o.legacy_api = api && !strcmp(api, "legacy");
+    o.forward_only = 0;
     return o;
 }
 
@@ -187,13 +189,14 @@ static int legacy_run(void *arg, int i, const ptl_conv_find_buffers *b)
 static int choose(ptl_conv2d_plan *p, ptl_cuda_ctx *ctx, cudnnHandle_t h, const ptl_conv2d_plan_opts *o, int strict,
                   cudnnMathType_t mt0)
 {
+    const int ndirs = o->forward_only ? 1 : 3;
     static const char *names[3] = {"forward", "backward-data", "backward-filter"};
     cand_t cands[3][MAX_CAND];
     int nc[3] = {0, 0, 0}, best[3] = {0, 0, 0};
     size_t wsmax = 0, sz;
     ptl_conv_find_buffers fb = {{NULL, NULL, NULL, NULL}, {NULL, NULL, NULL, NULL}, 0};
     int rc = -1;
-    for (int dir = 0; dir < 3; dir++) {
+    for (int dir = 0; dir < ndirs; dir++) {
         PTL_CHECK(heuristics(p, h, dir, mt0, o, strict, cands[dir], &nc[dir]));
         if (o->find && !strict)  /* the other permitted math: FMA kernels (bf16/fp16), or FMA next to TF32 */
             PTL_CHECK(heuristics(p, h, dir, mt0 == CUDNN_TENSOR_OP_MATH ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH, o,
@@ -209,7 +212,7 @@ static int choose(ptl_conv2d_plan *p, ptl_cuda_ctx *ctx, cudnnHandle_t h, const 
     }
     if (o->find) {
         PTL_CHECK(ptl_conv_find_buffers_alloc(ctx, &p->d, p->dt, wsmax, &fb));
-        for (int dir = 0; dir < 3; dir++) {
+        for (int dir = 0; dir < ndirs; dir++) {
             const legacy_trial t = {p, h, dir, strict, cands[dir]};
             best[dir] = ptl_conv_find_fastest(ctx, nc[dir], legacy_run, (void *)&t, &fb);
             if (best[dir] < 0) {
@@ -218,7 +221,7 @@ static int choose(ptl_conv2d_plan *p, ptl_cuda_ctx *ctx, cudnnHandle_t h, const 
             }
         }
     }
-    for (int dir = 0; dir < 3; dir++) {
+    for (int dir = 0; dir < ndirs; dir++) {
         const cand_t *c = &cands[dir][best[dir]];
         size_t *ws = dir == DIR_FWD ? &p->ws_f : dir == DIR_BWD_DATA ? &p->ws_bd : &p->ws_bf;
         PTL_CUDNN_TRY(cand_workspace(p, h, dir, c, strict, ws));
@@ -296,6 +299,7 @@ extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, cudnnHandle_t cudnn, co
     p->dt = dt;
     p->device = ctx->device;
     p->refs = 1;
+    p->forward_only = o->forward_only;
     ct = ptl_cudnn_data_type(dt);
     strict = dt == PTL_FLOAT32 && !o->allow_tf32;
     /* FMA math restricts float32 to true float32 kernels. Reduced precision asks for tensor cores
@@ -354,23 +358,24 @@ extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, cudnnHandle_t cudnn, co
         static const ptl_conv_direction dirs[3] = {PTL_CONV_FORWARD, PTL_CONV_BACKWARD_DATA,
                                                    PTL_CONV_BACKWARD_FILTER};
         size_t *ws[3] = {&p->ws_f, &p->ws_bd, &p->ws_bf};
+        const int ndirs = o->forward_only ? 1 : 3;
         int n = 0;
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < ndirs; i++) {
             if (ptl_cudnn_conv_exec_create(ctx, cudnn, d, dt, dirs[i], strict, o, &p->exec[i]))
                 goto fail;
             n += p->exec[i] != NULL;
         }
-        if (n == 3) {
-            for (int i = 0; i < 3; i++) {
+        if (n == ndirs) {
+            for (int i = 0; i < ndirs; i++) {
                 *ws[i] = ptl_cudnn_conv_exec_workspace(p->exec[i]);
                 p->tensor_op[i] = ptl_cudnn_conv_exec_tensor_op(p->exec[i]);
             }
             p->af = (cudnnConvolutionFwdAlgo_t)ptl_cudnn_conv_exec_engine(p->exec[0]);
-            p->abd = (cudnnConvolutionBwdDataAlgo_t)ptl_cudnn_conv_exec_engine(p->exec[1]);
-            p->abf = (cudnnConvolutionBwdFilterAlgo_t)ptl_cudnn_conv_exec_engine(p->exec[2]);
+            p->abd = (cudnnConvolutionBwdDataAlgo_t)(p->exec[1] ? ptl_cudnn_conv_exec_engine(p->exec[1]) : -1);
+            p->abf = (cudnnConvolutionBwdFilterAlgo_t)(p->exec[2] ? ptl_cudnn_conv_exec_engine(p->exec[2]) : -1);
             goto sizes;
         }
-        for (int i = 0; i < 3; i++) { /* an engine missing for one direction: all three go legacy */
+        for (int i = 0; i < 3; i++) { /* an engine missing for one direction: all of them go legacy */
             ptl_cudnn_conv_exec_destroy(p->exec[i]);
             p->exec[i] = NULL;
         }
@@ -379,7 +384,9 @@ extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, cudnnHandle_t cudnn, co
         goto fail;
 
 sizes:
-    {
+    if (o->forward_only) {
+        p->ws_bd = p->ws_bf = 0;
+    } else {
         const int64_t rows = (int64_t)d->n * d->ho * d->wo;
         p->bias_geom = ptl_colsum_geometry(rows, d->cout, 1);
         p->ws_bias = ptl_colsum_part_bytes(rows, d->cout, 1);
@@ -436,8 +443,12 @@ fail:
     return -1;
 }
 
-static int check_exec(const char *fn, ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, size_t need, size_t have)
+/* backward: the call is one of the backward directions, which a forward-only plan lacks */
+static int check_exec(const char *fn, ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, int backward, size_t need,
+                      size_t have)
 {
+    if (backward && p->forward_only)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: the plan was made for forwards only (forward_only)", fn);
     if (ctx->device != p->device)
         return ptl_set_error(PTL_ERR_VALUE, "%s: plan was made for cuda:%d, called on cuda:%d", fn, p->device,
                              ctx->device);
@@ -632,7 +643,7 @@ extern "C" int ptl_conv2d_forward_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan 
 {
     const float one = 1.0f, zero = 0.0f;
     const int64_t total = (int64_t)p->d.n * p->d.ho * p->d.wo * p->d.cout;
-    if (check_exec("conv2d_forward_cuda", ctx, p, p->ws_f, workspace_bytes))
+    if (check_exec("conv2d_forward_cuda", ctx, p, 0, p->ws_f, workspace_bytes))
         return -1;
     if (p->gemm) {
         if (gemm(ctx, p, CUBLAS_OP_T, CUBLAS_OP_N, p->d.cout, (int)(total / p->d.cout), p->d.cin, w, p->d.cin, x,
@@ -667,7 +678,7 @@ extern "C" int ptl_conv2d_backward_input_cuda(ptl_cuda_ctx *ctx, const ptl_conv2
                                               const void *w, void *dx, void *workspace, size_t workspace_bytes)
 {
     const float one = 1.0f, zero = 0.0f;
-    if (check_exec("conv2d_backward_input_cuda", ctx, p, p->ws_bd, workspace_bytes))
+    if (check_exec("conv2d_backward_input_cuda", ctx, p, 1, p->ws_bd, workspace_bytes))
         return -1;
     if (p->gemm)
         return gemm(ctx, p, CUBLAS_OP_N, CUBLAS_OP_N, p->d.cin, p->d.n * p->d.h * p->d.w, p->d.cout, w, p->d.cin, dy,
@@ -690,7 +701,7 @@ extern "C" int ptl_conv2d_backward_weight_cuda(ptl_cuda_ctx *ctx, const ptl_conv
                                                const void *dy, void *dw, void *workspace, size_t workspace_bytes)
 {
     const float one = 1.0f;
-    if (check_exec("conv2d_backward_weight_cuda", ctx, p, p->ws_bf, workspace_bytes))
+    if (check_exec("conv2d_backward_weight_cuda", ctx, p, 1, p->ws_bf, workspace_bytes))
         return -1;
     if (p->gemm)
         return gemm(ctx, p, CUBLAS_OP_N, CUBLAS_OP_T, p->d.cin, p->d.cout, p->d.n * p->d.h * p->d.w, x, p->d.cin, dy,
@@ -724,8 +735,11 @@ extern "C" int ptl_conv2d_plan_warm(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p,
     if (workspace_bytes < p->ws)
         return ptl_set_error(PTL_ERR_VALUE, "conv2d plan warm-up: workspace of %zu bytes is smaller than the plan's %zu",
                              workspace_bytes, p->ws);
-    if (ptl_conv2d_forward_cuda(ctx, p, a, b, NULL, c, workspace, workspace_bytes) ||
-        ptl_conv2d_backward_input_cuda(ctx, p, c, b, a, workspace, workspace_bytes) ||
+    if (ptl_conv2d_forward_cuda(ctx, p, a, b, NULL, c, workspace, workspace_bytes))
+        return -1;
+    if (p->forward_only)
+        return 0;
+    if (ptl_conv2d_backward_input_cuda(ctx, p, c, b, a, workspace, workspace_bytes) ||
         ptl_conv2d_backward_weight_cuda(ctx, p, a, c, b, workspace, workspace_bytes) ||
         ptl_conv2d_backward_bias_cuda(ctx, p, c, b, workspace, workspace_bytes))
         return -1;
@@ -739,7 +753,7 @@ extern "C" int ptl_conv2d_backward_bias_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d
     const int c = p->d.cout;
     const ptl_colsum_geom g = p->bias_geom;
     double *part = (double *)workspace;
-    if (check_exec("conv2d_backward_bias_cuda", ctx, p, p->ws_bias, workspace_bytes))
+    if (check_exec("conv2d_backward_bias_cuda", ctx, p, 1, p->ws_bias, workspace_bytes))
         return -1;
     PTL_LAYER_DISPATCH("conv2d_backward_bias_cuda", p->dt, {
         ptl_colsum_launch(g, rows, c, bias_grad_op<T>{(const T *)dy, c}, part, ctx->stream);

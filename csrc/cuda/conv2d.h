@@ -38,10 +38,12 @@ typedef struct {
     int legacy_api;         /* cuDNN's legacy entry points instead of graph-API execution plans
                              * (conv2d_cudnn_graph.h), which cost a few us of host time per call instead
                              * of 33-83 us; also taken when no graph-API engine meets the options */
+    int forward_only;       /* plan, warm and size the forward alone (a no-grad layout's convolutions): its
+                             * backward calls raise */
 } ptl_conv2d_plan_opts;
 
 /* The defaults: deterministic, no TF32, heuristics, no workspace limit, the graph API unless the
- * environment says PTL_CUDNN_API=legacy (for comparisons). */
+ * environment says PTL_CUDNN_API=legacy (for comparisons), every direction. */
 ptl_conv2d_plan_opts ptl_conv2d_plan_opts_default(void);
 
 /* Builds the plan for `d` and activations of dtype `dt` (float32, bfloat16 or float16) on ctx's device,
@@ -68,11 +70,12 @@ int ptl_conv2d_plan_refs(const ptl_conv2d_plan *p);
  * is held and the error is the first failing descriptor's. */
 int ptl_conv2d_plans_acquire(struct ptl_cuda_ctx *ctx, int n, const ptl_conv2d_desc *d, ptl_dtype dt,
                              const ptl_conv2d_plan_opts *opts, ptl_conv2d_plan **out);
-/* Runs each of p's directions once (forward, backward-input, backward-weight, backward-bias) on ctx's
- * stream over scratch buffers whose contents do not matter: a of x's size (x, then dx), b of at least w's
- * and cout elements (w, dw, dbias), c of y's (y, dy), a workspace of ptl_conv2d_plan_workspace(p). The
- * first launch of a cuDNN kernel loads it (10-40 ms each on an H200) and cuBLAS chooses a GEMM's algorithm
- * at its first call per problem (~5 ms); a plan-making thread warms its plans so that a step does neither. */
+/* Runs each of p's directions once (forward, then unless p is forward-only backward-input, backward-weight
+ * and backward-bias) on ctx's stream over scratch buffers whose contents do not matter: a of x's size (x,
+ * then dx), b of at least w's and cout elements (w, dw, dbias), c of y's (y, dy), a workspace of
+ * ptl_conv2d_plan_workspace(p). The first launch of a cuDNN kernel loads it (10-40 ms each on an H200) and
+ * cuBLAS chooses a GEMM's algorithm at its first call per problem (~5 ms); a plan-making thread warms its
+ * plans so that a step does neither. */
 int ptl_conv2d_plan_warm(struct ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, void *a, void *b, void *c,
                          void *workspace, size_t workspace_bytes);
 /* How many plans ctx's cache holds, and how many it has made (for tests and benchmarks). */

@@ -71,7 +71,7 @@ static int same_key(const plan_entry *e, const ptl_conv2d_desc *d, ptl_dtype dt,
 {
     return !memcmp(&e->d, d, sizeof *d) && e->dt == dt && e->o.deterministic == o->deterministic &&
            e->o.allow_tf32 == o->allow_tf32 && e->o.find == o->find && e->o.workspace_limit == o->workspace_limit &&
-           e->o.legacy_api == o->legacy_api;
+           e->o.legacy_api == o->legacy_api && e->o.forward_only == o->forward_only;
 }
 
 /* Drops the least recently used plans nobody else holds while more than KEEP_UNUSED are unheld. */

@@ -128,10 +128,12 @@ static int check_shape(int B, int H, int W)
     return 0;
 }
 
-/* The conv plans of `count` shapes (bhw: B, H, W each) at once: into s's plans when s is given (one shape),
- * else made and dropped (the backend's plan cache keeps them). */
-static int plan_shapes(ptl_net_exec *x, int count, const int *bhw, ptl_net_slot *s)
+/* The conv plans of `count` shapes (bhw: B, H, W each) at once, for no-grad layouts when forward_only: into
+ * s's plans when s is given (one shape), else made and dropped (the backend's plan cache keeps them). */
+static int plan_shapes(ptl_net_exec *x, int count, const int *bhw, int forward_only, ptl_net_slot *s)
 {
+    ptl_net_conv_opts o = x->opts;
+    o.forward_only = forward_only;
     const int per = x->net->nops;
     ptl_conv2d_desc *d = malloc((size_t)count * per * sizeof *d);
     uint8_t *bias = malloc((size_t)count * per);
@@ -147,7 +149,7 @@ static int plan_shapes(ptl_net_exec *x, int count, const int *bhw, ptl_net_slot 
             goto fail;
         n += made;
     }
-    PTL_CHECK(x->be->conv_plans(x->ctx, n, d, x->cdt, &x->opts, bias, plans));
+    PTL_CHECK(x->be->conv_plans(x->ctx, n, d, x->cdt, &o, bias, plans));
     if (s) {
         for (int i = 0, j = 0; i < per; i++)
             if (is_conv(&x->net->ops[i]))
@@ -164,7 +166,7 @@ fail:
     return rc;
 }
 
-int ptl_net_exec_plan(ptl_net_exec *x, int count, const int *bhw)
+int ptl_net_exec_plan(ptl_net_exec *x, int count, const int *bhw, int forward_only)
 {
     if (count < 0)
         return ptl_set_error(PTL_ERR_VALUE, "shapes: a negative count (%d)", count);
@@ -175,7 +177,7 @@ int ptl_net_exec_plan(ptl_net_exec *x, int count, const int *bhw)
         return 0;
     if (activate(x->be, x->ctx))
         return -1;
-    return plan_shapes(x, count, bhw, NULL);
+    return plan_shapes(x, count, bhw, forward_only != 0, NULL);
 }
 
 /* Allocates slot s's buffers and plans for its layout. */
@@ -185,7 +187,7 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
     const ptl_net_layout *L = &s->L;
     size_t layer_scratch = 0, ws = 0;
     const int bhw[3] = {L->B, L->H, L->W};
-    PTL_CHECK(plan_shapes(x, 1, bhw, s));
+    PTL_CHECK(plan_shapes(x, 1, bhw, L->forward_only, s));
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
         if (op->kind == PTL_OP_ATTN && x->be->attn_scratch_bytes) {
@@ -315,7 +317,7 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     x->training = 1;
     x->share = PTL_NET_SHARE_GRADIENTS | PTL_NET_SHARE_ACTIVATIONS;
     x->grad = 1;
-    x->opts = (ptl_net_conv_opts){1, 0, 0};
+    x->opts = (ptl_net_conv_opts){.deterministic = 1};
     x->cur = &x->slot[0];
     x->aliased = alias_host;
     for (int k = 0; k < PTL_NET_SHAPES; k++) {

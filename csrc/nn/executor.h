@@ -76,9 +76,11 @@ typedef struct {
     void *ptr, *block;
 } ptl_net_buf;
 
-/* Convolution algorithm choice (CUDA plans; the CPU kernels have one algorithm). */
+/* Convolution algorithm choice (CUDA plans; the CPU kernels have one algorithm). forward_only: plans for a
+ * no-grad layout, which runs no backward (the CUDA backend then plans, warms and sizes the forward alone,
+ * and its backward calls raise; the CPU backends ignore it). */
 typedef struct {
-    int deterministic, allow_tf32, find;
+    int deterministic, allow_tf32, find, forward_only;
 } ptl_net_conv_opts;
 
 typedef struct ptl_cuda_ctx ptl_exec_ctx; /* the execution context every backend function takes */
@@ -242,8 +244,10 @@ int ptl_net_exec_sync(ptl_net_exec *x, const char *which, int to_device);
 
 /* Makes the conv plans of `count` shapes (bhw: B, H, W each) now, in one request to the backend (the CUDA
  * backend makes a shape's missing plans concurrently and keeps them in its plan cache), so that the first
- * prepare of each finds them: for the shapes a fit will see, made while its images decode. Changes no slot. */
-int ptl_net_exec_plan(ptl_net_exec *x, int count, const int *bhw);
+ * prepare of each finds them: for the shapes a fit will see, made while its images decode. forward_only:
+ * the plans of those shapes' no-grad layouts (validation, prediction), else of their training layouts.
+ * Changes no slot. */
+int ptl_net_exec_plan(ptl_net_exec *x, int count, const int *bhw, int forward_only);
 
 /* Makes (B, H, W) the current shape: switches to its slot among the current mode's, or fills the
  * empty / least recently used one (buffers, conv plans, layer scratch reserved). A no-op for the

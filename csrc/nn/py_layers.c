@@ -157,17 +157,17 @@ ptl_py_conv_plan *ptl_py_conv_plan_arg(PyObject *obj)
     return PyCapsule_GetPointer(obj, PLAN_CAPSULE);
 }
 
-/* layer_conv2d_plan(x, w, stride, groups, deterministic=True, allow_tf32=False, find=False) -> the plan of
- * x's device's backend for x's shape and dtype and w (cout, k, k, cin/groups). The options choose CUDA's
- * algorithms (the CPU reference has one); CUDA plans come from the device's plan cache. */
+/* layer_conv2d_plan(x, w, stride, groups, deterministic=True, allow_tf32=False, find=False, forward_only=False)
+ * -> the plan of x's device's backend for x's shape and dtype and w (cout, k, k, cin/groups). The options
+ * choose CUDA's algorithms (the CPU reference has one); CUDA plans come from the device's plan cache. */
 static PyObject *py_conv2d_plan(PyObject *m, PyObject *args, PyObject *kwargs)
 {
-    static char *kw[] = {"x", "w", "stride", "groups", "deterministic", "allow_tf32", "find", NULL};
+    static char *kw[] = {"x", "w", "stride", "groups", "deterministic", "allow_tf32", "find", "forward_only", NULL};
     PyObject *xo, *wo;
     int stride, groups;
     ptl_net_conv_opts o = {.deterministic = 1};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOii|ppp:layer_conv2d_plan", kw, &xo, &wo, &stride, &groups,
-                                     &o.deterministic, &o.allow_tf32, &o.find))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOii|pppp:layer_conv2d_plan", kw, &xo, &wo, &stride, &groups,
+                                     &o.deterministic, &o.allow_tf32, &o.find, &o.forward_only))
         return NULL;
     PtlTensor *x = arg(m, xo, "x", NULL, 4, NULL), *w;
     ptl_conv2d_desc d;
@@ -801,7 +801,7 @@ fail:
 
 static PyMethodDef methods[] = {
     {"layer_conv2d_plan", (PyCFunction)(void (*)(void))py_conv2d_plan, METH_VARARGS | METH_KEYWORDS,
-     "(x, w_ohwi, stride, groups, deterministic=True, allow_tf32=False, find=False) -> plan"},
+     "(x, w_ohwi, stride, groups, deterministic=True, allow_tf32=False, find=False, forward_only=False) -> plan"},
     {"layer_conv2d_forward", py_conv2d_forward, METH_VARARGS, "(plan, x, w, bias|None, y=None, workspace=None) -> y"},
     {"layer_conv2d_backward_input", py_conv2d_backward_input, METH_VARARGS, "(plan, dy, w, dx, workspace=None); dx ="},
     {"layer_conv2d_backward_weight", py_conv2d_backward_weight, METH_VARARGS, "(plan, x, dy, dw, workspace=None); dw +="},
