@@ -233,7 +233,7 @@ static PyObject *py_prepare(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* executor_plan(x, shapes, forward_only): the conv plans of a sequence of (B, H, W) shapes, made now, for
+/* executor_plan(x, shapes[, forward_only]): the conv plans of a sequence of (B, H, W) shapes, made now, for
  * their no-grad layouts when forward_only. */
 static PyObject *py_plan(PyObject *self, PyObject *args)
 {
@@ -541,7 +541,8 @@ static PyMethodDef methods[] = {
     {"executor_backward", (PyCFunction)(void (*)(void))py_backward, METH_VARARGS | METH_KEYWORDS,
      "executor_backward(x, d_boxes, d_scores, d_boxes_o2o, d_scores_o2o, input_grad=False) -> d images or None."},
     {"executor_prepare", py_prepare, METH_VARARGS, "executor_prepare(x, B, H, W): buffers and plans of a shape."},
-    {"executor_plan", py_plan, METH_VARARGS, "executor_plan(x, [(B, H, W), ...], forward_only=False): the conv plans of these shapes."},
+    {"executor_plan", py_plan, METH_VARARGS,
+     "executor_plan(x, [(B, H, W), ...][, forward_only]): the conv plans of these shapes (no-grad layouts')."},
     {"executor_sync", py_sync, METH_VARARGS, "executor_sync(x, which, to_device): storage <-> host copy."},
     {"executor_zero_grad", py_zero_grad, METH_O, "executor_zero_grad(x): grads = 0."},
     {"executor_use_weights", py_use_weights, METH_VARARGS,
