@@ -560,8 +560,8 @@ class Detector:
         find them (CUDA: the missing plans are made concurrently into the device's plan cache and run once
         there, which loads their kernels; the GIL is released meanwhile; the CPU has nothing to plan). A fit
         plans the shapes of its loaders while their caches fill. ``forward_only``: for forwards inside
-        :meth:`no_grad` (validation, prediction), whose plans on CUDA leave the backward out, a third of the
-        work."""
+        :meth:`no_grad` (validation, prediction), whose plans on CUDA hold the forward's direction alone (no
+        backward query, warm-up or workspace)."""
         _C.executor_plan(self._exec, [tuple(int(v) for v in s) for s in shapes], bool(forward_only))
 
     def prepare(self, batch: int, height: int, width: int) -> None:
