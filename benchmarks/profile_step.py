@@ -1,7 +1,9 @@
 """Where a GPU step's time goes: host enqueue time, GPU kernel time and launch count, per kernel and per
 runtime call, for the network's forward + backward (``--what network``) or one whole training step
 through the Trainer's engine (``--what step``: upload, forward, objective, backward, optimizer, EMA;
-``--capture`` replays the recorded network as ``fit(..., capture_network=True)`` does).
+``--capture`` replays the recorded network as ``fit(..., capture_network=True)`` does; ``--comm after|graph``
+gives the step a one-rank NCCL communicator, so that it all-reduces and broadcasts as a data-parallel rank
+does, after the replayed backward or recorded with it (``Trainer(all_reduce_in_graph=True)``)).
 
 Kernels and CUDA API calls are recorded with torch.profiler (CUPTI traces every kernel in the process,
 ptl's included), so this needs torch on the GPU machine. Prints, per iteration: wall time with a
@@ -10,7 +12,8 @@ calls, and the peak allocated and reserved device memory of ptl's allocator (for
 network's own share). ``--trace FILE`` keeps the Chrome trace.
 
     python benchmarks/profile_step.py [--what network|step] [--capture] [--batch 4] [--dtype bfloat16]
-                                      [--tf32] [--iters 20] [--no-profile]
+                                      [--tf32] [--comm none|after|graph] [--accumulate N]
+                                      [--iters 20] [--no-profile]
 """
 import argparse
 import collections
@@ -41,6 +44,7 @@ def train_step(args):
     prec = {"bfloat16": "bf16-mixed", "float32": "32-true"}[args.dtype]
     trainer = ptl.Trainer(max_epochs=100, precision=prec, accelerator="cuda", enable_progress_bar=False,
                           float32_matmul_precision="high" if args.tf32 else "highest",
+                          accumulate_grad_batches=args.accumulate, all_reduce_in_graph=args.comm == "graph",
                           enable_checkpointing=False, logger=False,
                           default_root_dir=tempfile.mkdtemp(prefix="ptl-prof-"))
     if not coco256_yaml():
@@ -52,6 +56,8 @@ def train_step(args):
     trainer.capture_network = args.capture
     eng = _Engine(trainer, model, data)
     trainer._engine = eng
+    if args.comm != "none":  # a one-rank job's communication: what a rank adds to its step, less the wire
+        eng.comm = ptl._C.nccl_comm(ptl._C.nccl_unique_id(), 1, 0, 0, 60.0)
     def batches():
         epoch = 0
         while True:
@@ -113,7 +119,13 @@ def main():
     ap.add_argument("--no-profile", action="store_true", help="timings only")
     ap.add_argument("--capture", action="store_true", help="step: replay the recorded network (capture_network)")
     ap.add_argument("--tf32", action="store_true", help="step, float32: float32_matmul_precision='high' (TF32 convs)")
+    ap.add_argument("--comm", choices=["none", "after", "graph"], default="none",
+                    help="step: a one-rank NCCL communicator; all-reduce after the replayed backward or in its graph")
+    ap.add_argument("--accumulate", type=int, default=None,
+                    help="step: batches per optimizer step (default: the nominal-batch rule, 16 at batch 4)")
     args = ap.parse_args()
+    if args.comm == "graph" and not args.capture:
+        sys.exit("--comm graph records the all-reduce in the network's graphs: it needs --capture")
     if not ptl.cuda.is_available():
         sys.exit("benchmarks/profile_step.py needs a CUDA device")
     step = network_step(args) if args.what == "network" else train_step(args)
@@ -133,7 +145,8 @@ def main():
         step()
     ptl.cuda.synchronize()
     b2b = (time.perf_counter() - t0) * 1e3 / args.iters
-    what = args.what + (" capture" if args.capture else "")
+    what = args.what + (" capture" if args.capture else "") + ("" if args.comm == "none" else " comm " + args.comm)
+    what += "" if args.accumulate is None else " accumulate %d" % args.accumulate
     print(f"{what} batch {args.batch} {args.dtype} {args.imgsz}: wall {np.median(wall):.2f} ms median "
           f"({np.min(wall):.2f}-{np.max(wall):.2f}), mean {np.mean(wall):.2f} over {args.iters}; host enqueue "
           f"{np.median(enq):.2f} ms median; back to back {b2b:.2f} ms per step; early launch "

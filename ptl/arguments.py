@@ -92,6 +92,8 @@ ARGS = (
     Arg("num_nodes", "trainer", "num_nodes", "int", "nodes of a multi-node job"),
     Arg("strategy", "trainer", "strategy", "str", "auto or ddp"),
     Arg("timeout", "trainer", "timeout", "float?", "seconds any wait of a distributed job may take (none: default)"),
+    Arg("all_reduce_in_graph", "trainer", "all_reduce_in_graph", "bool",
+        "several GPUs with capture_network: record the gradient all-reduce in the backward's CUDA graph"),
     Arg("accumulate_grad_batches", "trainer", "accumulate_grad_batches", "int?",
         "fixed batches per optimizer step (none: the nominal batch rule)"),
     Arg("gradient_clip_val", "trainer", "gradient_clip_val", "float?", "gradient norm clip (0: none)"),

@@ -274,9 +274,11 @@ class Engine:
                 "optim": self.opt.step_kwargs(),
                 "ema": None if ema is None else [(ema.params, self.params)] + (
                     [(ema.bn, self.buffers)] if ema.bn is not None else []),
-                "record": self.capture and b == self.data.batch_size, "world": self.world}
-        if self.world > 1:
-            plan.update(comm=self.comm, bn=self.buffers, watch=self.dist.group.watch)
+                "record": self.capture and b == self.data.batch_size, "world": self.world,
+                "all_reduce_in_graph": self.capture and getattr(self.trainer, "all_reduce_in_graph", False)}
+        if self.comm is not None:
+            group = self.dist.group
+            plan.update(comm=self.comm, bn=self.buffers, watch=None if group is None else group.watch)
         self._plans[shape] = _C.train_step_plan(plan)
         return self._plans[shape]
 

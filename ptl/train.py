@@ -238,6 +238,9 @@ def _build(values, given, command="train"):
     device = trainer.device
     if values.get("capture_network") and device == "cpu":
         raise ConfigError("--capture-network needs a CUDA device (--device cuda)")
+    if values.get("all_reduce_in_graph") and not values.get("capture_network"):
+        raise ConfigError("--all-reduce-in-graph records the all-reduce in the network's CUDA graphs: it needs "
+                          "--capture-network")
     if device == "cpu" and values["precision"] not in (None, "auto", "32-true", "32", 32):
         raise ConfigError("--precision %s needs CUDA; the CPU trains in 32-true" % values["precision"])
     data_args = _of(values, "data", command)

@@ -206,6 +206,12 @@ class Trainer:
     use TF32 tensor cores (a 10-bit mantissa for the products, float32 sums), faster and still deterministic
     but not bit-identical to ``"highest"``. It changes nothing on the CPU or in a mixed-precision fit (their
     convolutions do not run in float32), and is recorded in ``hparams()["trainer"]``.
+
+    ``all_reduce_in_graph`` (a data-parallel fit on GPUs with ``fit(..., capture_network=True)``): the
+    gradient all-reduce and the BatchNorm broadcast are recorded with the backward in one CUDA graph that
+    the optimizer's steps replay, instead of being called after the replayed backward; the same NCCL calls
+    in the same order, so the same bits (docs/training.md). One process has nothing to all-reduce: there
+    it changes nothing.
     """
 
     def __init__(self, *, accelerator="auto", strategy="auto", devices="auto", num_nodes=1, precision=None,
@@ -215,7 +221,7 @@ class Trainer:
                  enable_progress_bar=None, accumulate_grad_batches=None, gradient_clip_val=10.0, deterministic=None,
                  default_root_dir=None, name="train", seed=None, patience=None, freeze=None, timeout=None,
                  end2end=False, log_every_n_steps=50, enable_model_summary=True, plots=True, coco_eval=False,
-                 float32_matmul_precision="highest"):
+                 float32_matmul_precision="highest", all_reduce_in_graph=False):
         check_int("max_epochs", max_epochs, 1, none_ok=True)
         if check_int("max_steps", max_steps, -1) == 0:
             raise ConfigError("max_steps: expected -1 (no limit) or an int >= 1, got 0")
@@ -265,7 +271,7 @@ class Trainer:
             raise ConfigError("float32_matmul_precision: expected one of %s, got %r"
                               % (", ".join(map(repr, FLOAT32_MATMUL_PRECISIONS)), float32_matmul_precision))
         for flag, value in (("enable_model_summary", enable_model_summary), ("plots", plots),
-                            ("coco_eval", coco_eval)):
+                            ("coco_eval", coco_eval), ("all_reduce_in_graph", all_reduce_in_graph)):
             check_bool(flag, value)
         check_int("log_every_n_steps", log_every_n_steps, 1)
         for flag, value in (("enable_progress_bar", enable_progress_bar),
@@ -319,6 +325,7 @@ class Trainer:
         self.devices, self.num_nodes, self.strategy, self.timeout = devices, num_nodes, strategy, timeout
         self.end2end = end2end
         self.float32_matmul_precision = float32_matmul_precision
+        self.all_reduce_in_graph = all_reduce_in_graph
         self._dist = _distributed.Context()  # one process until fit() joins a job
         # the loggers (a TypeError for anything else) and results.csv: ptl.loggers
         self._logging = _loggers.LoggerConnector(logger, log_every_n_steps, self.default_root_dir, name)
@@ -502,6 +509,9 @@ class Trainer:
         device = self.device  # accelerator='cuda' without a device fails here, before any work
         if capture_network and device == "cpu":
             raise ConfigError("capture_network=True: graph replay needs accelerator='cuda'")
+        if self.all_reduce_in_graph and not capture_network:
+            raise ConfigError("all_reduce_in_graph=True records the gradient all-reduce in the network's CUDA "
+                              "graphs: it needs fit(..., capture_network=True)")
         if datamodule.num_classes != model.num_classes:
             raise ConfigError("datamodule: %d classes in %s but the model has %d" % (
                 datamodule.num_classes, getattr(datamodule, "cfg", {}).get("yaml", "data.yaml"), model.num_classes))
@@ -877,7 +887,7 @@ class Trainer:
             "limit_train_batches", "limit_val_batches", "overfit_batches", "val_check_interval",
             "check_val_every_n_epoch", "num_sanity_val_steps", "fast_dev_run", "deterministic", "accelerator",
             "devices", "num_nodes", "strategy", "timeout", "seed", "patience", "freeze", "name",
-            "capture_network", "end2end", "float32_matmul_precision")}}
+            "capture_network", "end2end", "float32_matmul_precision", "all_reduce_in_graph")}}
         h["trainer"]["max_time"] = None if self.max_time is None else format_max_time(self.max_time)
         if self._engine is not None:
             h["model"] = self._engine.model_hparams()

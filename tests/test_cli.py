@@ -155,6 +155,7 @@ CASES = [
     ("batch not a multiple of the ranks", ["device=cpu", "devices=3", "batch=4"],
      "--batch 4 is the batch of all 3 ranks"),
     ("capture network on cpu", ["--capture-network"], "--capture-network"),
+    ("all-reduce in graph without replay", ["--all-reduce-in-graph"], "it needs --capture-network"),
     ("low precision on cpu", ["--precision", "bf16-mixed"], "needs CUDA"),
     ("resume missing", ["--resume", "{root}/nope.ckpt"], "--resume"),
     ("resume a folder", ["--resume", "{root}"], "--resume"),

@@ -5,6 +5,9 @@ import pytest
 
 import ptl
 from ptl import _C
+from ptl import callbacks as cb
+from ptl.data import DetectionData
+from ptl.engine import Engine
 
 from dist_ranks import errors, finish, start_ranks
 
@@ -96,3 +99,52 @@ def test_nccl_init_waits_are_bounded(tmp_path):
     e = errors(tmp_path, [0])[0]
     assert "did not complete within 3 s" in e["msg"] and e["after"] < 20, e
 
+
+
+@pytest.mark.cuda
+def test_cuda_all_reduce_in_graph(coco256, tmp_path, monkeypatch):
+    """Trainer(all_reduce_in_graph=True), on one GPU with a one-rank NCCL communicator given to the fit's
+    engine: recording captures the all-reduce and the BatchNorm broadcast into a third graph after the
+    backward, the optimizer steps that replay launch that graph instead of queueing the two collectives, and
+    the accumulation micro-batches replay the backward alone. The fit gives the digests of the same fit with
+    the communication queued after the replayed backward, and of the fit without a communicator (a one-rank
+    sum and broadcast change nothing; in place, NCCL queues no kernel for them, so the third graph has the
+    backward's node count)."""
+    nccl_or_skip()
+    real_init = Engine.__init__
+
+    def with_comm(self, trainer, model, data, for_fit=True):
+        real_init(self, trainer, model, data, for_fit)
+        device = int(str(self.device).partition(":")[2] or 0)
+        self.comm = _C.nccl_comm(_C.nccl_unique_id(), 1, 0, device, 60.0)
+
+    seen = {}
+
+    class Watch(cb.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen["nodes"] = tuple(pl_module.info()["recorded_nodes"])
+            comm = trainer._engine.comm
+            seen["counts"] = None if comm is None else comm.counts()
+
+    digests, counts = {}, {}
+    for mode in ("none", "after", "graph"):
+        seen.clear()
+        with monkeypatch.context() as m:
+            if mode != "none":
+                m.setattr(Engine, "__init__", with_comm)
+            tr = ptl.Trainer(default_root_dir=str(tmp_path / mode), max_epochs=2, limit_train_batches=4,
+                             limit_val_batches=1, accelerator="cuda", precision="bf16-mixed",
+                             accumulate_grad_batches=2, seed=0, enable_progress_bar=False, callbacks=[Watch()],
+                             all_reduce_in_graph=mode == "graph")
+            data = DetectionData(str(coco256 / "data.yaml"), verbose=False, imgsz=128, batch_size=4, workers=2)
+            tr.fit(ptl.Detector("yolo26n"), data, capture_network=True)
+        digests[mode], counts[mode] = tr.digest(), seen["counts"]
+        fwd, bwd, tail = seen["nodes"]
+        assert fwd > 0 and bwd > 0, seen
+        assert (tail >= bwd) if mode == "graph" else tail == 0, (mode, seen)
+    steps = 2 * 4 // 2  # optimizer steps: 2 epochs of 4 batches, accumulating 2
+    assert counts["after"] == {"queued": 2 * steps, "captured": 0, "replays": 0}, counts
+    g = counts["graph"]
+    assert g["replays"] >= 1 and g["captured"] >= 2 and g["captured"] % 2 == 0, counts
+    assert g["queued"] + 2 * g["replays"] == 2 * steps, counts
+    assert digests["graph"] == digests["after"] == digests["none"]

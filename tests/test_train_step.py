@@ -105,6 +105,10 @@ def test_data_parallel_plan_and_step_arguments_are_checked(setup, monkeypatch):
         _C.train_step_plan(dict(plan, world=2))
     with pytest.raises(TypeError, match="_DistGroup"):
         _C.train_step_plan(dict(plan, world=2, comm=object(), bn=eng.buffers))
+    with pytest.raises(TypeError, match="_DistGroup"):  # a communicator at world 1 is checked too
+        _C.train_step_plan(dict(plan, comm=object(), bn=eng.buffers))
+    with pytest.raises(ValueError, match="all_reduce_in_graph needs a CUDA network"):
+        _C.train_step_plan(dict(plan, all_reduce_in_graph=True))
     before = _state(eng) + [eng.buffers.numpy(), eng.grads.numpy()]
     g_lrs, moms, wds = eng.opt.group_values()
     with pytest.raises(ValueError, match="without images"):

@@ -459,6 +459,19 @@ def test_float32_matmul_precision_is_checked():
     assert Trainer().float32_matmul_precision == "highest"
 
 
+def test_all_reduce_in_graph_is_checked(coco256, tmp_path):
+    """all_reduce_in_graph is a bool, off by default, recorded in hparams, and refused without graph
+    replay, before anything is written."""
+    with pytest.raises(ptl.ConfigError, match="all_reduce_in_graph"):
+        Trainer(all_reduce_in_graph="yes")
+    assert Trainer().all_reduce_in_graph is False
+    tr = small_trainer(tmp_path / "run", all_reduce_in_graph=True)
+    assert tr.hparams()["trainer"]["all_reduce_in_graph"] is True
+    with pytest.raises(ptl.ConfigError, match=r"capture_network=True"):
+        tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
+    assert not (tmp_path / "run").exists()
+
+
 def _falls(losses, k=16, column=0):
     """The mean loss (the total, or another column of the losses vector) of the last k batches is below that
     of the first k."""

@@ -158,4 +158,5 @@ const ptl_net_backend ptl_net_backend_cuda = {
     .replay = ptl_net_cuda_replay,
     .recorded = ptl_net_cuda_recorded,
     .recording_free = ptl_net_cuda_recording_free,
+    .recording_nodes = ptl_net_cuda_recording_nodes,
 };

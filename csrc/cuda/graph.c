@@ -6,6 +6,7 @@
 
 struct ptl_cuda_graph {
     cudaGraphExec_t exec;
+    size_t nodes; /* the captured graph's node count */
 };
 
 int ptl_cuda_graph_begin(cudaStream_t stream)
@@ -31,12 +32,15 @@ int ptl_cuda_graph_end(cudaStream_t stream, int keep, ptl_cuda_graph **out)
         return 0;
     }
     PTL_CUDA_TRY(st);
+    size_t nodes = 0;
+    PTL_CUDA_TRY(cudaGraphGetNodes(graph, NULL, &nodes));
     PTL_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
     if (!(g = (ptl_cuda_graph *)malloc(sizeof *g))) {
         ptl_set_error(PTL_ERR_MEMORY, "graph recorder: out of host memory");
         goto fail;
     }
     g->exec = exec;
+    g->nodes = nodes;
     cudaGraphDestroy(graph);
     *out = g;
     return 0;
@@ -55,6 +59,8 @@ int ptl_cuda_graph_launch(ptl_cuda_graph *g, cudaStream_t stream)
 fail:
     return -1;
 }
+
+size_t ptl_cuda_graph_nodes(const ptl_cuda_graph *g) { return g ? g->nodes : 0; }
 
 void ptl_cuda_graph_destroy(ptl_cuda_graph *g)
 {

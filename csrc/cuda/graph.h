@@ -18,6 +18,8 @@ int ptl_cuda_graph_begin(cudaStream_t stream);
  * it into *out. Always leaves the stream out of capture mode. */
 int ptl_cuda_graph_end(cudaStream_t stream, int keep, ptl_cuda_graph **out);
 int ptl_cuda_graph_launch(ptl_cuda_graph *g, cudaStream_t stream);
+/* The number of nodes (kernels, copies, NCCL's kernels) captured; 0 for NULL. */
+size_t ptl_cuda_graph_nodes(const ptl_cuda_graph *g);
 void ptl_cuda_graph_destroy(ptl_cuda_graph *g);
 
 #ifdef __cplusplus

@@ -28,6 +28,7 @@ struct ptl_nccl_comm {
     int watching;          /* a collective is pending since `since` */
     double since;
     const ptl_dist_poll *watch; /* during creation: may stop the wait */
+    int64_t counts[3];     /* collectives queued directly, collectives captured, replays watched */
     char why[512];         /* set once aborted */
 };
 
@@ -288,12 +289,15 @@ static int nccl_type(ptl_dtype dt, ncclDataType_t *out)
 }
 
 /* Starts the watchdog's clock on what the stream has been given so far (not while it is being captured:
- * the replay is watched, by ptl_nccl_watch). Called with mu held. */
-static int watch_locked(ptl_nccl_comm *c)
+ * the replay is watched, by ptl_nccl_watch), and counts a collective just queued (collective 1) or a
+ * replay (0). Called with mu held. */
+static int watch_locked(ptl_nccl_comm *c, int collective)
 {
     enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     PTL_CUDA_TRY(cudaStreamIsCapturing(c->ctx->stream, &cap));
-    if (cap != cudaStreamCaptureStatusNone)
+    const int capturing = cap != cudaStreamCaptureStatusNone;
+    c->counts[collective ? capturing : 2]++;
+    if (capturing)
         return 0;
     PTL_CUDA_TRY(cudaEventRecord(c->done, c->ctx->stream));
     if (!c->watching)
@@ -307,7 +311,7 @@ fail:
 int ptl_nccl_watch(ptl_nccl_comm *c)
 {
     pthread_mutex_lock(&c->mu);
-    int rc = c->comm ? watch_locked(c) : aborted_error(c, "ptl_nccl_watch");
+    int rc = c->comm ? watch_locked(c, 0) : aborted_error(c, "ptl_nccl_watch");
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
@@ -324,7 +328,7 @@ int ptl_nccl_watch(ptl_nccl_comm *c)
         pthread_mutex_unlock(&(c)->mu);                                               \
         NCCL_CALL((c), name, enq_);                                                   \
         pthread_mutex_lock(&(c)->mu);                                                 \
-        int w_ = (c)->comm ? watch_locked(c) : aborted_error((c), name);              \
+        int w_ = (c)->comm ? watch_locked(c, 1) : aborted_error((c), name);           \
         pthread_mutex_unlock(&(c)->mu);                                               \
         return w_;                                                                    \
     } while (0)
@@ -353,6 +357,13 @@ int ptl_nccl_broadcast(ptl_nccl_comm *c, void *buf, int64_t count, ptl_dtype dt,
     ENQUEUE(c, "ncclBroadcast", ncclBroadcast(buf, buf, (size_t)count, t, root, c->comm, c->ctx->stream));
 fail:
     return -1;
+}
+
+void ptl_nccl_counts(ptl_nccl_comm *c, int64_t counts[3])
+{
+    pthread_mutex_lock(&c->mu);
+    memcpy(counts, c->counts, sizeof c->counts);
+    pthread_mutex_unlock(&c->mu);
 }
 
 int ptl_nccl_check(ptl_nccl_comm *c)

@@ -51,6 +51,9 @@ int ptl_nccl_broadcast(ptl_nccl_comm *c, void *buf, int64_t count, ptl_dtype dt,
 /* Tells the watchdog that NCCL work was launched on the stream by other means (a replayed CUDA graph that
  * holds the all-reduce): it times it like the direct calls. */
 int ptl_nccl_watch(ptl_nccl_comm *c);
+/* What went through the communicator: [0] collectives queued on the stream, [1] collectives captured
+ * into a graph, [2] replays of such graphs watched (ptl_nccl_watch). */
+void ptl_nccl_counts(ptl_nccl_comm *c, int64_t counts[3]);
 /* 0 while the communicator works; -1 with NCCL's asynchronous error or the watchdog's reason. */
 int ptl_nccl_check(ptl_nccl_comm *c);
 /* Aborts from any thread (the host group saw a peer fail): NCCL's kernels end, later calls fail with why. */

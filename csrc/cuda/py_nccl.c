@@ -100,6 +100,18 @@ static PyObject *comm_check(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+static PyObject *comm_counts(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    ptl_nccl_comm *c = comm_of((CommObject *)self);
+    if (!c)
+        return NULL;
+    int64_t n[3];
+    ptl_nccl_counts(c, n);
+    return Py_BuildValue("{s:L,s:L,s:L}", "queued", (long long)n[0], "captured", (long long)n[1], "replays",
+                         (long long)n[2]);
+}
+
 static PyObject *comm_abort(PyObject *self, PyObject *args)
 {
     CommObject *o = (CommObject *)self;
@@ -141,6 +153,9 @@ static PyMethodDef comm_methods[] = {
     {"broadcast_", comm_broadcast, METH_VARARGS, "broadcast_(tensor, root=0): in place, root's values everywhere."},
     {"watch", comm_watch, METH_NOARGS, "Start the watchdog's clock on the work queued so far (a replayed graph)."},
     {"check", comm_check, METH_NOARGS, "Raise ptl.CudaError if NCCL failed or the watchdog aborted."},
+    {"counts", comm_counts, METH_NOARGS,
+     "counts() -> {'queued', 'captured', 'replays'}: collectives queued on the stream or captured into a graph, "
+     "and replays of such graphs watched."},
     {"abort", comm_abort, METH_VARARGS, "abort(why): end NCCL's kernels now; later calls fail with why."},
     {"close", comm_close, METH_NOARGS, "Finalize and free the communicator."},
     {NULL, NULL, 0, NULL},

@@ -41,11 +41,14 @@ static void retire_slot(ptl_net_exec *x, ptl_net_slot *s)
     s->rec = NULL;
 }
 
-int ptl_net_record(ptl_net_exec *x, const void *images, int B, int H, int W, const void *const d_out[2][2])
+int ptl_net_record(ptl_net_exec *x, const void *images, int B, int H, int W, const void *const d_out[2][2],
+                   const ptl_net_tail *tail)
 {
     if (!x->be->record)
         return ptl_set_error(PTL_ERR_RUNTIME, "network record: the %s backend has no graph recorder", x->be->name);
-    return x->be->record(x, images, B, H, W, d_out);
+    if (tail && !tail->run)
+        return ptl_set_error(PTL_ERR_VALUE, "network record: a tail without its function");
+    return x->be->record(x, images, B, H, W, d_out, tail);
 }
 
 int ptl_net_replay(ptl_net_exec *x, int part)
@@ -56,6 +59,13 @@ int ptl_net_replay(ptl_net_exec *x, int part)
 }
 
 int ptl_net_recorded(ptl_net_exec *x) { return x->be->recorded ? x->be->recorded(x) : 0; }
+
+void ptl_net_recording_nodes(ptl_net_exec *x, int64_t nodes[3])
+{
+    nodes[0] = nodes[1] = nodes[2] = 0;
+    if (x->be->recording_nodes)
+        x->be->recording_nodes(x, nodes);
+}
 
 void ptl_net_exec_retire(ptl_net_exec *x)
 {

@@ -70,6 +70,7 @@ extern "C" {
 
 struct ptl_cuda_ctx;
 typedef struct ptl_net_recording ptl_net_recording; /* ../cuda/recorder.h */
+struct ptl_net_tail;                                 /* work the recorder captures after a backward (below) */
 
 /* Memory of one backend allocation: ptr to use, block to give back. */
 typedef struct {
@@ -161,10 +162,12 @@ typedef struct ptl_net_backend {
                      const void *d_out, void *gmap, int accumulate);
 
     /* the recorder (../cuda/recorder.h; NULL: the backend records nothing) */
-    int (*record)(struct ptl_net_exec *x, const void *images, int B, int H, int W, const void *const d_out[2][2]);
+    int (*record)(struct ptl_net_exec *x, const void *images, int B, int H, int W, const void *const d_out[2][2],
+                  const struct ptl_net_tail *tail);
     int (*replay)(struct ptl_net_exec *x, int part);
     int (*recorded)(struct ptl_net_exec *x);
     void (*recording_free)(ptl_net_recording *rec);
+    void (*recording_nodes)(struct ptl_net_exec *x, int64_t nodes[3]);
 } ptl_net_backend;
 
 extern const ptl_net_backend ptl_net_backend_cpu;
@@ -295,11 +298,26 @@ int ptl_net_exec_zero_grad(ptl_net_exec *x);
  * backward of `d_out` into the shape's slot; replay runs the forward, the backward or both, one launch
  * each, on the same pointers. recorded: 1 while the current shape's recording is usable: made in the
  * current BN mode on the current weights (always 0 on a backend without a recorder, where record and
- * replay fail). */
-enum { PTL_NET_REPLAY_BOTH = 0, PTL_NET_REPLAY_FORWARD = 1, PTL_NET_REPLAY_BACKWARD = 2 };
-int ptl_net_record(ptl_net_exec *x, const void *images, int B, int H, int W, const void *const d_out[2][2]);
+ * replay fail).
+ *
+ * A tail (may be NULL) is work queued on the stream right after the backward, such as the data-parallel
+ * all-reduce: record then also captures a second backward with the tail in one graph, which
+ * PTL_NET_REPLAY_BACKWARD_TAIL replays (the optimizer's steps; accumulation steps replay the backward
+ * alone). The tail's run queues its work when called and must not synchronise; what it reads is baked
+ * into the graph then. */
+typedef struct ptl_net_tail {
+    int (*run)(void *arg);
+    void *arg;
+} ptl_net_tail;
+enum { PTL_NET_REPLAY_BOTH = 0, PTL_NET_REPLAY_FORWARD = 1, PTL_NET_REPLAY_BACKWARD = 2,
+       PTL_NET_REPLAY_BACKWARD_TAIL = 3 };
+int ptl_net_record(ptl_net_exec *x, const void *images, int B, int H, int W, const void *const d_out[2][2],
+                   const ptl_net_tail *tail);
 int ptl_net_replay(ptl_net_exec *x, int part);
 int ptl_net_recorded(ptl_net_exec *x);
+/* The node counts of the current shape's usable recording: forward, backward, backward with the tail (0
+ * where there is none). */
+void ptl_net_recording_nodes(ptl_net_exec *x, int64_t nodes[3]);
 /* Drops every slot's recording. */
 void ptl_net_exec_retire(ptl_net_exec *x);
 

@@ -425,16 +425,20 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
     int64_t fixed, shape;
     ptl_net_exec_memory(x, &fixed, &shape);
     const ptl_net_layout *L = &x->cur->L;
+    int64_t nodes[3];
+    ptl_net_recording_nodes(x, nodes);
     PyObject *dev = ptl_device_str(x->device);
     if (!dev)
         return NULL;
-    return Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:O,s:i,s:i,s:i,s:i,s:{s:O,s:O,s:O}}",
+    return Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:O,s:(LLL),s:i,s:i,s:i,s:i,"
+                         "s:{s:O,s:O,s:O}}",
                          "device", dev, "backend", x->be->name, "dtype", ptl_dtype_name(x->cdt), "master_dtype",
                          ptl_dtype_name(x->mdt), "training", x->training, "num_parameters", (long long)x->net->nparams,
                          "batch_shape", L->B, L->H, L->W, "anchors", (long long)L->A, "fixed_bytes", (long long)fixed,
                          "shape_bytes", (long long)shape, "arena_bytes", (long long)(L->arena_numel * (int64_t)x->csz),
                          "forward_only", L->forward_only ? Py_True : Py_False, "recorded",
-                         ptl_net_recorded(x) ? Py_True : Py_False, "have_forward", x->have_forward, "frozen_tensors",
+                         ptl_net_recorded(x) ? Py_True : Py_False, "recorded_nodes", (long long)nodes[0],
+                         (long long)nodes[1], (long long)nodes[2], "have_forward", x->have_forward, "frozen_tensors",
                          x->nfrozen, "backward_ops", x->backward_ops, "ops", x->net->nops, "conv_options",
                          "deterministic", x->opts.deterministic ? Py_True : Py_False, "allow_tf32",
                          x->opts.allow_tf32 ? Py_True : Py_False, "find", x->opts.find ? Py_True : Py_False);
@@ -487,7 +491,7 @@ static PyObject *py_record(PyObject *self, PyObject *args)
     const int B = (int)t->shape[0], H = (int)t->shape[1], W = (int)t->shape[2];
     int rc;
     Py_BEGIN_ALLOW_THREADS;
-    rc = ptl_net_record(x, data, B, H, W, ptrs);
+    rc = ptl_net_record(x, data, B, H, W, ptrs, NULL);
     Py_END_ALLOW_THREADS;
     if (rc)
         return ptl_raise(self);

@@ -34,8 +34,9 @@ static int plan_comm(const ptl_step_plan *p, PyObject *comm, ptl_dist_group **gr
 #endif
 }
 
-/* world > 1: comm (a _DistGroup on the CPU, a _NcclComm on CUDA), bn (the network's flat BatchNorm
- * statistics) and watch (None or a callable the host collectives call while they wait). */
+/* world > 1 (or a one-rank communicator at world 1): comm (a _DistGroup on the CPU, a _NcclComm on CUDA), bn
+ * (the network's flat BatchNorm statistics) and watch (None or a callable the host collectives call while
+ * they wait). */
 static int convert_dist(PyObject *module, const ptl_net_exec *x, PyObject *comm, PyObject *bn, PyObject *watch,
                         ptl_step_plan *p)
 {
@@ -62,14 +63,14 @@ static int convert_dist(PyObject *module, const ptl_net_exec *x, PyObject *comm,
 static int convert_plan(PyObject *module, PyObject *d, ptl_step_plan *p)
 {
     static char *keys[] = {"net", "input", "staging", "grads", "gains", "scale_from", "optim", "ema", "record",
-                           "world", "comm", "bn", "watch", NULL};
+                           "world", "comm", "bn", "watch", "all_reduce_in_graph", NULL};
     PyObject *net, *input, *staging, *grads, *scale, *optim, *ema, *comm = Py_None, *bn = Py_None, *watch = Py_None;
     PyObject *none = PyTuple_New(0);
     p->world = 1;
-    const int ok = none && PyArg_ParseTupleAndKeywords(none, d, "OOOO(ddd)OO!Op|iOOO:train_step_plan", keys, &net,
+    const int ok = none && PyArg_ParseTupleAndKeywords(none, d, "OOOO(ddd)OO!Op|iOOOp:train_step_plan", keys, &net,
                                                        &input, &staging, &grads, &p->gains[0], &p->gains[1],
                                                        &p->gains[2], &scale, &PyDict_Type, &optim, &ema, &p->record,
-                                                       &p->world, &comm, &bn, &watch);
+                                                       &p->world, &comm, &bn, &watch, &p->all_reduce_in_graph);
     Py_XDECREF(none);
     if (!ok || !(p->net = ptl_py_executor(net)))
         return -1;
@@ -129,7 +130,7 @@ static int convert_plan(PyObject *module, PyObject *d, ptl_step_plan *p)
         return -1;
     }
     p->hp.world = p->world;
-    if (p->world > 1 && convert_dist(module, x, comm, bn, watch, p) < 0)
+    if ((p->world > 1 || comm != Py_None) && convert_dist(module, x, comm, bn, watch, p) < 0)
         return -1;
     if (ema != Py_None) {
         PyObject *fast = PySequence_Fast(ema, "plan['ema']: expected (ema, live) tensor pairs");
@@ -163,9 +164,10 @@ PyDoc_STRVAR(plan_doc, "train_step_plan(plan) -> handle\n--\n\n"
                        "outputs), gains, scale_from ((tensor, index) or None), optim (the _optim_step keywords but\n"
                        "lrs/momenta/wds), ema (pairs (ema, live) of tensors, or None), record (CUDA: record the\n"
                        "network after the first eager step); data parallelism: world (ranks, default 1) and, with\n"
-                       "world > 1, comm (the job's _DistGroup on the CPU, _NcclComm on CUDA), bn (the network's\n"
-                       "flat BatchNorm statistics) and watch (None or a callable run while the host collectives\n"
-                       "wait). The handle keeps the dict alive.");
+                       "world > 1 (or a one-rank communicator), comm (the job's _DistGroup on the CPU, _NcclComm\n"
+                       "on CUDA), bn (the network's flat BatchNorm statistics), watch (None or a callable run\n"
+                       "while the host collectives wait) and all_reduce_in_graph (CUDA, with record: the\n"
+                       "communication recorded with the backward). The handle keeps the dict alive.");
 
 static PyObject *py_train_step_plan(PyObject *module, PyObject *dict)
 {
@@ -267,8 +269,9 @@ static PyObject *py_train_step(PyObject *module, PyObject *args, PyObject *kw)
     }
     /* data parallelism: the communicator must still be open (the plan's dict holds it) */
     PyObject *plan_dict = PyCapsule_GetContext(cap);
-    PyObject *comm = p->world > 1 ? PyDict_GetItemString(plan_dict, "comm") : NULL;
-    PyObject *watch = p->world > 1 ? PyDict_GetItemString(plan_dict, "watch") : NULL;
+    const int dist = p->nccl || p->group;
+    PyObject *comm = dist ? PyDict_GetItemString(plan_dict, "comm") : NULL;
+    PyObject *watch = dist ? PyDict_GetItemString(plan_dict, "watch") : NULL;
     if (comm && plan_comm(p, comm, &p->group, &p->nccl) < 0)
         return NULL;
     ptl_dist_poll poll = {check_wait, watch ? watch : Py_None};

@@ -21,7 +21,9 @@ static int check_dist(const ptl_step_plan *p)
     if (p->hp.world != p->world)
         return ptl_set_error(PTL_ERR_VALUE, "plan: the optimizer divides by %d ranks, the plan has %d", p->hp.world,
                              p->world);
-    if (p->world == 1)
+    if (p->all_reduce_in_graph && x->device.type != PTL_CUDA)
+        return ptl_set_error(PTL_ERR_VALUE, "plan: all_reduce_in_graph needs a CUDA network (NCCL in the graph)");
+    if (p->world == 1 && !p->nccl && !p->group)
         return 0;
     if (x->device.type == PTL_CPU) {
         if (!p->group)
@@ -122,6 +124,23 @@ fail:
 #endif
 }
 
+/* A job's step communicates (its plan has a communicator). */
+static int communicates(const ptl_step_plan *p) { return p->nccl != NULL || p->group != NULL; }
+
+/* The GPU half of communicate, queued on the step's stream; also the recorder's tail (ptl_net_tail). */
+static int communicate_nccl(void *arg)
+{
+#ifdef PTL_WITH_CUDA
+    const ptl_step_plan *p = arg;
+    if (ptl_nccl_all_reduce_sum(p->nccl, p->opt.grads, p->opt.n, p->opt.dtype))
+        return -1;
+    return ptl_nccl_broadcast(p->nccl, p->bn, p->nbn, p->net->mdt, 0);
+#else
+    (void)arg;
+    return ptl_set_error(PTL_ERR_RUNTIME, "train_step: ptl was built without CUDA");
+#endif
+}
+
 /* Data parallelism, before the optimizer: the sum of the ranks' gradients, then rank 0's BatchNorm running
  * statistics, on every rank. */
 static int communicate(const ptl_step_plan *p, const ptl_step_args *a)
@@ -132,18 +151,23 @@ static int communicate(const ptl_step_plan *p, const ptl_step_args *a)
             return -1;
         return ptl_dist_broadcast(p->group, p->bn, (size_t)p->nbn * x->msz, a->watch);
     }
-#ifdef PTL_WITH_CUDA
-    if (ptl_nccl_all_reduce_sum(p->nccl, p->opt.grads, p->opt.n, p->opt.dtype))
-        return -1;
-    return ptl_nccl_broadcast(p->nccl, p->bn, p->nbn, x->mdt, 0);
-#else
-    return ptl_set_error(PTL_ERR_RUNTIME, "train_step: ptl was built without CUDA");
-#endif
+    return communicate_nccl((void *)p);
+}
+
+/* The recorded tail of the backward: the communication, when the plan records it in the graph. */
+static const ptl_net_tail *graph_tail(const ptl_step_plan *p, ptl_net_tail *t)
+{
+    if (!p->all_reduce_in_graph || !p->nccl)
+        return NULL;
+    *t = (ptl_net_tail){communicate_nccl, (void *)p};
+    return t;
 }
 
 /* Upload, forward, objective and backward of one batch (and, after the first eager step of the shape, the
- * recording); oa and tg checked and built by the caller. */
-static int network_pass(const ptl_step_plan *p, const ptl_step_args *a, ptl_obj_args *oa, const ptl_obj_targets *tg)
+ * recording); oa and tg checked and built by the caller. *communicated: the replayed backward's graph
+ * also ran the communication. */
+static int network_pass(const ptl_step_plan *p, const ptl_step_args *a, ptl_obj_args *oa, const ptl_obj_targets *tg,
+                        int *communicated)
 {
     ptl_net_exec *x = p->net;
     /* the shape's slot first: a partial batch in between keeps the full shape's recording */
@@ -164,9 +188,19 @@ static int network_pass(const ptl_step_plan *p, const ptl_step_args *a, ptl_obj_
 
     PTL_CHECK(ptl_fault_hit(PTL_FAULT_BACKWARD));
     const void *const d[2][2] = {{p->grads[0][0], p->grads[0][1]}, {p->grads[1][0], p->grads[1][1]}};
-    PTL_CHECK(replay ? ptl_net_replay(x, PTL_NET_REPLAY_BACKWARD) : ptl_net_exec_backward(x, d, NULL));
+    ptl_net_tail tail;
+    const ptl_net_tail *t = graph_tail(p, &tail);
+    if (replay && t && a->optimize) {
+        PTL_CHECK(ptl_net_replay(x, PTL_NET_REPLAY_BACKWARD_TAIL));
+        *communicated = 1;
+#ifdef PTL_WITH_CUDA
+        PTL_CHECK(ptl_nccl_watch(p->nccl)); /* the watchdog times the graph's collectives */
+#endif
+    } else {
+        PTL_CHECK(replay ? ptl_net_replay(x, PTL_NET_REPLAY_BACKWARD) : ptl_net_exec_backward(x, d, NULL));
+    }
     if (!replay && p->record && x->be->record)
-        PTL_CHECK(ptl_net_record(x, p->input, p->B, p->H, p->W, d));
+        PTL_CHECK(ptl_net_record(x, p->input, p->B, p->H, p->W, d, t));
     return 0;
 fail:
     return -1;
@@ -183,9 +217,9 @@ int ptl_train_step(const ptl_step_plan *p, const ptl_step_args *a, float *losses
         return -1;
     if (!losses)
         return ptl_set_error(PTL_ERR_VALUE, "train_step: losses are required");
-    if (!a->network && !(a->optimize && p->world > 1))
+    if (!a->network && !(a->optimize && communicates(p)))
         return ptl_set_error(PTL_ERR_VALUE, "train_step: a step without images only takes part in the optimizer "
-                             "step of a data-parallel job (optimize, world > 1)");
+                             "step of a data-parallel job (optimize, with the job's communicator)");
     if (a->network && (!a->images || (a->ntargets > 0 && !a->targets) || a->ntargets < 0))
         return ptl_set_error(PTL_ERR_VALUE, "train_step: images, targets and losses are required");
     const ptl_device_type dev = x->device.type;
@@ -203,10 +237,11 @@ int ptl_train_step(const ptl_step_plan *p, const ptl_step_args *a, float *losses
     }
 #ifdef PTL_WITH_CUDA
     /* a communicator the watchdog aborted, or NCCL's asynchronous error, fails here with the reason */
-    if (p->world > 1 && dev == PTL_CUDA && ptl_nccl_check(p->nccl))
+    if (p->nccl && ptl_nccl_check(p->nccl))
         return -1;
 #endif
     ptl_obj_args oa = {0};
+    int communicated = 0;
     if (a->network) {
         oa.B = p->B;
         oa.H = p->H;
@@ -228,7 +263,7 @@ int ptl_train_step(const ptl_step_plan *p, const ptl_step_args *a, float *losses
             return -1;
         if (ptl_obj_targets_build(a->targets, a->ntargets, p->B, p->H, p->W, oa.nc, &tg))
             return -1;
-        PTL_CHECK(network_pass(p, a, &oa, &tg));
+        PTL_CHECK(network_pass(p, a, &oa, &tg, &communicated));
     } else {
         PTL_CHECK(zero_losses(x, losses));
     }
@@ -238,7 +273,7 @@ int ptl_train_step(const ptl_step_plan *p, const ptl_step_args *a, float *losses
     /* when due: the ranks' gradients and BN statistics, the optimizer step (clip, update, scaler, zero the
      * gradients) and the EMA */
     if (a->optimize) {
-        if (p->world > 1)
+        if (communicates(p) && !communicated)
             PTL_CHECK(communicate(p, a));
         PTL_CHECK(ptl_optim_step(x->ctx, &p->opt, &hp, p->ns_graph));
         for (int i = 0; i < p->nema; i++)

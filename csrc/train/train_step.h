@@ -19,8 +19,11 @@
  * then holds the same parameters, optimizer state, BN statistics and EMA. Accumulation micro-batches do not
  * communicate. A rank whose shard of a step is empty (the last, partial global batch) still takes part:
  * it calls the step without images (network = 0), which skips upload, forward, objective and backward.
- * With a recording, the all-reduce stays eager after the replayed backward (the backward graph also runs
- * on the micro-batches that do not communicate).
+ * With a recording, the all-reduce and the broadcast stay eager after the replayed backward, or, with
+ * all_reduce_in_graph (CUDA), they are recorded with the backward in a second graph (a tail, executor.h)
+ * that the steps of the optimizer replay; the micro-batches that do not communicate replay the backward
+ * alone. Either way the same NCCL calls run in the same order on the same stream, so the results are the
+ * same bits.
  *
  * Failure: every argument of every stage is checked before anything is written, so a bad argument
  * changes nothing. Past the checks, a failure of upload, forward, objective or backward leaves the
@@ -67,9 +70,11 @@ typedef struct {
     int nema;
     ptl_step_ema ema[PTL_STEP_MAX_EMA];
     int record;           /* record the network after the first eager step of the shape (CUDA) */
+    int all_reduce_in_graph; /* with record and nccl: record the communication with the backward */
     /* data parallelism: world >= 1 ranks; with world > 1 the job's communicator (CUDA: nccl, on the
      * network's device; CPU: the host group) and the network's flat BatchNorm running statistics (bn,
-     * nbn elements in the master dtype on the network's device), which rank 0 broadcasts */
+     * nbn elements in the master dtype on the network's device), which rank 0 broadcasts. A communicator
+     * of one rank may be given at world 1: the step then communicates as a job's would (tests). */
     int world;
     struct ptl_nccl_comm *nccl;
     ptl_dist_group *group;
