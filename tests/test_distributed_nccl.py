@@ -1,5 +1,10 @@
 """NCCL for data parallelism over GPUs: opened at run time like cuBLAS/cuDNN (no GPU needed for that), the
 ncclUniqueId carried by the host rendezvous; the communicator's collectives need two GPUs (cuda tier)."""
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -9,7 +14,7 @@ from ptl import callbacks as cb
 from ptl.data import DetectionData
 from ptl.engine import Engine
 
-from dist_ranks import errors, finish, start_ranks
+from dist_ranks import REPO, errors, finish, start_ranks
 
 needs_cuda_build = pytest.mark.skipif(not _C.WITH_CUDA, reason="ptl was built without CUDA (no NCCL)")
 
@@ -148,3 +153,43 @@ def test_cuda_all_reduce_in_graph(coco256, tmp_path, monkeypatch):
     assert g["replays"] >= 1 and g["captured"] >= 2 and g["captured"] % 2 == 0, counts
     assert g["queued"] + 2 * g["replays"] == 2 * steps, counts
     assert digests["graph"] == digests["after"] == digests["none"]
+
+
+# A replayed data-parallel fit on two GPUs (devices=2: this process is rank 0 and starts rank 1).
+GPU_FIT = """
+import json, os, sys
+sys.path.insert(0, {repo!r})
+import ptl
+out, root, in_graph = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+data = ptl.DetectionData({data!r}, imgsz=128, batch_size=4, workers=2, verbose=False, seed=0)
+model = ptl.Detector("yolo26n", num_classes=data.num_classes, seed=0)
+tr = ptl.Trainer(accelerator="cuda", devices=2, precision="bf16-mixed", max_epochs=2, limit_train_batches=4,
+                 limit_val_batches=1, accumulate_grad_batches=2, default_root_dir=root, seed=0, timeout=60,
+                 enable_progress_bar=False, all_reduce_in_graph=in_graph)
+tr.fit(model, data, capture_network=True)
+with open(os.path.join(out, "fit%d.json" % tr.global_rank), "w") as f:
+    json.dump({{"digest": tr.digest(), "world": tr.world_size}}, f)
+"""
+
+
+@pytest.mark.cuda
+def test_cuda_two_gpu_fit_all_reduce_in_graph(tmp_path, coco256):
+    """Two GPUs, graph replay: the fit with the all-reduce recorded in the backward's graph gives every rank
+    the digests of the fit with the all-reduce queued after the replayed backward."""
+    if ptl.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    digests = []
+    for in_graph in (0, 1):
+        out = tmp_path / str(in_graph)
+        out.mkdir()
+        script = out / "fit.py"
+        script.write_text(GPU_FIT.format(repo=REPO, data=str(coco256 / "data.yaml")))
+        r = subprocess.run([sys.executable, str(script), str(out), str(out / "root"), str(in_graph)], env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        res = [json.loads((out / ("fit%d.json" % k)).read_text()) for k in range(2)]
+        assert [x["world"] for x in res] == [2, 2]
+        assert res[0]["digest"] == res[1]["digest"], in_graph
+        digests.append(res[0]["digest"])
+    assert digests[0] == digests[1]
