@@ -311,18 +311,27 @@ def test_network_forward_backward(ul, torch, hw, training, monkeypatch):
     """yolo26n with 8.4.190's weights (loaded by name): head outputs of both heads, BatchNorm running
     statistics after a training forward, and every parameter gradient of a random linear functional of
     the outputs (in eval mode of the one-to-many outputs only: 8.4.190 lets the one-to-one head's
-    gradient reach the backbone outside training, ptl never does), against 8.4.190's model in float32
-    (norm-relative) and in float64 (1e-9). On the reference CPU kernels, whose arithmetic the spec
-    defines: the fast backend's oneDNN convolutions round 3-4x more per conv and are held to the
-    reference by tests/test_cpu_fast.py and tests/test_network.py."""
+    gradient reach the backbone outside training, ptl never does). In float64 all against 8.4.190's model
+    (1e-9, norm-relative). In float32 the outputs and statistics against 8.4.190's float32 model (1e-5),
+    and the gradients against the float64 gradients of the same weights (1e-4): 8.4.190's own float32
+    gradients are 4e-5 to 1.3e-4 away from those, depending on the weights, so a comparison of the two
+    float32 gradients measures mostly its rounding. The weights are 8.4.190's initialisation under a fixed
+    seed. On the reference CPU kernels, whose arithmetic the spec defines: the fast backend's oneDNN
+    convolutions round 3-4x more per conv and are held to the reference by tests/test_cpu_fast.py and
+    tests/test_network.py."""
     from ultralytics.nn.tasks import DetectionModel
     monkeypatch.setenv("PTL_CPU_KERNELS", "reference")
     h, w = hw
     x = np.random.default_rng(5).random((2, 3, h, w)).astype(F)
-    for dtype, tol_out, tol_grad in (("float64", 1e-9, 1e-9), ("float32", 1e-5, 2e-4)):
-        ref = _randomised(torch, DetectionModel("yolo26n.yaml", nc=80, verbose=False), 7)
+    torch.manual_seed(0)
+    state = {k: v.clone() for k, v in
+             _randomised(torch, DetectionModel("yolo26n.yaml", nc=80, verbose=False), 7).state_dict().items()}
+    truth = None  # the float64 gradients, on which both implementations agree
+    for dtype, tol_out, tol_grad in (("float64", 1e-9, 1e-9), ("float32", 1e-5, 1e-4)):
+        ref = DetectionModel("yolo26n.yaml", nc=80, verbose=False)
+        ref.load_state_dict(state)
         ours = Detector("yolo26n", num_classes=80, dtype=dtype)
-        ours.load_state_dict({k: v.numpy() for k, v in ref.state_dict().items()})
+        ours.load_state_dict({k: v.numpy() for k, v in state.items()})
         if dtype == "float64":
             ref = ref.double()
         ref.train(training)
@@ -354,8 +363,10 @@ def test_network_forward_backward(ul, torch, hw, training, monkeypatch):
         named = dict(ref.named_parameters())
         g = np.asarray(ours.flat_gradients, np.float64)
         t = np.concatenate([named[n].grad.numpy().ravel() for n, _, _ in ours.parameter_table()]).astype(np.float64)
-        gerr = np.linalg.norm(g - t) / np.linalg.norm(t)
-        print(", gradients %.1e" % gerr)
+        if truth is None:
+            truth = t
+        gerr = rel(g, truth)
+        print(", gradients %.1e (8.4.190's: %.1e)" % (gerr, rel(t, truth)))
         assert gerr <= tol_grad, (dtype, gerr)
 
 
