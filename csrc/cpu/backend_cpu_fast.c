@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../nn/attention.h"
 #include "../nn/backend_cpu_storage.h"
 #include "../nn/executor.h"
 #include "attention.h"
@@ -99,10 +100,9 @@ static int fast_reserve_scratch(ptl_exec_ctx *ctx, size_t bytes)
 
 static size_t fast_bn_scratch_bytes(int64_t m, int c) { return ptl_cpu_batchnorm_workspace(m, c); }
 
-static size_t fast_attn_scratch_bytes(ptl_dtype dt, int b, int n, int heads, int kd, int hd)
+static size_t fast_attention_scratch_bytes(const ptl_net_call *c)
 {
-    (void)dt;
-    return ptl_cpu_attention_workspace(b, n, heads, kd, hd);
+    return ptl_cpu_attention_workspace(PTL_ATTENTION_CALL_DIMS(c));
 }
 
 /* ------------------------------------------------------------------------- convolutions */
@@ -179,20 +179,49 @@ static int fast_batchnorm_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, i
     WITH_SCRATCH(5, ptl_cpu_batchnorm_backward(m, c, x, dy, g, b, sm, si, tr, act, dx, dg, db, scratch, scratch_bytes));
 }
 
-static int fast_attention_forward(ptl_exec_ctx *ctx, ptl_dtype dt, int b, int n, int heads, int kd, int hd,
-                                  const void *qkv, void *attn, void *o, void *v)
+/* The layer rows (executor.h's ptl_net_call): float32 to the fast kernel, the rest to the reference's row. */
+#define IN(c) (c)->in[0]
+#define FLOAT32_OR_REFERENCE(c, kind, direction)                                                             \
+    if ((c)->dt != PTL_FLOAT32)                                                                              \
+    return ptl_net_backend_cpu.layer[kind].direction(ctx, c)
+
+static int fast_attention_forward(ptl_exec_ctx *ctx, const ptl_net_call *c)
 {
-    if (dt != PTL_FLOAT32)
-        return ptl_net_backend_cpu.attention_forward(ctx, dt, b, n, heads, kd, hd, qkv, attn, o, v);
-    WITH_SCRATCH(6, ptl_cpu_attention_forward(b, n, heads, kd, hd, qkv, attn, o, v, scratch, scratch_bytes));
+    FLOAT32_OR_REFERENCE(c, PTL_OP_ATTN, forward);
+    WITH_SCRATCH(6, ptl_cpu_attention_forward(PTL_ATTENTION_CALL_DIMS(c), IN(c).data, c->saved, c->out[0].data,
+                                              PTL_NET_CALL_OUT(c, 1, data), scratch, scratch_bytes));
 }
 
-static int fast_attention_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int b, int n, int heads, int kd, int hd,
-                                   const void *qkv, const void *attn, const void *d_o, const void *dv, void *dqkv)
+static int fast_attention_backward(ptl_exec_ctx *ctx, const ptl_net_call *c)
 {
-    if (dt != PTL_FLOAT32)
-        return ptl_net_backend_cpu.attention_backward(ctx, dt, b, n, heads, kd, hd, qkv, attn, d_o, dv, dqkv);
-    WITH_SCRATCH(7, ptl_cpu_attention_backward(b, n, heads, kd, hd, qkv, attn, d_o, dv, dqkv, scratch, scratch_bytes));
+    FLOAT32_OR_REFERENCE(c, PTL_OP_ATTN, backward);
+    WITH_SCRATCH(7, ptl_cpu_attention_backward(PTL_ATTENTION_CALL_DIMS(c), IN(c).data, c->saved, c->out[0].grad,
+                                               PTL_NET_CALL_OUT(c, 1, grad), IN(c).grad, scratch, scratch_bytes));
+}
+
+static int fast_maxpool_forward(ptl_exec_ctx *ctx, const ptl_net_call *c)
+{
+    FLOAT32_OR_REFERENCE(c, PTL_OP_POOL, forward);
+    TIMED(11, ptl_cpu_maxpool5_forward(PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].data));
+}
+
+static int fast_maxpool_backward(ptl_exec_ctx *ctx, const ptl_net_call *c)
+{
+    FLOAT32_OR_REFERENCE(c, PTL_OP_POOL, backward);
+    TIMED(12, ptl_cpu_maxpool5_backward(PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].grad, IN(c).grad,
+                                        IN(c).accumulate));
+}
+
+static int fast_upsample_forward(ptl_exec_ctx *ctx, const ptl_net_call *c)
+{
+    FLOAT32_OR_REFERENCE(c, PTL_OP_UP, forward);
+    TIMED(13, ptl_cpu_upsample2x_forward(PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].data));
+}
+
+static int fast_upsample_backward(ptl_exec_ctx *ctx, const ptl_net_call *c)
+{
+    FLOAT32_OR_REFERENCE(c, PTL_OP_UP, backward);
+    TIMED(14, ptl_cpu_upsample2x_backward(PTL_NET_CALL_NHWC(c), c->out[0].grad, IN(c).grad, IN(c).accumulate));
 }
 
 /* Entries without a workspace: float32 to the fast kernel (timed as entry e), the rest to the reference. */
@@ -211,16 +240,6 @@ FAST_OR_REFERENCE(9, accumulate, ptl_cpu_accumulate(n, x, y), accumulate, (ctx, 
 FAST_OR_REFERENCE(10, channel_copy, ptl_cpu_channel_copy(m, c, src, sc, so, dst, dc, dof, acc), channel_copy,
                   (ctx, dt, m, c, src, sc, so, dst, dc, dof, acc), int64_t m, int c, const void *src, int sc, int so,
                   void *dst, int dc, int dof, int acc)
-FAST_OR_REFERENCE(11, maxpool_forward, ptl_cpu_maxpool5_forward(n, h, w, c, x, y), unary[PTL_OP_POOL].forward,
-                  (ctx, dt, n, h, w, c, x, y), int n, int h, int w, int c, const void *x, void *y)
-FAST_OR_REFERENCE(12, maxpool_backward, ptl_cpu_maxpool5_backward(n, h, w, c, x, dy, dx, acc),
-                  unary[PTL_OP_POOL].backward, (ctx, dt, n, h, w, c, x, dy, dx, acc), int n, int h, int w, int c,
-                  const void *x, const void *dy, void *dx, int acc)
-FAST_OR_REFERENCE(13, upsample_forward, ptl_cpu_upsample2x_forward(n, h, w, c, x, y), unary[PTL_OP_UP].forward,
-                  (ctx, dt, n, h, w, c, x, y), int n, int h, int w, int c, const void *x, void *y)
-FAST_OR_REFERENCE(14, upsample_backward, ptl_cpu_upsample2x_backward(n, h, w, c, dy, dx, acc),
-                  unary[PTL_OP_UP].backward, (ctx, dt, n, h, w, c, x, dy, dx, acc), int n, int h, int w, int c,
-                  const void *x, const void *dy, void *dx, int acc)
 
 /* ------------------------------------------------------------------------- the table */
 
@@ -235,7 +254,6 @@ static void make_table(void)
     table.conv_plan_free = fast_conv_plan_free;
     table.conv_workspace = fast_conv_workspace;
     table.bn_scratch_bytes = fast_bn_scratch_bytes;
-    table.attn_scratch_bytes = fast_attn_scratch_bytes;
     table.reserve_scratch = fast_reserve_scratch;
     table.conv_forward = fast_conv_forward;
     table.conv_backward_input = fast_conv_backward_input;
@@ -246,10 +264,10 @@ static void make_table(void)
     table.add = fast_add;
     table.accumulate = fast_accumulate;
     table.channel_copy = fast_channel_copy;
-    table.unary[PTL_OP_POOL] = (ptl_net_unary){fast_maxpool_forward, fast_maxpool_backward};
-    table.unary[PTL_OP_UP] = (ptl_net_unary){fast_upsample_forward, fast_upsample_backward};
-    table.attention_forward = fast_attention_forward;
-    table.attention_backward = fast_attention_backward;
+    table.layer[PTL_OP_POOL] = (ptl_net_layer){fast_maxpool_forward, fast_maxpool_backward, NULL, 0};
+    table.layer[PTL_OP_UP] = (ptl_net_layer){fast_upsample_forward, fast_upsample_backward, NULL, 0};
+    table.layer[PTL_OP_ATTN] = (ptl_net_layer){fast_attention_forward, fast_attention_backward,
+                                               fast_attention_scratch_bytes, 1};
 }
 
 const ptl_net_backend *ptl_net_backend_cpu_fast(void)

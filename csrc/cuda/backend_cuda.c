@@ -63,12 +63,47 @@ fail:
 
 /* ------------------------------------------------------------------------- layers */
 
-/* the table's one-input backward form: the upsample's gradient needs no input */
-static int cuda_upsample_backward(ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x,
-                                  const void *dy, void *dx, int accumulate)
+/* the layer rows (executor.h's ptl_net_call) */
+#define IN(c) (c)->in[0]
+
+static int cuda_maxpool_forward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
 {
-    (void)x;
-    return ptl_upsample2x_backward_cuda(ctx, dt, n, h, w, c, dy, dx, accumulate);
+    return ptl_maxpool5_forward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].data);
+}
+
+static int cuda_maxpool_backward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
+{
+    return ptl_maxpool5_backward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].grad, IN(c).grad,
+                                      IN(c).accumulate);
+}
+
+static int cuda_upsample_forward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
+{
+    return ptl_upsample2x_forward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].data);
+}
+
+static int cuda_upsample_backward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
+{
+    return ptl_upsample2x_backward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC(c), c->out[0].grad, IN(c).grad,
+                                        IN(c).accumulate);
+}
+
+static int cuda_attention_forward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
+{
+    return ptl_attention_forward_cuda(ctx, c->dt, PTL_ATTENTION_CALL_DIMS(c), IN(c).data, c->saved, c->out[0].data,
+                                      PTL_NET_CALL_OUT(c, 1, data));
+}
+
+static int cuda_attention_backward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
+{
+    return ptl_attention_backward_cuda(ctx, c->dt, PTL_ATTENTION_CALL_DIMS(c), IN(c).data, c->saved, c->out[0].grad,
+                                       PTL_NET_CALL_OUT(c, 1, grad), IN(c).grad);
+}
+
+/* the CUDA attention's scratch depends on the positions and heads only */
+static size_t cuda_attention_scratch_bytes(const ptl_net_call *c)
+{
+    return ptl_attention_cuda_scratch_bytes(c->dt, IN(c).h * IN(c).w, c->op->heads);
 }
 
 /* ------------------------------------------------------------------------- conv plans */
@@ -83,13 +118,6 @@ static int cuda_conv_plans(ptl_cuda_ctx *ctx, int n, const ptl_conv2d_desc *d, p
     po.find = o->find;
     po.forward_only = o->forward_only;
     return ptl_conv2d_plans_acquire(ctx, n, d, dt, &po, (ptl_conv2d_plan **)plans);
-}
-
-/* the CUDA attention's scratch depends on the positions and heads only */
-static size_t cuda_attn_scratch_bytes(ptl_dtype dt, int b, int n, int heads, int kd, int hd)
-{
-    (void)b, (void)kd, (void)hd;
-    return ptl_attention_cuda_scratch_bytes(dt, n, heads);
 }
 
 static void cuda_conv_plan_free(void *plan) { ptl_conv2d_plan_destroy((ptl_conv2d_plan *)plan); }
@@ -135,7 +163,6 @@ const ptl_net_backend ptl_net_backend_cuda = {
     .conv_plan_free = cuda_conv_plan_free,
     .conv_workspace = cuda_conv_workspace,
     .bn_scratch_bytes = ptl_batchnorm_cuda_scratch_bytes,
-    .attn_scratch_bytes = cuda_attn_scratch_bytes,
     .reserve_scratch = ptl_layers_cuda_reserve,
     .weight_cast = ptl_net_weight_cast_cuda,
     .weight_grad = ptl_net_weight_grad_cuda,
@@ -148,10 +175,9 @@ const ptl_net_backend ptl_net_backend_cuda = {
     .add = ptl_add_cuda,
     .accumulate = ptl_accumulate_cuda,
     .channel_copy = ptl_channel_copy_cuda,
-    .unary = {[PTL_OP_POOL] = {ptl_maxpool5_forward_cuda, ptl_maxpool5_backward_cuda},
-              [PTL_OP_UP] = {ptl_upsample2x_forward_cuda, cuda_upsample_backward}},
-    .attention_forward = ptl_attention_forward_cuda,
-    .attention_backward = ptl_attention_backward_cuda,
+    .layer = {[PTL_OP_POOL] = {cuda_maxpool_forward, cuda_maxpool_backward},
+              [PTL_OP_UP] = {cuda_upsample_forward, cuda_upsample_backward},
+              [PTL_OP_ATTN] = {cuda_attention_forward, cuda_attention_backward, cuda_attention_scratch_bytes, 1}},
     .head_out = ptl_net_head_out_cuda,
     .head_grad = ptl_net_head_grad_cuda,
     .record = ptl_net_cuda_record,

@@ -18,6 +18,9 @@
 extern "C" {
 #endif
 
+/* (b, n, heads, kd, hd) of an executor layer call c (ptl_net_call, executor.h) of an attention op */
+#define PTL_ATTENTION_CALL_DIMS(c) (c)->B, (c)->in[0].h * (c)->in[0].w, (c)->op->heads, (c)->op->kd, (c)->op->hd
+
 int ptl_attention_forward(ptl_dtype dt, int b, int n, int heads, int kd, int hd, const void *qkv, void *attn,
                           void *o, void *v);
 /* dqkv = dL/dqkv (overwrite) given d_o = dL/do and, optionally, dv = an extra gradient for v in the

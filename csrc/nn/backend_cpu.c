@@ -130,19 +130,22 @@ WITHOUT_CTX(cpu_add, ptl_add(dt, n, a, b, y), ptl_dtype dt, int64_t n, const voi
 WITHOUT_CTX(cpu_accumulate, ptl_accumulate(dt, n, x, y), ptl_dtype dt, int64_t n, const void *x, void *y)
 WITHOUT_CTX(cpu_channel_copy, ptl_channel_copy(dt, m, c, src, sc, so, dst, dc, dof, acc), ptl_dtype dt, int64_t m,
             int c, const void *src, int sc, int so, void *dst, int dc, int dof, int acc)
-WITHOUT_CTX(cpu_maxpool_forward, ptl_maxpool5_forward(dt, n, h, w, c, x, y), ptl_dtype dt, int n, int h, int w, int c,
-            const void *x, void *y)
-WITHOUT_CTX(cpu_maxpool_backward, ptl_maxpool5_backward(dt, n, h, w, c, x, dy, dx, acc), ptl_dtype dt, int n, int h,
-            int w, int c, const void *x, const void *dy, void *dx, int acc)
-WITHOUT_CTX(cpu_upsample_forward, ptl_upsample2x_forward(dt, n, h, w, c, x, y), ptl_dtype dt, int n, int h, int w,
-            int c, const void *x, void *y)
-WITHOUT_CTX(cpu_upsample_backward, ((void)x, ptl_upsample2x_backward(dt, n, h, w, c, dy, dx, acc)), ptl_dtype dt,
-            int n, int h, int w, int c, const void *x, const void *dy, void *dx, int acc)
-WITHOUT_CTX(cpu_attention_forward, ptl_attention_forward(dt, b, n, heads, kd, hd, qkv, attn, o, v), ptl_dtype dt,
-            int b, int n, int heads, int kd, int hd, const void *qkv, void *attn, void *o, void *v)
-WITHOUT_CTX(cpu_attention_backward, ptl_attention_backward(dt, b, n, heads, kd, hd, qkv, attn, d_o, dv, dqkv),
-            ptl_dtype dt, int b, int n, int heads, int kd, int hd, const void *qkv, const void *attn, const void *d_o,
-            const void *dv, void *dqkv)
+/* the layer rows (executor.h's ptl_net_call) */
+#define IN(c) (c)->in[0]
+WITHOUT_CTX(cpu_maxpool_forward, ptl_maxpool5_forward(c->dt, PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].data),
+            const ptl_net_call *c)
+WITHOUT_CTX(cpu_maxpool_backward, ptl_maxpool5_backward(c->dt, PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].grad,
+                                                        IN(c).grad, IN(c).accumulate), const ptl_net_call *c)
+WITHOUT_CTX(cpu_upsample_forward, ptl_upsample2x_forward(c->dt, PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].data),
+            const ptl_net_call *c)
+WITHOUT_CTX(cpu_upsample_backward, ptl_upsample2x_backward(c->dt, PTL_NET_CALL_NHWC(c), c->out[0].grad, IN(c).grad,
+                                                           IN(c).accumulate), const ptl_net_call *c)
+WITHOUT_CTX(cpu_attention_forward, ptl_attention_forward(c->dt, PTL_ATTENTION_CALL_DIMS(c), IN(c).data, c->saved,
+                                                         c->out[0].data, PTL_NET_CALL_OUT(c, 1, data)),
+            const ptl_net_call *c)
+WITHOUT_CTX(cpu_attention_backward, ptl_attention_backward(c->dt, PTL_ATTENTION_CALL_DIMS(c), IN(c).data, c->saved,
+                                                           c->out[0].grad, PTL_NET_CALL_OUT(c, 1, grad), IN(c).grad),
+            const ptl_net_call *c)
 WITHOUT_CTX(cpu_head_out, ptl_net_head_out(dt, B, hw, C, A, a0, map, out), ptl_dtype dt, int B, int64_t hw, int C,
             int64_t A, int64_t a0, const void *map, void *out)
 WITHOUT_CTX(cpu_head_grad, ptl_net_head_grad(dt, B, hw, C, A, a0, d, gmap, acc), ptl_dtype dt, int B, int64_t hw,
@@ -172,10 +175,9 @@ const ptl_net_backend ptl_net_backend_cpu = {
     .add = cpu_add,
     .accumulate = cpu_accumulate,
     .channel_copy = cpu_channel_copy,
-    .unary = {[PTL_OP_POOL] = {cpu_maxpool_forward, cpu_maxpool_backward},
-              [PTL_OP_UP] = {cpu_upsample_forward, cpu_upsample_backward}},
-    .attention_forward = cpu_attention_forward,
-    .attention_backward = cpu_attention_backward,
+    .layer = {[PTL_OP_POOL] = {cpu_maxpool_forward, cpu_maxpool_backward},
+              [PTL_OP_UP] = {cpu_upsample_forward, cpu_upsample_backward},
+              [PTL_OP_ATTN] = {cpu_attention_forward, cpu_attention_backward, .overwrites = 1}},
     .head_out = cpu_head_out,
     .head_grad = cpu_head_grad,
 };

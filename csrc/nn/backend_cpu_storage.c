@@ -33,15 +33,23 @@ static int round_columns(ptl_dtype storage, float *p, int64_t rows, int c, int s
     return 0;
 }
 
+/* What a layer call stores: after a forward its outputs and saved buffer, after a backward the channels of its
+ * input gradients it wrote. */
+static int round_call(ptl_dtype storage, const ptl_net_call *c, int backward)
+{
+    for (int k = 0; !backward && k < c->nout; k++)
+        if (c->out[k].data)
+            round_values(storage, c->out[k].data, (int64_t)c->B * c->out[k].h * c->out[k].w * c->out[k].c);
+    if (!backward)
+        return round_values(storage, c->saved, ptl_net_op_saved_numel(c->op, c->B, c->in[0].h, c->in[0].w));
+    for (int j = 0; j < c->nin; j++)
+        if (c->in[j].grad)
+            round_columns(storage, c->in[j].grad, (int64_t)c->B * c->in[j].h * c->in[j].w, c->in[j].nc, c->in[j].c,
+                          c->in[j].c0);
+    return 0;
+}
+
 #define REF ptl_net_backend_cpu
-/* A one-input layer's backward (the `unary` table of kind KIND), its dx rounded. */
-#define STORAGE_UNARY_BACKWARD(NAME, STORAGE, KIND, LAYER)                                                         \
-    static int NAME##_##LAYER##_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x, \
-                                         const void *dy, void *dx, int acc)                                        \
-    {                                                                                                              \
-        return REF.unary[KIND].backward(ctx, dt, n, h, w, c, x, dy, dx, acc) ||                                    \
-               round_values(STORAGE, dx, (int64_t)n * h * w * c);                                                  \
-    }
 /* Each table below differs only in the storage dtype its entries round to. */
 #define STORAGE_BACKEND(NAME, STORAGE)                                                                             \
     static int NAME##_conv_forward(ptl_exec_ctx *ctx, const void *p, const void *x, const void *w, const void *b,  \
@@ -104,22 +112,13 @@ static int round_columns(ptl_dtype storage, float *p, int64_t rows, int c, int s
         return REF.channel_copy(ctx, dt, m, c, src, sc, so, dst, dc, dof, acc) ||                                  \
                (acc && round_columns(STORAGE, dst, m, c, dc, dof));                                                \
     }                                                                                                              \
-    STORAGE_UNARY_BACKWARD(NAME, STORAGE, PTL_OP_POOL, maxpool)                                                    \
-    STORAGE_UNARY_BACKWARD(NAME, STORAGE, PTL_OP_UP, upsample)                                                     \
-    static int NAME##_attention_forward(ptl_exec_ctx *ctx, ptl_dtype dt, int b, int n, int heads, int kd, int hd,  \
-                                        const void *qkv, void *attn, void *o, void *v)                             \
+    static int NAME##_layer_forward(ptl_exec_ctx *ctx, const ptl_net_call *c)                                    \
     {                                                                                                              \
-        const int64_t dense = (int64_t)b * n * heads * hd;                                                         \
-        return REF.attention_forward(ctx, dt, b, n, heads, kd, hd, qkv, attn, o, v) ||                             \
-               round_values(STORAGE, attn, (int64_t)b * heads * n * n) || round_values(STORAGE, o, dense) ||       \
-               (v && round_values(STORAGE, v, dense));                                                             \
+        return REF.layer[c->op->kind].forward(ctx, c) || round_call(STORAGE, c, 0);                                \
     }                                                                                                              \
-    static int NAME##_attention_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int b, int n, int heads, int kd, int hd, \
-                                         const void *qkv, const void *attn, const void *d_o, const void *dv,       \
-                                         void *dqkv)                                                               \
+    static int NAME##_layer_backward(ptl_exec_ctx *ctx, const ptl_net_call *c)                                   \
     {                                                                                                              \
-        return REF.attention_backward(ctx, dt, b, n, heads, kd, hd, qkv, attn, d_o, dv, dqkv) ||                   \
-               round_values(STORAGE, dqkv, (int64_t)b * n * heads * (2 * kd + hd));                                \
+        return REF.layer[c->op->kind].backward(ctx, c) || round_call(STORAGE, c, 1);                               \
     }                                                                                                              \
     static int NAME##_head_grad(ptl_exec_ctx *ctx, ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0,  \
                                 const void *d, void *gmap, int acc)                                                \
@@ -141,10 +140,11 @@ static int round_columns(ptl_dtype storage, float *p, int64_t rows, int c, int s
         t.add = NAME##_add;                                                                                        \
         t.accumulate = NAME##_accumulate;                                                                          \
         t.channel_copy = NAME##_channel_copy;                                                                      \
-        t.unary[PTL_OP_POOL].backward = NAME##_maxpool_backward;                                                   \
-        t.unary[PTL_OP_UP].backward = NAME##_upsample_backward;                                                    \
-        t.attention_forward = NAME##_attention_forward;                                                            \
-        t.attention_backward = NAME##_attention_backward;                                                          \
+        for (int k = 0; k < PTL_NET_OP_KINDS; k++)                                                                 \
+            if (t.layer[k].forward) {                                                                              \
+                t.layer[k].forward = NAME##_layer_forward;                                                         \
+                t.layer[k].backward = NAME##_layer_backward;                                                       \
+            }                                                                                                      \
         t.head_grad = NAME##_head_grad;                                                                            \
         return t;                                                                                                  \
     }

@@ -7,12 +7,11 @@
 
 static int is_conv(const ptl_net_op *op) { return op->kind == PTL_OP_CONV || op->kind == PTL_OP_CONV_BIAS; }
 
-/* The kinds forward_op/backward_op run themselves; every other kind is a one-input layer of the backend's
- * `unary` table. */
+/* The kinds forward_op/backward_op run themselves; every other kind is a row of the backend's `layer`
+ * table. */
 static int has_own_case(ptl_net_op_kind k)
 {
-    return k == PTL_OP_CONV || k == PTL_OP_CONV_BIAS || k == PTL_OP_ADD || k == PTL_OP_CAT || k == PTL_OP_ATTN ||
-           k == PTL_OP_HEAD;
+    return k == PTL_OP_CONV || k == PTL_OP_CONV_BIAS || k == PTL_OP_ADD || k == PTL_OP_CAT || k == PTL_OP_HEAD;
 }
 
 static int oom(void) { return ptl_set_error(PTL_ERR_MEMORY, "network executor: out of host memory"); }
@@ -83,7 +82,7 @@ static void free_slot(ptl_net_exec *x, ptl_net_slot *s)
             s->plans[i] = NULL;
         }
     bfree(x, &s->arena);
-    bfree(x, &s->attn);
+    bfree(x, &s->saved);
     bfree(x, &s->ws);
     for (int b = 0; b < 2; b++)
         for (int j = 0; j < 2; j++)
@@ -120,7 +119,7 @@ static int conv_descs(const ptl_net_exec *x, int B, int H, int W, ptl_conv2d_des
         const ptl_net_op *op = &net->ops[i];
         if (!is_conv(op))
             continue;
-        const ptl_net_dims di = ptl_net_value_dims(net, &L, op->in);
+        const ptl_net_dims di = ptl_net_value_dims(net, &L, op->ins[0].value);
         if (ptl_conv2d_init(&d[n], B, di.h, di.w, op->cin, op->cout, op->k, op->s, op->g))
             return -1;
         bias[n++] = op->kind == PTL_OP_CONV_BIAS;
@@ -190,7 +189,9 @@ int ptl_net_exec_plan(ptl_net_exec *x, int count, const int *bhw, int forward_on
     return plan_shapes(x, count, bhw, forward_only != 0, NULL);
 }
 
-/* Allocates slot s's buffers and plans for its layout. */
+static void make_call(ptl_net_exec *x, int i, int backward, int want_input_grad, ptl_net_call *c);
+
+/* Allocates slot s (the current one) buffers and plans for its layout. */
 static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
 {
     const ptl_network *net = x->net;
@@ -198,26 +199,25 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
     size_t layer_scratch = 0, ws = 0;
     const int bhw[3] = {L->B, L->H, L->W};
     PTL_CHECK(plan_shapes(x, 1, bhw, L->forward_only, s));
+    PTL_CHECK(balloc(x, (size_t)L->arena_numel * x->csz, &s->arena));
+    PTL_CHECK(balloc(x, (size_t)L->saved_numel * x->csz, &s->saved));
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
-        if (op->kind == PTL_OP_ATTN && x->be->attn_scratch_bytes) {
-            const ptl_net_dims d = ptl_net_value_dims(net, L, op->in);
-            const size_t b = x->be->attn_scratch_bytes(x->cdt, L->B, d.h * d.w, op->heads, op->kd, op->hd);
-            layer_scratch = b > layer_scratch ? b : layer_scratch;
-        }
-        if (op->kind == PTL_OP_CONV && x->be->bn_scratch_bytes) {
-            const size_t b = x->be->bn_scratch_bytes(ptl_net_value_dims(net, L, op->out).m, op->cout);
-            layer_scratch = b > layer_scratch ? b : layer_scratch;
-        }
+        size_t b = 0;
         if (is_conv(op)) {
-            const size_t b = x->be->conv_workspace(s->plans[i]);
-            ws = b > ws ? b : ws;
+            const size_t w = x->be->conv_workspace(s->plans[i]);
+            ws = w > ws ? w : ws;
+            if (op->kind == PTL_OP_CONV && x->be->bn_scratch_bytes)
+                b = x->be->bn_scratch_bytes(ptl_net_value_dims(net, L, op->out).m, op->cout);
+        } else if (!has_own_case(op->kind) && x->be->layer[op->kind].scratch_bytes) {
+            ptl_net_call c;
+            make_call(x, i, 0, 0, &c);
+            b = x->be->layer[op->kind].scratch_bytes(&c);
         }
+        layer_scratch = b > layer_scratch ? b : layer_scratch;
     }
     if (x->be->reserve_scratch)
         PTL_CHECK(x->be->reserve_scratch(x->ctx, layer_scratch));
-    PTL_CHECK(balloc(x, (size_t)L->arena_numel * x->csz, &s->arena));
-    PTL_CHECK(balloc(x, (size_t)L->attn_numel * x->csz, &s->attn));
     PTL_CHECK(balloc(x, ws, &s->ws));
     s->ws_bytes = ws;
     for (int b = 0; b < 2; b++) {
@@ -285,6 +285,7 @@ void ptl_net_exec_free(ptl_net_exec *x)
     ptl_net_grad_plan_free(&x->gp);
     ptl_net_wtab_free(&x->wt);
     free(x->op_frozen);
+    free(x->op_needed);
     free(x->grad_needed);
     free(x);
 }
@@ -305,10 +306,16 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     if (alias_host && be->device != PTL_CPU)
         return ptl_set_error(PTL_ERR_VALUE, "network executor: only the CPU backend runs on host storage");
     for (int i = 0; i < net->nops; i++) {
-        const ptl_net_op_kind k = net->ops[i].kind;
-        if (!has_own_case(k) && (!be->unary[k].forward || !be->unary[k].backward))
-            return ptl_set_error(PTL_ERR_VALUE, "network executor: the %s backend has no kernels for op %d's kind %d",
-                                 be->name, i, (int)k);
+        const ptl_net_op *op = &net->ops[i];
+        if (has_own_case(op->kind))
+            continue;
+        const ptl_net_layer *r = &be->layer[op->kind];
+        if (!r->forward || !r->backward)
+            return ptl_set_error(PTL_ERR_VALUE, "network executor: the %s backend has no kernels for op %d's kind %s",
+                                 be->name, i, ptl_net_op_kind_name(op->kind));
+        if (r->overwrites && op->nin != 1)
+            return ptl_set_error(PTL_ERR_VALUE, "network executor: the %s backend's %s overwrites its input gradient, "
+                                 "but op %d has %d inputs", be->name, ptl_net_op_kind_name(op->kind), i, op->nin);
     }
     if (activate(be, ctx))
         return -1;
@@ -340,8 +347,9 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     PTL_CHECK(ptl_net_grad_plan_build(net, &x->gp));
     PTL_CHECK(ptl_net_wtab_build(net, be->cast_biases, &x->wt));
     x->op_frozen = calloc((size_t)net->nops, 1);
+    x->op_needed = calloc((size_t)net->nops, 1);
     x->grad_needed = calloc((size_t)net->nvalues, 1);
-    if (!x->op_frozen || !x->grad_needed) {
+    if (!x->op_frozen || !x->op_needed || !x->grad_needed) {
         oom();
         goto fail;
     }
@@ -426,56 +434,29 @@ static int entry_at(const ptl_network *net, int is_buffer, int64_t offset)
     return -1;
 }
 
-/* The inputs op i's backward writes a gradient into (an input marked no_dx receives none). */
-static int grad_inputs(const ptl_net_op *op, int ins[PTL_NET_MAX_PARTS])
-{
-    switch (op->kind) {
-    case PTL_OP_CONV:
-    case PTL_OP_CONV_BIAS:
-    case PTL_OP_ATTN:
-        ins[0] = op->in;
-        return op->no_dx ? 0 : 1;
-    case PTL_OP_ADD:
-        ins[0] = op->in;
-        ins[1] = op->in2;
-        return 2;
-    case PTL_OP_CAT:
-        for (int p = 0; p < op->nparts; p++)
-            ins[p] = op->parts[p].value;
-        return op->nparts;
-    default: /* the one-input layers, head */
-        ins[0] = op->in;
-        return 1;
-    }
-}
-
-/* Which of op's tensors the mask freezes (PTL_NET_FROZEN_* bits); -1 when it splits a BatchNorm's running
- * statistics. */
+/* Which of op's tensors the mask freezes (PTL_NET_FROZEN_* bits: parameter k's bit k; BN_EVAL when its
+ * buffers are); an error when it freezes some of the op's buffers only. */
 static int op_frozen_bits(const ptl_network *net, const ptl_net_op *op, const uint8_t *frozen, uint8_t *bits)
 {
-    const struct {
-        int is_buffer;
-        int64_t off;
-        uint8_t bit;
-    } t[5] = {{0, op->w_off, PTL_NET_FROZEN_W},
-              {0, op->kind == PTL_OP_CONV ? op->gamma_off : op->bias_off,
-               op->kind == PTL_OP_CONV ? PTL_NET_FROZEN_GAMMA : PTL_NET_FROZEN_BIAS},
-              {0, op->beta_off, PTL_NET_FROZEN_BETA},
-              {1, op->rmean_off, PTL_NET_FROZEN_BN_EVAL},
-              {1, op->rvar_off, PTL_NET_FROZEN_BN_EVAL}};
-    const int n = op->kind == PTL_OP_CONV ? 5 : op->kind == PTL_OP_CONV_BIAS ? 2 : 0;
-    int e[5];
+    int e[PTL_NET_MAX_OP_PARAMS + PTL_NET_MAX_OP_BUFFERS], nbuf = 0;
     *bits = 0;
-    for (int k = 0; k < n; k++) {
-        if ((e[k] = entry_at(net, t[k].is_buffer, t[k].off)) < 0)
+    for (int k = 0; k < op->nparams + op->nbuffers; k++) {
+        const int is_buffer = k >= op->nparams;
+        const int64_t off = is_buffer ? op->buffer[k - op->nparams] : op->param[k];
+        if ((e[k] = entry_at(net, is_buffer, off)) < 0)
             return ptl_set_error(PTL_ERR_RUNTIME, "network description: op of layer %d has no tensor at %s offset "
-                                 "%lld", op->layer, t[k].is_buffer ? "buffer" : "parameter", (long long)t[k].off);
-        if (frozen && frozen[e[k]])
-            *bits |= t[k].bit;
+                                 "%lld", op->layer, is_buffer ? "buffer" : "parameter", (long long)off);
+        if (frozen && frozen[e[k]]) {
+            *bits |= (uint8_t)(is_buffer ? 0 : 1u << k);
+            nbuf += is_buffer;
+        }
     }
-    if (n == 5 && frozen && frozen[e[3]] != frozen[e[4]])
-        return ptl_set_error(PTL_ERR_VALUE, "frozen: %s and %s are frozen together or not at all (a frozen "
-                             "BatchNorm runs in eval mode)", net->entries[e[3]].name, net->entries[e[4]].name);
+    if (nbuf == op->nbuffers && nbuf)
+        *bits |= PTL_NET_FROZEN_BN_EVAL;
+    else if (nbuf)
+        return ptl_set_error(PTL_ERR_VALUE, "frozen: %s and %s are frozen together or not at all (frozen running "
+                             "statistics run in eval mode)", net->entries[e[op->nparams]].name,
+                             net->entries[e[op->nparams + 1]].name);
     return 0;
 }
 
@@ -491,7 +472,8 @@ int ptl_net_exec_set_frozen(ptl_net_exec *x, const uint8_t *frozen, int64_t n)
             return ptl_set_error(PTL_ERR_VALUE, "frozen: the flag of %s is not 0 or 1", net->entries[e].name);
         nfrozen += frozen[e];
     }
-    uint8_t *bits = calloc((size_t)net->nops, 1), *need = calloc((size_t)net->nvalues, 1);
+    /* bits: per op its frozen bits, then whether its backward runs; nothing of x changes before all is known */
+    uint8_t *bits = calloc(2 * (size_t)net->nops, 1), *need = calloc((size_t)net->nvalues, 1);
     if (!bits || !need) {
         oom();
         goto fail;
@@ -502,22 +484,19 @@ int ptl_net_exec_set_frozen(ptl_net_exec *x, const uint8_t *frozen, int64_t n)
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
         PTL_CHECK(op_frozen_bits(net, op, frozen, &bits[i]));
-        const uint8_t conv = PTL_NET_FROZEN_W | PTL_NET_FROZEN_GAMMA | PTL_NET_FROZEN_BETA;
-        const uint8_t all = op->kind == PTL_OP_CONV        ? conv
-                            : op->kind == PTL_OP_CONV_BIAS ? PTL_NET_FROZEN_W | PTL_NET_FROZEN_BIAS
-                                                           : 0;
+        const uint8_t all = (uint8_t)((1u << op->nparams) - 1);
         int needed = (bits[i] & all) != all;
-        int ins[PTL_NET_MAX_PARTS];
-        const int nin = grad_inputs(op, ins);
-        for (int j = 0; j < nin; j++)
-            needed |= need[ins[j]];
+        for (int j = 0; j < op->nin; j++)
+            needed |= (op->grad_in >> j & 1u) && need[op->ins[j].value];
         if (op->out >= 0)
             need[op->out] = (uint8_t)needed;
-        if (op->kind == PTL_OP_ATTN && op->out2 >= 0)
+        if (op->out2 >= 0)
             need[op->out2] = (uint8_t)needed;
+        bits[net->nops + i] = (uint8_t)needed;
         nbackward += needed;
     }
     memcpy(x->op_frozen, bits, (size_t)net->nops);
+    memcpy(x->op_needed, bits + net->nops, (size_t)net->nops);
     memcpy(x->grad_needed, need, (size_t)net->nvalues);
     free(bits);
     free(need);
@@ -571,7 +550,7 @@ void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *s
     for (int k = 0; k < PTL_NET_SHAPES; k++) {
         const ptl_net_slot *s = &x->slot[k];
         if (s->L.B)
-            shape += (s->L.arena_numel + s->L.attn_numel) * (int64_t)x->csz +
+            shape += (s->L.arena_numel + s->L.saved_numel) * (int64_t)x->csz +
                      (int64_t)s->ws_bytes + 2 * (int64_t)s->L.B * s->L.A * (4 + net->nc) * (int64_t)x->msz;
     }
     *fixed_bytes = fixed;
@@ -584,6 +563,61 @@ void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *s
 #define PAR(base, off) ((char *)(base) + (size_t)(off) * x->msz) /* master dtype */
 
 static ptl_net_dims dims(const ptl_net_exec *x, int v) { return ptl_net_value_dims(x->net, &x->cur->L, v); }
+
+/* Whether value v's gradient is wanted: it depends on a trainable parameter, or the image gradient is
+ * asked for (every value depends on the image). */
+static int needs(const ptl_net_exec *x, int v, int want_input_grad) { return want_input_grad || x->grad_needed[v]; }
+
+static ptl_net_arg value_arg(ptl_net_exec *x, int v, int grad)
+{
+    const ptl_net_dims d = dims(x, v);
+    const int C = x->net->values[v].C;
+    void *arena = x->cur->arena.ptr;
+    void *g = grad ? AT(arena, x->cur->L.goff[v]) : NULL;
+    return (ptl_net_arg){AT(arena, x->cur->L.voff[v]), g, d.h, d.w, C, 0, C, 0};
+}
+
+/* Op i's layer call on the current shape. A backward's call has the gradients: the outputs', each input's
+ * that its op writes and something needs (overwritten by the first writer of a whole value, else added: a
+ * first writer of only some channels finds its slot zeroed), and the trainable parameters'; of the
+ * activations only the inputs the op keeps. */
+static void make_call(ptl_net_exec *x, int i, int backward, int want_input_grad, ptl_net_call *c)
+{
+    const ptl_net_op *op = &x->net->ops[i];
+    ptl_net_slot *const S = x->cur;
+    const uint8_t fz = x->op_frozen[i];
+    memset(c, 0, sizeof *c);
+    c->op = op;
+    c->dt = x->cdt;
+    c->B = S->L.B;
+    c->training = (backward ? x->fwd_training : x->training) && !(fz & PTL_NET_FROZEN_BN_EVAL);
+    c->nin = op->nin;
+    for (int j = 0; j < op->nin; j++) {
+        const ptl_net_part *in = &op->ins[j];
+        c->in[j] = value_arg(x, in->value,
+                             backward && (op->grad_in >> j & 1u) && needs(x, in->value, want_input_grad));
+        if (backward && !(op->keep_in >> j & 1u))
+            c->in[j].data = NULL; /* its memory may hold another value by now */
+        c->in[j].c0 = in->c0;
+        c->in[j].nc = in->nc;
+        c->in[j].accumulate = !(x->gp.first[i] >> j & 1u) || x->gp.zero_op[in->value] == i;
+    }
+    const int outs[2] = {op->out, op->out2};
+    for (int k = 0; k < 2; k++)
+        if (outs[k] >= 0) {
+            c->out[c->nout] = value_arg(x, outs[k], backward);
+            if (backward)
+                c->out[c->nout].data = NULL; /* dead after its last forward reader */
+            c->nout++;
+        }
+    c->saved = AT(S->saved.ptr, S->L.saved_off[i]);
+    for (int k = 0; k < op->nparams; k++) {
+        c->params[k] = PAR(x->params, op->param[k]);
+        c->grads[k] = fz & (1u << k) ? NULL : PAR(x->grads, op->param[k]);
+    }
+    for (int k = 0; k < op->nbuffers; k++)
+        c->buffers[k] = PAR(x->buffers, op->buffer[k]);
+}
 
 static int forward_op(ptl_net_exec *x, int i)
 {
@@ -598,58 +632,51 @@ static int forward_op(ptl_net_exec *x, int i)
     case PTL_OP_CONV:
     case PTL_OP_CONV_BIAS: {
         const void *w = AT(x->wc.ptr, x->wt.op_w[i]);
+        const void *in = AT(act, vo[op->ins[0].value]);
         if (op->kind == PTL_OP_CONV_BIAS) {
-            const void *bias = x->wt.op_b[i] >= 0 ? AT(x->wc.ptr, x->wt.op_b[i]) : PAR(x->params, op->bias_off);
-            return be->conv_forward(x->ctx, S->plans[i], AT(act, vo[op->in]), w, bias, AT(act, vo[op->out]), S->ws.ptr,
-                                    S->ws_bytes);
+            const void *bias =
+                x->wt.op_b[i] >= 0 ? AT(x->wc.ptr, x->wt.op_b[i]) : PAR(x->params, op->param[PTL_CONV_BIAS]);
+            return be->conv_forward(x->ctx, S->plans[i], in, w, bias, AT(act, vo[op->out]), S->ws.ptr, S->ws_bytes);
         }
-        PTL_CHECK(be->conv_forward(x->ctx, S->plans[i], AT(act, vo[op->in]), w, NULL, AT(act, vo[op->z]), S->ws.ptr,
-                                   S->ws_bytes));
+        PTL_CHECK(be->conv_forward(x->ctx, S->plans[i], in, w, NULL, AT(act, vo[op->z]), S->ws.ptr, S->ws_bytes));
         return be->batchnorm_forward(x->ctx, dt, dims(x, op->out).m, op->cout, AT(act, vo[op->z]),
-                                     PAR(x->params, op->gamma_off), PAR(x->params, op->beta_off),
-                                     PAR(x->buffers, op->rmean_off), PAR(x->buffers, op->rvar_off),
+                                     PAR(x->params, op->param[PTL_CONV_GAMMA]),
+                                     PAR(x->params, op->param[PTL_CONV_BETA]),
+                                     PAR(x->buffers, op->buffer[PTL_BN_RUNNING_MEAN]),
+                                     PAR(x->buffers, op->buffer[PTL_BN_RUNNING_VAR]),
                                      x->training && !(x->op_frozen[i] & PTL_NET_FROZEN_BN_EVAL),
                                      op->act ? PTL_ACT_SILU : PTL_ACT_NONE, PAR(x->stats, op->stat_off),
                                      PAR(x->stats, op->stat_off + op->cout), AT(act, vo[op->out]));
     }
     case PTL_OP_ADD:
-        return be->add(x->ctx, dt, dims(x, op->out).m * V[op->out].C, AT(act, vo[op->in]), AT(act, vo[op->in2]),
-                       AT(act, vo[op->out]));
+        return be->add(x->ctx, dt, dims(x, op->out).m * V[op->out].C, AT(act, vo[op->ins[0].value]),
+                       AT(act, vo[op->ins[1].value]), AT(act, vo[op->out]));
     case PTL_OP_CAT: {
         const int64_t m = dims(x, op->out).m;
         int dst = 0;
-        for (int p = 0; p < op->nparts; p++) {
-            const ptl_net_part *pt = &op->parts[p];
+        for (int p = 0; p < op->nin; p++) {
+            const ptl_net_part *pt = &op->ins[p];
             PTL_CHECK(be->channel_copy(x->ctx, dt, m, pt->nc, AT(act, vo[pt->value]), V[pt->value].C, pt->c0,
                                        AT(act, vo[op->out]), V[op->out].C, dst, 0));
             dst += pt->nc;
         }
         return 0;
     }
-    case PTL_OP_ATTN: {
-        const ptl_net_dims d = dims(x, op->in);
-        return be->attention_forward(x->ctx, dt, S->L.B, d.h * d.w, op->heads, op->kd, op->hd, AT(act, vo[op->in]),
-                                     AT(S->attn.ptr, S->L.attn_off[i]), AT(act, vo[op->out]),
-                                     op->out2 >= 0 ? AT(act, vo[op->out2]) : NULL);
-    }
     case PTL_OP_HEAD: {
-        const ptl_net_dims d = dims(x, op->in);
-        return be->head_out(x->ctx, dt, S->L.B, (int64_t)d.h * d.w, V[op->in].C, S->L.A, S->L.level_off[op->level],
-                            AT(act, vo[op->in]), S->out[op->branch][op->box ? 0 : 1].ptr);
+        const int in = op->ins[0].value;
+        const ptl_net_dims d = dims(x, in);
+        return be->head_out(x->ctx, dt, S->L.B, (int64_t)d.h * d.w, V[in].C, S->L.A, S->L.level_off[op->level],
+                            AT(act, vo[in]), S->out[op->branch][op->box ? 0 : 1].ptr);
     }
     default: {
-        const ptl_net_dims d = dims(x, op->in);
-        return be->unary[op->kind].forward(x->ctx, dt, S->L.B, d.h, d.w, V[op->in].C, AT(act, vo[op->in]),
-                                           AT(act, vo[op->out]));
+        ptl_net_call c;
+        make_call(x, i, 0, 0, &c);
+        return be->layer[op->kind].forward(x->ctx, &c);
     }
     }
 fail:
     return -1;
 }
-
-/* Whether value v's gradient is wanted: it depends on a trainable parameter, or the image gradient is
- * asked for (every value depends on the image). */
-static int needs(const ptl_net_exec *x, int v, int want_input_grad) { return want_input_grad || x->grad_needed[v]; }
 
 /* Conv backward from dy: bias and weight gradients (of trainable tensors), then dx into grad(in) when
  * wanted: written directly by the first writer of that gradient, else through scratch and added. */
@@ -659,23 +686,24 @@ static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_
     ptl_net_slot *const S = x->cur;
     const ptl_net_op *op = &x->net->ops[i];
     const void *p = S->plans[i];
+    const int in = op->ins[0].value;
     const uint8_t fz = x->op_frozen[i];
     if (op->kind == PTL_OP_CONV_BIAS && !(fz & PTL_NET_FROZEN_BIAS)) {
-        void *db = x->wt.op_b[i] >= 0 ? AT(x->wgc.ptr, x->wt.op_b[i]) : PAR(x->grads, op->bias_off);
+        void *db = x->wt.op_b[i] >= 0 ? AT(x->wgc.ptr, x->wt.op_b[i]) : PAR(x->grads, op->param[PTL_CONV_BIAS]);
         PTL_CHECK(be->conv_backward_bias(x->ctx, p, dy, db, S->ws.ptr, S->ws_bytes));
     }
     if (!(fz & PTL_NET_FROZEN_W))
-        PTL_CHECK(be->conv_backward_weight(x->ctx, p, AT(S->arena.ptr, S->L.voff[op->in]), dy,
+        PTL_CHECK(be->conv_backward_weight(x->ctx, p, AT(S->arena.ptr, S->L.voff[in]), dy,
                                            AT(x->wgc.ptr, x->wt.op_w[i]), S->ws.ptr, S->ws_bytes));
-    if (op->no_dx || !needs(x, op->in, want_input_grad))
+    if (!(op->grad_in & 1u) || !needs(x, in, want_input_grad))
         return 0;
-    void *gin = AT(S->arena.ptr, S->L.goff[op->in]);
+    void *gin = AT(S->arena.ptr, S->L.goff[in]);
     const void *w = AT(x->wc.ptr, x->wt.op_w[i]);
     if (x->gp.first[i] & 1u)
         return be->conv_backward_input(x->ctx, p, dy, w, gin, S->ws.ptr, S->ws_bytes);
     void *scratch = AT(S->arena.ptr, S->L.scratch_off);
     PTL_CHECK(be->conv_backward_input(x->ctx, p, dy, w, scratch, S->ws.ptr, S->ws_bytes));
-    return be->accumulate(x->ctx, x->cdt, dims(x, op->in).m * op->cin, scratch, gin);
+    return be->accumulate(x->ctx, x->cdt, dims(x, in).m * op->cin, scratch, gin);
 fail:
     return -1;
 }
@@ -704,60 +732,60 @@ static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], in
     case PTL_OP_CONV:
         PTL_CHECK(be->batchnorm_backward(
             x->ctx, dt, dims(x, op->out).m, op->cout, AT(arena, vo[op->z]), AT(arena, go[op->out]),
-            PAR(x->params, op->gamma_off), PAR(x->params, op->beta_off), PAR(x->stats, op->stat_off),
+            PAR(x->params, op->param[PTL_CONV_GAMMA]), PAR(x->params, op->param[PTL_CONV_BETA]),
+            PAR(x->stats, op->stat_off),
             PAR(x->stats, op->stat_off + op->cout), x->fwd_training && !(fz & PTL_NET_FROZEN_BN_EVAL),
             op->act ? PTL_ACT_SILU : PTL_ACT_NONE, AT(arena, go[op->z]),
-            fz & PTL_NET_FROZEN_GAMMA ? NULL : PAR(x->grads, op->gamma_off),
-            fz & PTL_NET_FROZEN_BETA ? NULL : PAR(x->grads, op->beta_off)));
+            fz & PTL_NET_FROZEN_GAMMA ? NULL : PAR(x->grads, op->param[PTL_CONV_GAMMA]),
+            fz & PTL_NET_FROZEN_BETA ? NULL : PAR(x->grads, op->param[PTL_CONV_BETA])));
         return conv_backward(x, i, AT(arena, go[op->z]), want_input_grad);
     case PTL_OP_CONV_BIAS:
         return conv_backward(x, i, AT(arena, go[op->out]), want_input_grad);
     case PTL_OP_ADD: {
         const int64_t n = dims(x, op->out).m * V[op->out].C;
-        if (needs(x, op->in, want_input_grad))
-            PTL_CHECK(pass_through(x, first & 1u, n, AT(arena, go[op->out]), AT(arena, go[op->in])));
-        return needs(x, op->in2, want_input_grad)
-                   ? pass_through(x, first & 2u, n, AT(arena, go[op->out]), AT(arena, go[op->in2]))
-                   : 0;
+        for (int j = 0; j < 2; j++)
+            if (needs(x, op->ins[j].value, want_input_grad))
+                PTL_CHECK(pass_through(x, first >> j & 1u, n, AT(arena, go[op->out]), AT(arena, go[op->ins[j].value])));
+        return 0;
     }
     case PTL_OP_CAT: {
         const int64_t m = dims(x, op->out).m;
         int src = 0;
-        for (int p = 0; p < op->nparts; p++) {
-            const ptl_net_part *pt = &op->parts[p];
+        for (int p = 0; p < op->nin; p++) {
+            const ptl_net_part *pt = &op->ins[p];
             if (!needs(x, pt->value, want_input_grad)) {
                 src += pt->nc;
                 continue;
             }
             /* a first writer of only some channels finds its slot zeroed (zero_op) and adds */
-            const int overwrite = (first >> (2 + p)) & 1u && x->gp.zero_op[pt->value] != i;
+            const int overwrite = (first >> p) & 1u && x->gp.zero_op[pt->value] != i;
             PTL_CHECK(be->channel_copy(x->ctx, dt, m, pt->nc, AT(arena, go[op->out]), V[op->out].C, src,
                                        AT(arena, go[pt->value]), V[pt->value].C, pt->c0, !overwrite));
             src += pt->nc;
         }
         return 0;
     }
-    case PTL_OP_ATTN: {
-        const ptl_net_dims d = dims(x, op->in);
-        void *gin = AT(arena, go[op->in]);
-        void *dst = first & 1u ? gin : scratch;
-        PTL_CHECK(be->attention_backward(x->ctx, dt, S->L.B, d.h * d.w, op->heads, op->kd, op->hd,
-                                         AT(arena, vo[op->in]), AT(S->attn.ptr, S->L.attn_off[i]),
-                                         AT(arena, go[op->out]), op->out2 >= 0 ? AT(arena, go[op->out2]) : NULL, dst));
-        return first & 1u ? 0 : be->accumulate(x->ctx, dt, d.m * V[op->in].C, scratch, gin);
-    }
     case PTL_OP_HEAD: {
+        const int in = op->ins[0].value;
         const void *src = d_out[op->branch][op->box ? 0 : 1];
-        const ptl_net_dims d = dims(x, op->in);
+        const ptl_net_dims d = dims(x, in);
         if (!src)
-            return first & 1u ? be->zero(x->ctx, AT(arena, go[op->in]), (size_t)d.m * V[op->in].C * x->csz) : 0;
-        return be->head_grad(x->ctx, dt, S->L.B, (int64_t)d.h * d.w, V[op->in].C, S->L.A, S->L.level_off[op->level],
-                             src, AT(arena, go[op->in]), !(first & 1u));
+            return first & 1u ? be->zero(x->ctx, AT(arena, go[in]), (size_t)d.m * V[in].C * x->csz) : 0;
+        return be->head_grad(x->ctx, dt, S->L.B, (int64_t)d.h * d.w, V[in].C, S->L.A, S->L.level_off[op->level], src,
+                             AT(arena, go[in]), !(first & 1u));
     }
     default: {
-        const ptl_net_dims d = dims(x, op->in);
-        return be->unary[op->kind].backward(x->ctx, dt, S->L.B, d.h, d.w, V[op->in].C, AT(arena, vo[op->in]),
-                                            AT(arena, go[op->out]), AT(arena, go[op->in]), !(first & 1u));
+        const ptl_net_layer *r = &be->layer[op->kind];
+        ptl_net_call c;
+        make_call(x, i, 1, want_input_grad, &c);
+        /* a backward that always overwrites writes the scratch where its input gradient adds */
+        void *const gin = c.in[0].grad;
+        if (r->overwrites && gin && c.in[0].accumulate)
+            c.in[0].grad = scratch;
+        PTL_CHECK(r->backward(x->ctx, &c));
+        if (c.in[0].grad == gin)
+            return 0;
+        return be->accumulate(x->ctx, dt, (int64_t)S->L.B * c.in[0].h * c.in[0].w * c.in[0].c, scratch, gin);
     }
     }
 fail:
@@ -797,14 +825,13 @@ int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *
      * value) skip it and so does its reader (the producer, which then has nothing to do); every needed
      * gradient keeps the writers, first writer and zeroing of the gradient plan. */
     for (int i = x->net->nops - 1; i >= 0; i--) {
-        const ptl_net_op *op = &x->net->ops[i];
         for (int k = x->gp.zero_begin[i]; k < x->gp.zero_begin[i + 1]; k++) {
             const int v = x->gp.zero_list[k];
             if (needs(x, v, want))
                 PTL_CHECK(x->be->zero(x->ctx, AT(S->arena.ptr, S->L.goff[v]),
                                       (size_t)dims(x, v).m * x->net->values[v].C * x->csz));
         }
-        if (needs(x, op->kind == PTL_OP_HEAD ? op->in : op->out, want))
+        if (want || x->op_needed[i])
             PTL_CHECK(backward_op(x, i, d_out, want));
     }
     PTL_CHECK(x->be->weight_grad(x->ctx, x->cdt, x->wtab.ptr, x->wt.n, x->wt.total, x->wgc.ptr, x->grads));

@@ -7,7 +7,9 @@
  *
  *   description   (network.h, built once by the builder) the op list, the values (NHWC tensors at a
  *                 fraction of the input resolution), the flat-storage layout of parameters and BN
- *                 buffers. Backend independent; the float32/float64 host storage lives there.
+ *                 buffers. Backend independent; the float32/float64 host storage lives there. Every op has
+ *                 one signature (its inputs' channel ranges, outputs, which inputs get a gradient and which
+ *                 the backward reads, its parameters and buffers): all below reads that, not the kinds.
  *   plans         (net_plan.h, derived from the description once, for every backend)
  *                 - the gradient plan: the backward visits the ops in reverse; the first op to write a
  *                   value's gradient overwrites it, later writers add (so nothing is zeroed in bulk); a
@@ -30,7 +32,10 @@
  *                 least recently used evicted first, and one for eval mode (validation, prediction).
  *   backend       (ptl_net_backend below) memory, conv plans and the layer kernels, each called with the
  *                 one execution context of the device (`struct ptl_cuda_ctx`: stream, cuBLAS/cuDNN
- *                 handles, allocator, layer scratch; NULL on the CPU, which needs none of them).
+ *                 handles, allocator, layer scratch; NULL on the CPU, which needs none of them). The
+ *                 executor runs the convolutions (plans, weight copies), Add and Concat (from the copy
+ *                 kernels) and the head's outputs itself; every other kind through its `layer` row, with
+ *                 the op's memory for the shape in one ptl_net_call.
  *   recorder      (../cuda/recorder.h) captures what the executor runs on the CUDA backend into graphs
  *                 kept in the shape's slot.
  *
@@ -42,7 +47,8 @@
  * the compute dtype into the zeroed weight-gradient buffer, back into the master gradient in ONE pass
  * at its end. A backend with cast_biases = 1 (CUDA) treats conv biases the same way; with 0 (CPU)
  * biases are read from the master parameters and their gradients added there directly. BatchNorm
- * gamma/beta gradients are always added to the master gradient directly.
+ * gamma/beta gradients, like every parameter gradient of a `layer` row, are added to the master gradient
+ * directly.
  *
  * Order of additions. Every gradient element receives the same additions in the same order on every
  * backend, so the CPU backend computes exactly what the CUDA executor's host logic prescribes, and a
@@ -87,14 +93,47 @@ typedef struct {
 typedef struct ptl_cuda_ctx ptl_exec_ctx; /* the execution context every backend function takes */
 struct ptl_net_exec;
 
-/* A one-input layer over NHWC activations (n, h, w, c: the input's shape; the output's follows from the
- * op): the forward overwrites y; the backward writes (accumulate 0) or adds dx from dy, given the forward's
- * input x. The executor runs any op kind that has one, so a new layer of this form needs no executor code. */
+/* One value of a layer call: its memory and NHWC shape (n: the call's B). */
 typedef struct {
-    int (*forward)(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x, void *y);
-    int (*backward)(ptl_exec_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x, const void *dy,
-                    void *dx, int accumulate);
-} ptl_net_unary;
+    void *data;     /* the activation, the whole value (in a backward: NULL but for the inputs the op keeps) */
+    void *grad;     /* its gradient, in a backward (NULL for an input whose gradient is not wanted) */
+    int h, w, c;
+    int c0, nc;     /* an input: the channels [c0, c0 + nc) the op reads */
+    int accumulate; /* an input's gradient in the backward: 1 adds, 0 overwrites */
+} ptl_net_arg;
+
+/* A layer call of the backend table's `layer` rows: the op (its kind's attributes) and, for the current
+ * shape, the memory of everything it reads or writes. Activations, their gradients and the saved buffer
+ * are in the compute dtype dt; parameters, their gradients and buffers in the master dtype. */
+typedef struct {
+    const ptl_net_op *op;
+    ptl_dtype dt;
+    int B;
+    int training; /* batch statistics (the running ones updated); 0 also where the op's buffers are frozen */
+    int nin, nout;
+    ptl_net_arg in[PTL_NET_MAX_PARTS], out[2];
+    void *saved; /* ptl_net_op_saved_numel elements, written by the forward for the backward */
+    const void *params[PTL_NET_MAX_OP_PARAMS];
+    void *grads[PTL_NET_MAX_OP_PARAMS]; /* the backward adds (NULL: frozen) */
+    void *buffers[PTL_NET_MAX_OP_BUFFERS];
+} ptl_net_call;
+
+/* A layer kind's row: the forward writes the outputs (and saved); the backward, from the outputs' gradients,
+ * writes or adds (accumulate) each input gradient that is not NULL and adds the parameter gradients. The
+ * executor runs every kind that has a row, so a new layer of any form needs no executor code: its builder
+ * fills the op's signature (network.h), each backend its row. */
+typedef struct {
+    int (*forward)(ptl_exec_ctx *ctx, const ptl_net_call *c);
+    int (*backward)(ptl_exec_ctx *ctx, const ptl_net_call *c);
+    size_t (*scratch_bytes)(const ptl_net_call *c); /* the layer scratch it needs (NULL: none) */
+    int overwrites; /* 1: its backward overwrites its one input's gradient whatever accumulate says; the executor
+                     * then has it write the backward's scratch and adds that */
+} ptl_net_layer;
+
+/* The NHWC dimensions of a call's first input, as the one-input kernels take them. */
+#define PTL_NET_CALL_NHWC(c) (c)->B, (c)->in[0].h, (c)->in[0].w, (c)->in[0].c
+/* Output k's data or grad, NULL where the op has no output k. */
+#define PTL_NET_CALL_OUT(c, k, field) ((c)->nout > (k) ? (c)->out[k].field : NULL)
 
 /* The backend table. Activations are in the compute dtype `dt`; BatchNorm parameters, running and
  * saved statistics, head outputs and output gradients in the master dtype. accumulate: 0 overwrites
@@ -122,7 +161,6 @@ typedef struct ptl_net_backend {
     void (*conv_plan_free)(void *plan);
     size_t (*conv_workspace)(const void *plan);
     size_t (*bn_scratch_bytes)(int64_t m, int c);                    /* NULL: none */
-    size_t (*attn_scratch_bytes)(ptl_dtype dt, int b, int n, int heads, int kd, int hd); /* NULL: none */
     int (*reserve_scratch)(ptl_exec_ctx *ctx, size_t bytes);         /* NULL: nothing to reserve */
 
     /* weights: wc[OHWI, dt] = params[OIHW] for every table entry; grads[OIHW] += wgc[OHWI] */
@@ -150,11 +188,9 @@ typedef struct ptl_net_backend {
     int (*accumulate)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t n, const void *x, void *y);
     int (*channel_copy)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *src, int src_c, int src_off,
                         void *dst, int dst_c, int dst_off, int accumulate);
-    ptl_net_unary unary[PTL_NET_OP_KINDS]; /* by op kind: max-pool (PTL_OP_POOL), upsample (PTL_OP_UP) */
-    int (*attention_forward)(ptl_exec_ctx *ctx, ptl_dtype dt, int b, int n, int heads, int kd, int hd,
-                             const void *qkv, void *attn, void *o, void *v);
-    int (*attention_backward)(ptl_exec_ctx *ctx, ptl_dtype dt, int b, int n, int heads, int kd, int hd,
-                              const void *qkv, const void *attn, const void *d_o, const void *dv, void *dqkv);
+    /* by op kind: every kind but the executor's own (the convolutions with their plans and weight copies,
+     * Add and Concat from the copies above, the head's outputs): max-pool, upsample, attention */
+    ptl_net_layer layer[PTL_NET_OP_KINDS];
     /* a level's map (B, hw, C) (compute dtype) <-> rows [a0, a0 + hw) of a (B, A, C) head output */
     int (*head_out)(ptl_exec_ctx *ctx, ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0,
                     const void *map, void *out);
@@ -194,7 +230,7 @@ extern const ptl_net_backend ptl_net_backend_cuda;
 /* The per-shape state of one slot. */
 typedef struct {
     ptl_net_layout L;            /* B == 0: empty */
-    ptl_net_buf arena, attn, ws, out[2][2]; /* arena: activations, gradients, scratch (layout L) */
+    ptl_net_buf arena, saved, ws, out[2][2]; /* arena: activations, gradients, scratch (layout L) */
     size_t ws_bytes;
     void **plans;                /* per op (convs only) */
     int warm;                    /* an eager forward and backward ran on these buffers (before recording) */
@@ -216,9 +252,10 @@ typedef struct ptl_net_exec {
     ptl_net_conv_opts opts;
     ptl_net_grad_plan gp;
     ptl_net_wtab wt;
-    /* freezing (ptl_net_exec_set_frozen): per op its PTL_NET_FROZEN_* bits; per value whether its gradient
-     * is needed (it depends on a trainable parameter); the counts executor_info reports */
-    uint8_t *op_frozen, *grad_needed;
+    /* freezing (ptl_net_exec_set_frozen): per op its PTL_NET_FROZEN_* bits and whether its backward runs
+     * (it trains a parameter or sends a gradient on that one needs); per value whether its gradient is needed
+     * (it depends on a trainable parameter); the counts executor_info reports */
+    uint8_t *op_frozen, *op_needed, *grad_needed;
     int nfrozen, backward_ops;
 
     /* master storage (aliasing the description's host storage when `aliased`); params and buffers may
@@ -267,15 +304,17 @@ int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *
 
 /* Frozen tensors (Ultralytics' freeze): frozen[e] is 0 or 1 for each of the description's n == nentries
  * tensors (NULL: none). A frozen parameter's gradient is never computed (it stays as it is in the
- * gradient buffer); a BatchNorm whose running_mean and running_var are frozen (both or neither) runs in
- * eval mode in training forwards too (running statistics used, not updated; the eval backward). The
+ * gradient buffer); an op whose buffers (a BatchNorm's running_mean and running_var) are frozen, all or none,
+ * runs in eval mode in training forwards too (running statistics used, not updated; the eval backward). The
  * backward skips every gradient that no trainable parameter needs: an op's input gradient when nothing
  * upstream of it trains, a whole op when nothing in or before it trains; the image gradient still
  * flows through everything when d_images is asked. The writes left keep their order, so the trainable
  * parameters' gradients are bit-identical to an unfrozen backward's. Drops every slot's recording and
  * the last forward. */
-enum { PTL_NET_FROZEN_W = 1, PTL_NET_FROZEN_BIAS = 2, PTL_NET_FROZEN_GAMMA = 4, PTL_NET_FROZEN_BETA = 8,
-       PTL_NET_FROZEN_BN_EVAL = 16 };
+/* bit k < PTL_NET_MAX_OP_PARAMS: the op's parameter k (network.h's PTL_CONV_* order for a conv) */
+enum { PTL_NET_FROZEN_W = 1 << PTL_CONV_W, PTL_NET_FROZEN_BIAS = 1 << PTL_CONV_BIAS,
+       PTL_NET_FROZEN_GAMMA = 1 << PTL_CONV_GAMMA, PTL_NET_FROZEN_BETA = 1 << PTL_CONV_BETA,
+       PTL_NET_FROZEN_BN_EVAL = 1 << PTL_NET_MAX_OP_PARAMS };
 int ptl_net_exec_set_frozen(ptl_net_exec *x, const uint8_t *frozen, int64_t n);
 
 /* The BatchNorm mode of the next forward. A recording made in the other mode is kept, unused until

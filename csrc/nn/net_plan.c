@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+_Static_assert(PTL_NET_MAX_PARTS <= 8, "an op's grad_in and keep_in hold a bit per input");
+
 static int64_t align_up(int64_t n) { return (n + PTL_NET_ALIGN - 1) / PTL_NET_ALIGN * PTL_NET_ALIGN; }
 
 static int is_conv(const ptl_net_op *op) { return op->kind == PTL_OP_CONV || op->kind == PTL_OP_CONV_BIAS; }
@@ -52,13 +54,13 @@ int ptl_net_grad_plan_build(const ptl_network *net, ptl_net_grad_plan *gp)
     for (int t = 0; t < nops; t++) {
         const int i = nops - 1 - t;
         const ptl_net_op *op = &net->ops[i];
-        /* reads: the op's own outputs (and the conv's z, written and read within this step) */
-        const int outs[3] = {op->out, op->z, op->kind == PTL_OP_ATTN ? op->out2 : -1};
+        /* reads: the op's own outputs (and its inner value z, written and read within this step) */
+        const int outs[3] = {op->out, op->z, op->out2};
         for (int j = 0; j < 3; j++) {
             const int v = outs[j];
             if (v < 0)
                 continue;
-            if (j == 1) { /* z: written by the BatchNorm backward of this very step */
+            if (j == 1) { /* z: written by the op's own backward in this very step */
                 gp->born[v] = t;
                 touched[v] = 1;
             } else if (!touched[v]) { /* read but never written: must read as zero */
@@ -68,48 +70,16 @@ int ptl_net_grad_plan_build(const ptl_network *net, ptl_net_grad_plan *gp)
             }
             gp->dies[v] = t;
         }
-        /* writes */
-        int nin = 0, ins[2 + PTL_NET_MAX_PARTS], full[2 + PTL_NET_MAX_PARTS];
-        switch (op->kind) {
-        case PTL_OP_CONV:
-        case PTL_OP_CONV_BIAS:
-        case PTL_OP_ATTN:
-            if (!op->no_dx) {
-                ins[0] = op->in;
-                full[0] = 1;
-                nin = 1;
-            }
-            break;
-        case PTL_OP_ADD:
-            ins[0] = op->in;
-            ins[1] = op->in2;
-            full[0] = full[1] = 1;
-            nin = 2;
-            break;
-        case PTL_OP_CAT:
-            for (int p = 0; p < op->nparts; p++) {
-                const ptl_net_part *pt = &op->parts[p];
-                ins[2 + p] = pt->value;
-                full[2 + p] = pt->c0 == 0 && pt->nc == net->values[pt->value].C;
-            }
-            ins[0] = ins[1] = -1;
-            nin = 2 + op->nparts;
-            break;
-        default: /* pool, up, head */
-            ins[0] = op->in;
-            full[0] = 1;
-            nin = 1;
-            break;
-        }
-        for (int j = 0; j < nin; j++) {
-            const int v = ins[j];
-            if (v < 0 || touched[v])
+        /* writes: the first write of a gradient overwrites; one of only some channels finds its slot zeroed */
+        for (int j = 0; j < op->nin; j++) {
+            const ptl_net_part *in = &op->ins[j];
+            if (!(op->grad_in >> j & 1u) || touched[in->value])
                 continue;
-            touched[v] = 1;
-            gp->born[v] = t;
+            touched[in->value] = 1;
+            gp->born[in->value] = t;
             gp->first[i] |= 1u << j;
-            if (!full[j])
-                gp->zero_op[v] = i;
+            if (in->c0 != 0 || in->nc != net->values[in->value].C)
+                gp->zero_op[in->value] = i;
         }
     }
     free(touched);
@@ -157,11 +127,11 @@ int ptl_net_wtab_build(const ptl_network *net, int cast_biases, ptl_net_wtab *wt
         if (!is_conv(op))
             continue;
         const int cin_g = op->cin / op->g;
-        wt->tab[n++] = (ptl_wcast_entry){op->w_off, cursor, op->cout, cin_g, op->k, 0};
+        wt->tab[n++] = (ptl_wcast_entry){op->param[PTL_CONV_W], cursor, op->cout, cin_g, op->k, 0};
         wt->op_w[i] = cursor;
         cursor += align_up((int64_t)op->cout * cin_g * op->k * op->k);
         if (op->kind == PTL_OP_CONV_BIAS && cast_biases) {
-            wt->tab[n++] = (ptl_wcast_entry){op->bias_off, cursor, op->cout, 1, 1, 0};
+            wt->tab[n++] = (ptl_wcast_entry){op->param[PTL_CONV_BIAS], cursor, op->cout, 1, 1, 0};
             wt->op_b[i] = cursor;
             cursor += align_up(op->cout);
         }
@@ -177,7 +147,7 @@ void ptl_net_layout_free(ptl_net_layout *L)
 {
     free(L->voff);
     free(L->goff);
-    free(L->attn_off);
+    free(L->saved_off);
     memset(L, 0, sizeof *L);
 }
 
@@ -186,8 +156,8 @@ int ptl_net_layout_alloc(const ptl_network *net, ptl_net_layout *L)
     memset(L, 0, sizeof *L);
     L->voff = calloc((size_t)net->nvalues, sizeof(int64_t));
     L->goff = calloc((size_t)net->nvalues, sizeof(int64_t));
-    L->attn_off = calloc((size_t)net->nops, sizeof(int64_t));
-    if (!L->voff || !L->goff || !L->attn_off) {
+    L->saved_off = calloc((size_t)net->nops, sizeof(int64_t));
+    if (!L->voff || !L->goff || !L->saved_off) {
         ptl_net_layout_free(L);
         return oom();
     }
@@ -246,10 +216,9 @@ static int fwd_time(int op) { return op + 1; }
 static int bwd_time(const ptl_network *net, int step) { return net->nops + 1 + step; }
 static int end_time(const ptl_network *net) { return 2 * net->nops + 1; }
 
-/* Activation lives: a value dies with its last reader, forward or backward. The backward reads a conv's
- * input and pre-BatchNorm output, attention's input and a one-input layer's input, each in the backward
- * step of that op; Add, Concat and the head copies read their inputs in the forward only. forward_only:
- * no backward reads anything. */
+/* Activation lives: a value dies with its last reader, forward or backward. A backward reads the inputs
+ * its op keeps (keep_in) and its op's inner value z, in the backward step of that op. forward_only: no
+ * backward reads anything. */
 static void activation_lives(const ptl_network *net, int forward_only, int *born, int *dies)
 {
     for (int v = 0; v < net->nvalues; v++)
@@ -257,36 +226,17 @@ static void activation_lives(const ptl_network *net, int forward_only, int *born
     born[net->input] = dies[net->input] = 0;
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
-        const int t = fwd_time(i), tb = bwd_time(net, net->nops - 1 - i);
-        int reads[2 + PTL_NET_MAX_PARTS], nr = 0, backward_reads = 0;
-        switch (op->kind) {
-        case PTL_OP_ADD:
-            reads[nr++] = op->in;
-            reads[nr++] = op->in2;
-            break;
-        case PTL_OP_CAT:
-            for (int p = 0; p < op->nparts; p++)
-                reads[nr++] = op->parts[p].value;
-            break;
-        case PTL_OP_HEAD:
-            reads[nr++] = op->in;
-            break;
-        default: /* conv, attention, pool, upsample */
-            reads[nr++] = op->in;
-            backward_reads = !forward_only;
-            break;
-        }
-        for (int j = 0; j < nr; j++) {
-            const int v = reads[j], last = backward_reads ? tb : t;
+        const int t = fwd_time(i), tb = forward_only ? t : bwd_time(net, net->nops - 1 - i);
+        for (int j = 0; j < op->nin; j++) {
+            const int v = op->ins[j].value, last = op->keep_in >> j & 1u ? tb : t;
             if (dies[v] < last)
                 dies[v] = last;
         }
-        /* outputs; a conv's pre-BatchNorm z is read by its BatchNorm backward (a biased conv writes none) */
-        const int outs[3] = {op->out, op->kind == PTL_OP_CONV ? op->z : -1, op->kind == PTL_OP_ATTN ? op->out2 : -1};
+        const int outs[3] = {op->out, op->z, op->out2};
         for (int j = 0; j < 3; j++)
             if (outs[j] >= 0) {
                 born[outs[j]] = t;
-                dies[outs[j]] = j == 1 && !forward_only ? tb : t;
+                dies[outs[j]] = j == 1 ? tb : t;
             }
     }
 }
@@ -303,7 +253,7 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     const int nv = net->nvalues, ns = 2 * nv + 1, end = end_time(net);
     int64_t *size = malloc((size_t)ns * sizeof(int64_t)), *off = malloc((size_t)ns * sizeof(int64_t));
     int *born = malloc((size_t)ns * sizeof(int)), *dies = malloc((size_t)ns * sizeof(int));
-    int64_t maxv = 0, attn = 0;
+    int64_t maxv = 0, saved = 0;
     if (!size || !off || !born || !dies) {
         oom();
         goto fail;
@@ -346,14 +296,11 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     free(dies);
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
-        if (op->kind != PTL_OP_ATTN)
-            continue;
-        const ptl_net_dims d = ptl_net_value_dims(net, L, op->in);
-        const int64_t n = (int64_t)d.h * d.w;
-        L->attn_off[i] = attn;
-        attn += align_up((int64_t)B * op->heads * n * n);
+        const ptl_net_dims d = op->nin ? ptl_net_value_dims(net, L, op->ins[0].value) : (ptl_net_dims){0, 0, 0};
+        L->saved_off[i] = saved;
+        saved += align_up(ptl_net_op_saved_numel(op, B, d.h, d.w));
     }
-    L->attn_numel = attn;
+    L->saved_numel = saved;
     L->A = 0;
     for (int l = 0; l < 3; l++) {
         L->level_off[l] = L->A;

@@ -21,7 +21,7 @@ extern "C" {
 typedef struct {
     int nvalues, nops;
     int *born, *dies;  /* per value: steps of its first write and last read (-1: never written) */
-    uint32_t *first;   /* per op: bit j = first writer of input j (0 in, 1 in2, 2 + p cat part p) */
+    uint32_t *first;   /* per op: bit j = first writer of input j's gradient */
     int *zero_op;      /* per value: op before whose backward its slot is zeroed (-1: none) */
     int *zero_list, *zero_begin; /* values of zero_op grouped by op: zero_list[zero_begin[i] .. [i+1]) */
 } ptl_net_grad_plan;
@@ -49,8 +49,8 @@ typedef struct {
     int64_t *voff;       /* per value: offset of its activation in the arena */
     int64_t *goff;       /* per value: offset of its gradient in the arena */
     int64_t scratch_off; /* the backward's scratch (as large as the largest value) in the arena */
-    int64_t *attn_off;   /* per op: offset of its softmax probabilities in the attention arena */
-    int64_t arena_numel, attn_numel;
+    int64_t *saved_off;  /* per op: offset of what it saves for its backward (ptl_net_op_saved_numel) */
+    int64_t arena_numel, saved_numel;
     int forward_only; /* built with PTL_NET_FORWARD_ONLY: no backward can follow its forwards */
 } ptl_net_layout;
 

@@ -107,8 +107,30 @@ static ptl_net_op blank_op(ptl_net_op_kind kind)
     ptl_net_op op;
     memset(&op, 0, sizeof op);
     op.kind = kind;
-    op.in = op.in2 = op.out = op.out2 = op.z = -1;
+    op.out = op.out2 = op.z = -1;
     return op;
+}
+
+/* Appends channels [c0, c0 + nc) of value v to op's inputs; grad: the backward writes their gradient,
+ * keep: it reads their activation. */
+static int input(builder *b, ptl_net_op *op, int v, int c0, int nc, int grad, int keep)
+{
+    if (op->nin == PTL_NET_MAX_PARTS)
+        return ptl_set_error(PTL_ERR_RUNTIME, "network builder: an op of more than %d inputs", PTL_NET_MAX_PARTS);
+    if (v < 0 || v >= b->net->nvalues || c0 < 0 || nc < 1 || c0 + nc > b->net->values[v].C)
+        return ptl_set_error(PTL_ERR_RUNTIME, "network builder: input %d of an op reads no channels of a value",
+                             op->nin);
+    op->ins[op->nin] = (ptl_net_part){v, c0, nc};
+    op->grad_in |= (uint8_t)(grad ? 1u << op->nin : 0);
+    op->keep_in |= (uint8_t)(keep ? 1u << op->nin : 0);
+    op->nin++;
+    return 0;
+}
+
+/* The whole of value v as op's next input. */
+static int input_value(builder *b, ptl_net_op *op, int v, int grad, int keep)
+{
+    return v < 0 ? -1 : input(b, op, v, 0, b->net->values[v].C, grad, keep);
 }
 
 /* out = base + "." + the formatted suffix (names are far shorter than PTL_NET_NAME_LEN; a longer
@@ -145,11 +167,13 @@ static int conv_decl(builder *b, ptl_net_op *op, const char *name, int cin, int 
     op->act = act;
     int64_t wshape[4] = {cout, cin / g, k, k}, cshape[1] = {cout};
     double bound = 1.0 / sqrt((double)(cin / g) * k * k);
-    if (add_entry(b, 0, PTL_INIT_UNIFORM, bound, 4, wshape, &op->w_off, "%s.conv.weight", name) ||
-        add_entry(b, 0, PTL_INIT_ONES, 0, 1, cshape, &op->gamma_off, "%s.bn.weight", name) ||
-        add_entry(b, 0, PTL_INIT_ZEROS, 0, 1, cshape, &op->beta_off, "%s.bn.bias", name) ||
-        add_entry(b, 1, PTL_INIT_ZEROS, 0, 1, cshape, &op->rmean_off, "%s.bn.running_mean", name) ||
-        add_entry(b, 1, PTL_INIT_ONES, 0, 1, cshape, &op->rvar_off, "%s.bn.running_var", name))
+    op->nparams = 3;
+    op->nbuffers = 2;
+    if (add_entry(b, 0, PTL_INIT_UNIFORM, bound, 4, wshape, &op->param[PTL_CONV_W], "%s.conv.weight", name) ||
+        add_entry(b, 0, PTL_INIT_ONES, 0, 1, cshape, &op->param[PTL_CONV_GAMMA], "%s.bn.weight", name) ||
+        add_entry(b, 0, PTL_INIT_ZEROS, 0, 1, cshape, &op->param[PTL_CONV_BETA], "%s.bn.bias", name) ||
+        add_entry(b, 1, PTL_INIT_ZEROS, 0, 1, cshape, &op->buffer[PTL_BN_RUNNING_MEAN], "%s.bn.running_mean", name) ||
+        add_entry(b, 1, PTL_INIT_ONES, 0, 1, cshape, &op->buffer[PTL_BN_RUNNING_VAR], "%s.bn.running_var", name))
         return -1;
     op->stat_off = b->net->nstats;
     b->net->nstats += 2 * cout;
@@ -161,8 +185,8 @@ static int conv_emit(builder *b, ptl_net_op *op, int in)
 {
     ptl_network *net = b->net;
     int down = net->values[in].down * op->s;
-    op->in = in;
-    op->no_dx = b->no_dx_next;
+    if (input_value(b, op, in, !b->no_dx_next, 1))
+        return -1;
     b->no_dx_next = 0;
     if ((op->z = new_value(b, op->cout, down)) < 0)
         return -1;
@@ -184,8 +208,8 @@ static int conv(builder *b, int in, const char *name, int cout, int k, int s, in
 static int add(builder *b, int x, int y)
 {
     ptl_net_op op = blank_op(PTL_OP_ADD);
-    op.in = x;
-    op.in2 = y;
+    if (input_value(b, &op, x, 1, 0) || input_value(b, &op, y, 1, 0))
+        return -1;
     op.out = new_value(b, b->net->values[x].C, b->net->values[x].down);
     if (op.out < 0 || push_op(b, &op) < 0)
         return -1;
@@ -196,15 +220,12 @@ static int add(builder *b, int x, int y)
 static int cat(builder *b, int nparts, const ptl_net_part *parts)
 {
     ptl_net_op op = blank_op(PTL_OP_CAT);
-    if (nparts > PTL_NET_MAX_PARTS)
-        return ptl_set_error(PTL_ERR_RUNTIME, "network builder: concat of %d parts", nparts);
     int C = 0;
     for (int i = 0; i < nparts; i++) {
-        op.parts[i] = parts[i];
+        if (input(b, &op, parts[i].value, parts[i].c0, parts[i].nc, 1, 0))
+            return -1;
         C += parts[i].nc;
     }
-    op.nparts = nparts;
-    op.in = parts[0].value;
     op.out = new_value(b, C, b->net->values[parts[0].value].down);
     if (op.out < 0 || push_op(b, &op) < 0)
         return -1;
@@ -215,7 +236,8 @@ static int unary(builder *b, ptl_net_op_kind kind, int in, int up)
 {
     ptl_net_op op = blank_op(kind);
     const ptl_net_value *v = &b->net->values[in];
-    op.in = in;
+    if (input_value(b, &op, in, 1, 1))
+        return -1;
     op.out = new_value(b, v->C, up ? v->down / 2 : v->down);
     if (op.out < 0 || push_op(b, &op) < 0)
         return -1;
@@ -287,7 +309,8 @@ static int attention(builder *b, int x, const char *name, int dim, int heads)
     if (t < 0)
         return -1;
     ptl_net_op at = blank_op(PTL_OP_ATTN);
-    at.in = t;
+    if (input_value(b, &at, t, 1, 1))
+        return -1;
     at.heads = heads;
     at.kd = kd;
     at.hd = hd;
@@ -425,8 +448,9 @@ static int conv_bias_decl(builder *b, ptl_net_op *op, const char *name, int cin,
     op->k = op->s = op->g = 1;
     int64_t wshape[4] = {cout, cin, 1, 1}, bshape[1] = {cout};
     double bound = 1.0 / sqrt((double)cin);
-    if (add_entry(b, 0, PTL_INIT_UNIFORM, bound, 4, wshape, &op->w_off, "%s.weight", name) ||
-        add_entry(b, 0, box ? PTL_INIT_BOX_BIAS : PTL_INIT_CLS_BIAS, bound, 1, bshape, &op->bias_off,
+    op->nparams = 2;
+    if (add_entry(b, 0, PTL_INIT_UNIFORM, bound, 4, wshape, &op->param[PTL_CONV_W], "%s.weight", name) ||
+        add_entry(b, 0, box ? PTL_INIT_BOX_BIAS : PTL_INIT_CLS_BIAS, bound, 1, bshape, &op->param[PTL_CONV_BIAS],
                   "%s.bias", name))
         return -1;
     b->net->entries[b->net->nentries - 1].level = level;
@@ -476,7 +500,8 @@ static int head_decl(builder *b, head_ops *h, const char *prefix, const int *ch,
 static int head_out(builder *b, int in, int branch, int level, int box)
 {
     ptl_net_op op = blank_op(PTL_OP_HEAD);
-    op.in = in;
+    if (input_value(b, &op, in, 1, 0))
+        return -1;
     op.branch = branch;
     op.level = level;
     op.box = box;
@@ -488,8 +513,8 @@ static int emit_any(builder *b, ptl_net_op *op, int in)
 {
     if (op->kind == PTL_OP_CONV)
         return conv_emit(b, op, in);
-    op->in = in;
-    op->no_dx = b->no_dx_next;
+    if (input_value(b, op, in, !b->no_dx_next, 1))
+        return -1;
     b->no_dx_next = 0;
     op->out = new_value(b, op->cout, b->net->values[in].down);
     return (op->out < 0 || push_op(b, op) < 0) ? -1 : op->out;
@@ -749,6 +774,12 @@ const char *ptl_net_op_kind_name(ptl_net_op_kind kind)
     case PTL_OP_HEAD: return "head";
     }
     return "unknown";
+}
+
+int64_t ptl_net_op_saved_numel(const ptl_net_op *op, int B, int h, int w)
+{
+    const int64_t n = (int64_t)h * w;
+    return op->kind == PTL_OP_ATTN ? (int64_t)B * op->heads * n * n : 0;
 }
 
 void ptl_network_free(ptl_network *net)

@@ -16,7 +16,7 @@
  *
  * The description's host storage (params, grads, buffers) is in its dtype, float32 (training) or
  * float64 (gradient checks); the CPU executor runs on it directly. The one-to-one head's first convs
- * have no_dx set: its loss never reaches the neck. */
+ * send no gradient to their input (grad_in 0): its loss never reaches the neck. */
 #ifndef PTL_NN_NETWORK_H
 #define PTL_NN_NETWORK_H
 
@@ -57,8 +57,8 @@ typedef struct {
 typedef enum {
     PTL_OP_CONV,      /* conv (no bias) -> BN -> optional SiLU */
     PTL_OP_CONV_BIAS, /* plain 1x1 conv with bias (Detect outputs) */
-    PTL_OP_ADD,       /* out = in + in2 */
-    PTL_OP_CAT,       /* out = channel concat of channel ranges of values (also C2f's split) */
+    PTL_OP_ADD,       /* out = in 0 + in 1 */
+    PTL_OP_CAT,       /* out = the inputs' channel ranges one after the other (also C2f's split) */
     PTL_OP_POOL,      /* 5x5 stride 1 max-pool, padding 2 */
     PTL_OP_UP,        /* nearest x2 */
     PTL_OP_ATTN,      /* from a qkv tensor: out = softmax(scale q^T k) v per head, out2 = dense v */
@@ -66,24 +66,35 @@ typedef enum {
 } ptl_net_op_kind;
 #define PTL_NET_OP_KINDS (PTL_OP_HEAD + 1)
 
+/* Channels [c0, c0 + nc) of value `value`. */
 typedef struct {
     int value, c0, nc;
 } ptl_net_part;
 
+#define PTL_NET_MAX_OP_PARAMS 4
+#define PTL_NET_MAX_OP_BUFFERS 2
+/* Where a conv op's tensors sit in its param / buffer lists. */
+enum { PTL_CONV_W = 0, PTL_CONV_GAMMA = 1, PTL_CONV_BIAS = 1, PTL_CONV_BETA = 2 };
+enum { PTL_BN_RUNNING_MEAN = 0, PTL_BN_RUNNING_VAR = 1 };
+
+/* One op. Its signature has one form for every kind: the gradient plan, the memory layouts, freezing and the
+ * executor's layer rows read nothing else, so a new kind fills it in its builder and needs none of them
+ * changed (the kind's own fields below are for the kernels and the executor's own cases). */
 typedef struct {
     ptl_net_op_kind kind;
     int layer;
-    int in, in2, out, out2;
-    int no_dx; /* 1: no gradient flows to `in` (detached o2o inputs) */
-    /* conv */
+    int nin;
+    ptl_net_part ins[PTL_NET_MAX_PARTS]; /* the inputs: the channels each op reads of each value */
+    int out, out2;                       /* the outputs (-1: none; an op without outputs writes the head's) */
+    int z; /* an inner value (-1: none): the forward writes it, the op's own backward reads it and its gradient */
+    uint8_t grad_in; /* bit j: the backward writes (or adds) input j's gradient */
+    uint8_t keep_in; /* bit j: the backward reads input j's activation (kept from the forward) */
+    int nparams, nbuffers;
+    int64_t param[PTL_NET_MAX_OP_PARAMS];   /* offsets into params (the gradient at the same offset of grads) */
+    int64_t buffer[PTL_NET_MAX_OP_BUFFERS]; /* into buffers (running statistics: frozen, the op runs in eval mode) */
+    /* conv: z is the pre-BatchNorm output of a PTL_OP_CONV; stat_off the saved batch mean/invstd (executor) */
     int cin, cout, k, s, g, act;
-    int64_t w_off, gamma_off, beta_off, bias_off; /* into params */
-    int64_t rmean_off, rvar_off;                  /* into buffers */
-    int64_t stat_off;                             /* into the executor's saved batch mean/invstd */
-    int z;                                        /* the saved pre-BN conv output (value id) */
-    /* cat */
-    int nparts;
-    ptl_net_part parts[PTL_NET_MAX_PARTS];
+    int64_t stat_off;
     /* attention */
     int heads, kd, hd;
     /* head */
@@ -126,6 +137,10 @@ void ptl_network_init(ptl_network *net, uint64_t seed);
 
 /* The op kind's name in the op description (network_ops: "conv", "maxpool5", ...). */
 const char *ptl_net_op_kind_name(ptl_net_op_kind kind);
+
+/* Elements of the buffer op keeps per batch shape from its forward for its backward (attention's
+ * probabilities), with its first input of h x w positions in a batch of B; 0: none. */
+int64_t ptl_net_op_saved_numel(const ptl_net_op *op, int B, int h, int w);
 
 /* Per-layer parameter count of spec layer `layer` (0..23). */
 int64_t ptl_network_layer_params(const ptl_network *net, int layer);

@@ -7,6 +7,7 @@
  * tensors they are given (activation gradients overwritten, parameter gradients accumulated, as the C
  * functions do). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "../py.h"
 #include "activation.h"
@@ -477,7 +478,27 @@ fail:
 
 /* ------------------------------------------------------------------ maxpool / upsample */
 
-#define NHWC(t) (int)(t)->shape[0], (int)(t)->shape[1], (int)(t)->shape[2], (int)(t)->shape[3]
+/* A value of a layer call: an (n, h, w, c) tensor's memory t_data and its gradient's. */
+static ptl_net_arg nhwc_arg(PtlTensor *t, void *t_data, void *grad)
+{
+    const int c = (int)t->shape[3];
+    return (ptl_net_arg){t_data, grad, (int)t->shape[1], (int)t->shape[2], c, 0, c, 0};
+}
+
+/* The backend table's layer call (executor.h) of op on the (n, h, w, c) input `in`, as the executor makes it:
+ * x its activation, dx its gradient (written, or added with accumulate); the caller adds the outputs. */
+static ptl_net_call layer_call(const ptl_net_op *op, PtlTensor *in, void *x, void *dx, int accumulate)
+{
+    ptl_net_call c;
+    memset(&c, 0, sizeof c);
+    c.op = op;
+    c.dt = in->dtype;
+    c.B = (int)in->shape[0];
+    c.nin = 1;
+    c.in[0] = nhwc_arg(in, x, dx);
+    c.in[0].accumulate = accumulate;
+    return c;
+}
 
 static PyObject *py_maxpool5_forward(PyObject *m, PyObject *xo)
 {
@@ -485,7 +506,10 @@ static PyObject *py_maxpool5_forward(PyObject *m, PyObject *xo)
     kernels k;
     if (!x || kernels_of(m, x, &k) || !(y = new_like(m, x, 4, x->shape, x->dtype)))
         return NULL;
-    RUN(k.be->unary[PTL_OP_POOL].forward(k.ctx, x->dtype, NHWC(x), ptl_tensor_data(x), ptl_tensor_data(y)));
+    const ptl_net_op op = {.kind = PTL_OP_POOL};
+    ptl_net_call c = layer_call(&op, x, ptl_tensor_data(x), NULL, 0);
+    c.out[c.nout++] = nhwc_arg(y, ptl_tensor_data(y), NULL);
+    RUN(k.be->layer[PTL_OP_POOL].forward(k.ctx, &c));
     return (PyObject *)y;
 fail:
     Py_DECREF(y);
@@ -504,8 +528,10 @@ static PyObject *py_maxpool5_backward(PyObject *m, PyObject *args)
     if (!x || !(dy = arg(m, dyo, "dy", x, 4, x->shape)) || !(dx = arg(m, dxo, "dx", x, 4, x->shape)) ||
         kernels_of(m, x, &k))
         return NULL;
-    RUN(k.be->unary[PTL_OP_POOL].backward(k.ctx, x->dtype, NHWC(x), ptl_tensor_data(x), ptl_tensor_data(dy),
-                                          ptl_tensor_data(dx), acc));
+    const ptl_net_op op = {.kind = PTL_OP_POOL};
+    ptl_net_call c = layer_call(&op, x, ptl_tensor_data(x), ptl_tensor_data(dx), acc);
+    c.out[c.nout++] = nhwc_arg(dy, NULL, ptl_tensor_data(dy));
+    RUN(k.be->layer[PTL_OP_POOL].backward(k.ctx, &c));
     Py_RETURN_NONE;
 fail:
     return ptl_raise(m);
@@ -520,7 +546,10 @@ static PyObject *py_upsample2x_forward(PyObject *m, PyObject *xo)
     const int64_t ys[4] = {x->shape[0], 2 * x->shape[1], 2 * x->shape[2], x->shape[3]};
     if (!(y = new_like(m, x, 4, ys, x->dtype)))
         return NULL;
-    RUN(k.be->unary[PTL_OP_UP].forward(k.ctx, x->dtype, NHWC(x), ptl_tensor_data(x), ptl_tensor_data(y)));
+    const ptl_net_op op = {.kind = PTL_OP_UP};
+    ptl_net_call c = layer_call(&op, x, ptl_tensor_data(x), NULL, 0);
+    c.out[c.nout++] = nhwc_arg(y, ptl_tensor_data(y), NULL);
+    RUN(k.be->layer[PTL_OP_UP].forward(k.ctx, &c));
     return (PyObject *)y;
 fail:
     Py_DECREF(y);
@@ -541,8 +570,10 @@ static PyObject *py_upsample2x_backward(PyObject *m, PyObject *args)
     const int64_t ys[4] = {dx->shape[0], 2 * dx->shape[1], 2 * dx->shape[2], dx->shape[3]};
     if (!(dy = arg(m, dyo, "dy", dx, 4, ys)) || kernels_of(m, dx, &k))
         return NULL;
-    RUN(k.be->unary[PTL_OP_UP].backward(k.ctx, dx->dtype, NHWC(dx), NULL, ptl_tensor_data(dy), ptl_tensor_data(dx),
-                                        acc)); /* the upsample's gradient needs no input */
+    const ptl_net_op op = {.kind = PTL_OP_UP};
+    ptl_net_call c = layer_call(&op, dx, NULL, ptl_tensor_data(dx), acc); /* its gradient needs no input */
+    c.out[c.nout++] = nhwc_arg(dy, NULL, ptl_tensor_data(dy));
+    RUN(k.be->layer[PTL_OP_UP].backward(k.ctx, &c));
     Py_RETURN_NONE;
 fail:
     return ptl_raise(m);
@@ -726,8 +757,12 @@ static PyObject *py_attention_forward(PyObject *m, PyObject *args)
     if (!(o = new_like(m, q, 4, os, q->dtype)) || !(at = new_like(m, q, 4, as, q->dtype)) ||
         !(v = new_like(m, q, 4, os, q->dtype)))
         goto cleanup;
-    RUN(k.be->attention_forward(k.ctx, q->dtype, b, n, heads, kd, hd, ptl_tensor_data(q), ptl_tensor_data(at),
-                                ptl_tensor_data(o), ptl_tensor_data(v)));
+    const ptl_net_op op = {.kind = PTL_OP_ATTN, .heads = heads, .kd = kd, .hd = hd};
+    ptl_net_call c = layer_call(&op, q, ptl_tensor_data(q), NULL, 0);
+    c.out[c.nout++] = nhwc_arg(o, ptl_tensor_data(o), NULL);
+    c.out[c.nout++] = nhwc_arg(v, ptl_tensor_data(v), NULL);
+    c.saved = ptl_tensor_data(at);
+    RUN(k.be->layer[PTL_OP_ATTN].forward(k.ctx, &c));
     return Py_BuildValue("(NNN)", o, at, v);
 fail:
     ptl_raise(m);
@@ -757,8 +792,12 @@ static PyObject *py_attention_backward(PyObject *m, PyObject *args)
     dv = opt_arg(m, dvo, "dv", q, 4, os, &err);
     if (err || kernels_of(m, q, &k))
         return NULL;
-    RUN(k.be->attention_backward(k.ctx, q->dtype, b, n, heads, kd, hd, ptl_tensor_data(q), ptl_tensor_data(at),
-                                 ptl_tensor_data(d_o), data_or_null(dv), ptl_tensor_data(dq)));
+    const ptl_net_op op = {.kind = PTL_OP_ATTN, .heads = heads, .kd = kd, .hd = hd};
+    ptl_net_call c = layer_call(&op, q, ptl_tensor_data(q), ptl_tensor_data(dq), 0);
+    c.out[c.nout++] = nhwc_arg(d_o, NULL, ptl_tensor_data(d_o));
+    c.out[c.nout++] = nhwc_arg(d_o, NULL, data_or_null(dv));
+    c.saved = ptl_tensor_data(at);
+    RUN(k.be->layer[PTL_OP_ATTN].backward(k.ctx, &c));
     Py_RETURN_NONE;
 fail:
     return ptl_raise(m);

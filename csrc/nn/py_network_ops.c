@@ -20,8 +20,8 @@ static int put_int(PyObject *d, const char *key, long long v)
 
 static PyObject *op_dict(const ptl_net_op *op)
 {
-    PyObject *d = Py_BuildValue("{s:s,s:i,s:i,s:i}", "kind", ptl_net_op_kind_name(op->kind), "layer", op->layer, "in", op->in,
-                                "out", op->out);
+    PyObject *d = Py_BuildValue("{s:s,s:i,s:i,s:i}", "kind", ptl_net_op_kind_name(op->kind), "layer", op->layer, "in",
+                                op->ins[0].value, "out", op->out);
     if (!d)
         return NULL;
     int rc = 0;
@@ -29,23 +29,24 @@ static PyObject *op_dict(const ptl_net_op *op)
     case PTL_OP_CONV:
     case PTL_OP_CONV_BIAS:
         rc = put_int(d, "cin", op->cin) || put_int(d, "cout", op->cout) || put_int(d, "k", op->k) ||
-             put_int(d, "stride", op->s) || put_int(d, "groups", op->g) || put_int(d, "w_off", op->w_off);
+             put_int(d, "stride", op->s) || put_int(d, "groups", op->g) || put_int(d, "w_off", op->param[PTL_CONV_W]);
         if (!rc && op->kind == PTL_OP_CONV)
-            rc = put_int(d, "silu", op->act) || put_int(d, "gamma_off", op->gamma_off) ||
-                 put_int(d, "beta_off", op->beta_off) || put_int(d, "rmean_off", op->rmean_off) ||
-                 put_int(d, "rvar_off", op->rvar_off);
+            rc = put_int(d, "silu", op->act) || put_int(d, "gamma_off", op->param[PTL_CONV_GAMMA]) ||
+                 put_int(d, "beta_off", op->param[PTL_CONV_BETA]) ||
+                 put_int(d, "rmean_off", op->buffer[PTL_BN_RUNNING_MEAN]) ||
+                 put_int(d, "rvar_off", op->buffer[PTL_BN_RUNNING_VAR]);
         if (!rc && op->kind == PTL_OP_CONV_BIAS)
-            rc = put_int(d, "bias_off", op->bias_off);
+            rc = put_int(d, "bias_off", op->param[PTL_CONV_BIAS]);
         break;
     case PTL_OP_ADD:
-        rc = put_int(d, "in2", op->in2);
+        rc = put_int(d, "in2", op->ins[1].value);
         break;
     case PTL_OP_CAT: {
-        PyObject *parts = PyList_New(op->nparts);
+        PyObject *parts = PyList_New(op->nin);
         if (!parts)
             goto fail;
-        for (int i = 0; i < op->nparts; i++) {
-            PyObject *t = Py_BuildValue("(iii)", op->parts[i].value, op->parts[i].c0, op->parts[i].nc);
+        for (int i = 0; i < op->nin; i++) {
+            PyObject *t = Py_BuildValue("(iii)", op->ins[i].value, op->ins[i].c0, op->ins[i].nc);
             if (!t) {
                 Py_DECREF(parts);
                 goto fail;
