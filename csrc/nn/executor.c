@@ -11,7 +11,7 @@ static int is_conv(const ptl_net_op *op) { return op->kind == PTL_OP_CONV || op-
  * table. */
 static int has_own_case(ptl_net_op_kind k)
 {
-    return k == PTL_OP_CONV || k == PTL_OP_CONV_BIAS || k == PTL_OP_ADD || k == PTL_OP_CAT || k == PTL_OP_HEAD;
+    return k == PTL_OP_CONV || k == PTL_OP_CONV_BIAS || k == PTL_OP_HEAD;
 }
 
 static int oom(void) { return ptl_set_error(PTL_ERR_MEMORY, "network executor: out of host memory"); }
@@ -313,9 +313,9 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
         if (!r->forward || !r->backward)
             return ptl_set_error(PTL_ERR_VALUE, "network executor: the %s backend has no kernels for op %d's kind %s",
                                  be->name, i, ptl_net_op_kind_name(op->kind));
-        if (r->overwrites && op->nin != 1)
+        if (r->overwrites && (op->nin != 1 || op->ins[0].c0 || op->ins[0].nc != net->values[op->ins[0].value].C))
             return ptl_set_error(PTL_ERR_VALUE, "network executor: the %s backend's %s overwrites its input gradient, "
-                                 "but op %d has %d inputs", be->name, ptl_net_op_kind_name(op->kind), i, op->nin);
+                                 "so op %d must read one whole value", be->name, ptl_net_op_kind_name(op->kind), i);
     }
     if (activate(be, ctx))
         return -1;
@@ -588,6 +588,7 @@ static void make_call(ptl_net_exec *x, int i, int backward, int want_input_grad,
     const uint8_t fz = x->op_frozen[i];
     memset(c, 0, sizeof *c);
     c->op = op;
+    c->be = x->be;
     c->dt = x->cdt;
     c->B = S->L.B;
     c->training = (backward ? x->fwd_training : x->training) && !(fz & PTL_NET_FROZEN_BN_EVAL);
@@ -648,20 +649,6 @@ static int forward_op(ptl_net_exec *x, int i)
                                      op->act ? PTL_ACT_SILU : PTL_ACT_NONE, PAR(x->stats, op->stat_off),
                                      PAR(x->stats, op->stat_off + op->cout), AT(act, vo[op->out]));
     }
-    case PTL_OP_ADD:
-        return be->add(x->ctx, dt, dims(x, op->out).m * V[op->out].C, AT(act, vo[op->ins[0].value]),
-                       AT(act, vo[op->ins[1].value]), AT(act, vo[op->out]));
-    case PTL_OP_CAT: {
-        const int64_t m = dims(x, op->out).m;
-        int dst = 0;
-        for (int p = 0; p < op->nin; p++) {
-            const ptl_net_part *pt = &op->ins[p];
-            PTL_CHECK(be->channel_copy(x->ctx, dt, m, pt->nc, AT(act, vo[pt->value]), V[pt->value].C, pt->c0,
-                                       AT(act, vo[op->out]), V[op->out].C, dst, 0));
-            dst += pt->nc;
-        }
-        return 0;
-    }
     case PTL_OP_HEAD: {
         const int in = op->ins[0].value;
         const ptl_net_dims d = dims(x, in);
@@ -708,14 +695,6 @@ fail:
     return -1;
 }
 
-/* grad(dst) = grad(src) for dst's first writer, else grad(dst) += grad(src). */
-static int pass_through(ptl_net_exec *x, int first, int64_t n, const void *src, void *dst)
-{
-    if (first)
-        return x->be->copy(x->ctx, dst, src, (size_t)n * x->csz);
-    return x->be->accumulate(x->ctx, x->cdt, n, src, dst);
-}
-
 static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], int want_input_grad)
 {
     const ptl_net_backend *be = x->be;
@@ -741,30 +720,6 @@ static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], in
         return conv_backward(x, i, AT(arena, go[op->z]), want_input_grad);
     case PTL_OP_CONV_BIAS:
         return conv_backward(x, i, AT(arena, go[op->out]), want_input_grad);
-    case PTL_OP_ADD: {
-        const int64_t n = dims(x, op->out).m * V[op->out].C;
-        for (int j = 0; j < 2; j++)
-            if (needs(x, op->ins[j].value, want_input_grad))
-                PTL_CHECK(pass_through(x, first >> j & 1u, n, AT(arena, go[op->out]), AT(arena, go[op->ins[j].value])));
-        return 0;
-    }
-    case PTL_OP_CAT: {
-        const int64_t m = dims(x, op->out).m;
-        int src = 0;
-        for (int p = 0; p < op->nin; p++) {
-            const ptl_net_part *pt = &op->ins[p];
-            if (!needs(x, pt->value, want_input_grad)) {
-                src += pt->nc;
-                continue;
-            }
-            /* a first writer of only some channels finds its slot zeroed (zero_op) and adds */
-            const int overwrite = (first >> p) & 1u && x->gp.zero_op[pt->value] != i;
-            PTL_CHECK(be->channel_copy(x->ctx, dt, m, pt->nc, AT(arena, go[op->out]), V[op->out].C, src,
-                                       AT(arena, go[pt->value]), V[pt->value].C, pt->c0, !overwrite));
-            src += pt->nc;
-        }
-        return 0;
-    }
     case PTL_OP_HEAD: {
         const int in = op->ins[0].value;
         const void *src = d_out[op->branch][op->box ? 0 : 1];

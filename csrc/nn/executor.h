@@ -33,9 +33,9 @@
  *   backend       (ptl_net_backend below) memory, conv plans and the layer kernels, each called with the
  *                 one execution context of the device (`struct ptl_cuda_ctx`: stream, cuBLAS/cuDNN
  *                 handles, allocator, layer scratch; NULL on the CPU, which needs none of them). The
- *                 executor runs the convolutions (plans, weight copies), Add and Concat (from the copy
- *                 kernels) and the head's outputs itself; every other kind through its `layer` row, with
- *                 the op's memory for the shape in one ptl_net_call.
+ *                 executor runs the convolutions (plans, weight copies) and the head's outputs itself;
+ *                 every other kind through its `layer` row, with the op's memory for the shape in one
+ *                 ptl_net_call.
  *   recorder      (../cuda/recorder.h) captures what the executor runs on the CUDA backend into graphs
  *                 kept in the shape's slot.
  *
@@ -107,6 +107,7 @@ typedef struct {
  * are in the compute dtype dt; parameters, their gradients and buffers in the master dtype. */
 typedef struct {
     const ptl_net_op *op;
+    const struct ptl_net_backend *be; /* the backend running it (the kernels of rows written over its others) */
     ptl_dtype dt;
     int B;
     int training; /* batch statistics (the running ones updated); 0 also where the op's buffers are frozen */
@@ -126,9 +127,19 @@ typedef struct {
     int (*forward)(ptl_exec_ctx *ctx, const ptl_net_call *c);
     int (*backward)(ptl_exec_ctx *ctx, const ptl_net_call *c);
     size_t (*scratch_bytes)(const ptl_net_call *c); /* the layer scratch it needs (NULL: none) */
-    int overwrites; /* 1: its backward overwrites its one input's gradient whatever accumulate says; the executor
-                     * then has it write the backward's scratch and adds that */
+    int overwrites; /* 1: its backward overwrites its input's gradient whatever accumulate says (an op of one
+                     * whole input); the executor then has it write the backward's scratch and adds that */
 } ptl_net_layer;
+
+/* Add and Concat (copy_layers.c): rows written once over the calling backend's add, accumulate, copy and
+ * channel_copy; every backend's table holds them (PTL_NET_COPY_LAYERS). */
+int ptl_net_add_forward(ptl_exec_ctx *ctx, const ptl_net_call *c);
+int ptl_net_add_backward(ptl_exec_ctx *ctx, const ptl_net_call *c);
+int ptl_net_cat_forward(ptl_exec_ctx *ctx, const ptl_net_call *c);
+int ptl_net_cat_backward(ptl_exec_ctx *ctx, const ptl_net_call *c);
+#define PTL_NET_COPY_LAYERS                                                                                  \
+    [PTL_OP_ADD] = {ptl_net_add_forward, ptl_net_add_backward, NULL, 0},                                     \
+    [PTL_OP_CAT] = {ptl_net_cat_forward, ptl_net_cat_backward, NULL, 0}
 
 /* The NHWC dimensions of a call's first input, as the one-input kernels take them. */
 #define PTL_NET_CALL_NHWC(c) (c)->B, (c)->in[0].h, (c)->in[0].w, (c)->in[0].c
@@ -189,7 +200,7 @@ typedef struct ptl_net_backend {
     int (*channel_copy)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *src, int src_c, int src_off,
                         void *dst, int dst_c, int dst_off, int accumulate);
     /* by op kind: every kind but the executor's own (the convolutions with their plans and weight copies,
-     * Add and Concat from the copies above, the head's outputs): max-pool, upsample, attention */
+     * the head's outputs): Add, Concat (PTL_NET_COPY_LAYERS), max-pool, upsample, attention */
     ptl_net_layer layer[PTL_NET_OP_KINDS];
     /* a level's map (B, hw, C) (compute dtype) <-> rows [a0, a0 + hw) of a (B, A, C) head output */
     int (*head_out)(ptl_exec_ctx *ctx, ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0,

@@ -487,11 +487,13 @@ static ptl_net_arg nhwc_arg(PtlTensor *t, void *t_data, void *grad)
 
 /* The backend table's layer call (executor.h) of op on the (n, h, w, c) input `in`, as the executor makes it:
  * x its activation, dx its gradient (written, or added with accumulate); the caller adds the outputs. */
-static ptl_net_call layer_call(const ptl_net_op *op, PtlTensor *in, void *x, void *dx, int accumulate)
+static ptl_net_call layer_call(const kernels *k, const ptl_net_op *op, PtlTensor *in, void *x, void *dx,
+                               int accumulate)
 {
     ptl_net_call c;
     memset(&c, 0, sizeof c);
     c.op = op;
+    c.be = k->be;
     c.dt = in->dtype;
     c.B = (int)in->shape[0];
     c.nin = 1;
@@ -507,7 +509,7 @@ static PyObject *py_maxpool5_forward(PyObject *m, PyObject *xo)
     if (!x || kernels_of(m, x, &k) || !(y = new_like(m, x, 4, x->shape, x->dtype)))
         return NULL;
     const ptl_net_op op = {.kind = PTL_OP_POOL};
-    ptl_net_call c = layer_call(&op, x, ptl_tensor_data(x), NULL, 0);
+    ptl_net_call c = layer_call(&k, &op, x, ptl_tensor_data(x), NULL, 0);
     c.out[c.nout++] = nhwc_arg(y, ptl_tensor_data(y), NULL);
     RUN(k.be->layer[PTL_OP_POOL].forward(k.ctx, &c));
     return (PyObject *)y;
@@ -529,7 +531,7 @@ static PyObject *py_maxpool5_backward(PyObject *m, PyObject *args)
         kernels_of(m, x, &k))
         return NULL;
     const ptl_net_op op = {.kind = PTL_OP_POOL};
-    ptl_net_call c = layer_call(&op, x, ptl_tensor_data(x), ptl_tensor_data(dx), acc);
+    ptl_net_call c = layer_call(&k, &op, x, ptl_tensor_data(x), ptl_tensor_data(dx), acc);
     c.out[c.nout++] = nhwc_arg(dy, NULL, ptl_tensor_data(dy));
     RUN(k.be->layer[PTL_OP_POOL].backward(k.ctx, &c));
     Py_RETURN_NONE;
@@ -547,7 +549,7 @@ static PyObject *py_upsample2x_forward(PyObject *m, PyObject *xo)
     if (!(y = new_like(m, x, 4, ys, x->dtype)))
         return NULL;
     const ptl_net_op op = {.kind = PTL_OP_UP};
-    ptl_net_call c = layer_call(&op, x, ptl_tensor_data(x), NULL, 0);
+    ptl_net_call c = layer_call(&k, &op, x, ptl_tensor_data(x), NULL, 0);
     c.out[c.nout++] = nhwc_arg(y, ptl_tensor_data(y), NULL);
     RUN(k.be->layer[PTL_OP_UP].forward(k.ctx, &c));
     return (PyObject *)y;
@@ -571,7 +573,7 @@ static PyObject *py_upsample2x_backward(PyObject *m, PyObject *args)
     if (!(dy = arg(m, dyo, "dy", dx, 4, ys)) || kernels_of(m, dx, &k))
         return NULL;
     const ptl_net_op op = {.kind = PTL_OP_UP};
-    ptl_net_call c = layer_call(&op, dx, NULL, ptl_tensor_data(dx), acc); /* its gradient needs no input */
+    ptl_net_call c = layer_call(&k, &op, dx, NULL, ptl_tensor_data(dx), acc); /* its gradient needs no input */
     c.out[c.nout++] = nhwc_arg(dy, NULL, ptl_tensor_data(dy));
     RUN(k.be->layer[PTL_OP_UP].backward(k.ctx, &c));
     Py_RETURN_NONE;
@@ -758,7 +760,7 @@ static PyObject *py_attention_forward(PyObject *m, PyObject *args)
         !(v = new_like(m, q, 4, os, q->dtype)))
         goto cleanup;
     const ptl_net_op op = {.kind = PTL_OP_ATTN, .heads = heads, .kd = kd, .hd = hd};
-    ptl_net_call c = layer_call(&op, q, ptl_tensor_data(q), NULL, 0);
+    ptl_net_call c = layer_call(&k, &op, q, ptl_tensor_data(q), NULL, 0);
     c.out[c.nout++] = nhwc_arg(o, ptl_tensor_data(o), NULL);
     c.out[c.nout++] = nhwc_arg(v, ptl_tensor_data(v), NULL);
     c.saved = ptl_tensor_data(at);
@@ -793,7 +795,7 @@ static PyObject *py_attention_backward(PyObject *m, PyObject *args)
     if (err || kernels_of(m, q, &k))
         return NULL;
     const ptl_net_op op = {.kind = PTL_OP_ATTN, .heads = heads, .kd = kd, .hd = hd};
-    ptl_net_call c = layer_call(&op, q, ptl_tensor_data(q), ptl_tensor_data(dq), 0);
+    ptl_net_call c = layer_call(&k, &op, q, ptl_tensor_data(q), ptl_tensor_data(dq), 0);
     c.out[c.nout++] = nhwc_arg(d_o, NULL, ptl_tensor_data(d_o));
     c.out[c.nout++] = nhwc_arg(d_o, NULL, data_or_null(dv));
     c.saved = ptl_tensor_data(at);
