@@ -39,13 +39,12 @@ static int round_call(ptl_dtype storage, const ptl_net_call *c, int backward)
 {
     for (int k = 0; !backward && k < c->nout; k++)
         if (c->out[k].data)
-            round_values(storage, c->out[k].data, (int64_t)c->B * c->out[k].h * c->out[k].w * c->out[k].c);
+            round_values(storage, c->out[k].data, ptl_net_arg_rows(c, &c->out[k]) * c->out[k].c);
     if (!backward)
         return round_values(storage, c->saved, ptl_net_op_saved_numel(c->op, c->B, c->in[0].h, c->in[0].w));
     for (int j = 0; j < c->nin; j++)
         if (c->in[j].grad)
-            round_columns(storage, c->in[j].grad, (int64_t)c->B * c->in[j].h * c->in[j].w, c->in[j].nc, c->in[j].c,
-                          c->in[j].c0);
+            round_columns(storage, c->in[j].grad, ptl_net_arg_rows(c, &c->in[j]), c->in[j].nc, c->in[j].c, c->in[j].c0);
     return 0;
 }
 

@@ -2,7 +2,7 @@
  * accumulate, copy, channel_copy), so that every backend runs them with its own kernels. */
 #include "executor.h"
 
-static int64_t rows(const ptl_net_call *c) { return (int64_t)c->B * c->out[0].h * c->out[0].w; }
+static int64_t rows(const ptl_net_call *c) { return ptl_net_arg_rows(c, &c->out[0]); }
 
 int ptl_net_add_forward(ptl_exec_ctx *ctx, const ptl_net_call *c)
 {

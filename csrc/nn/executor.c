@@ -740,7 +740,7 @@ static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], in
         PTL_CHECK(r->backward(x->ctx, &c));
         if (c.in[0].grad == gin)
             return 0;
-        return be->accumulate(x->ctx, dt, (int64_t)S->L.B * c.in[0].h * c.in[0].w * c.in[0].c, scratch, gin);
+        return be->accumulate(x->ctx, dt, ptl_net_arg_rows(&c, &c.in[0]) * c.in[0].c, scratch, gin);
     }
     }
 fail:

@@ -141,6 +141,12 @@ int ptl_net_cat_backward(ptl_exec_ctx *ctx, const ptl_net_call *c);
     [PTL_OP_ADD] = {ptl_net_add_forward, ptl_net_add_backward, NULL, 0},                                     \
     [PTL_OP_CAT] = {ptl_net_cat_forward, ptl_net_cat_backward, NULL, 0}
 
+/* Rows (n h w) of one value of call c. */
+static inline int64_t ptl_net_arg_rows(const ptl_net_call *c, const ptl_net_arg *a)
+{
+    return (int64_t)c->B * a->h * a->w;
+}
+
 /* The NHWC dimensions of a call's first input, as the one-input kernels take them. */
 #define PTL_NET_CALL_NHWC(c) (c)->B, (c)->in[0].h, (c)->in[0].w, (c)->in[0].c
 /* Output k's data or grad, NULL where the op has no output k. */
