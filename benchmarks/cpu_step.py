@@ -18,7 +18,7 @@ rounds' medians.
 
 Convolutions (``--what convs``): every distinct convolution shape of yolo26n at batch 4, 320 (read from
 the Ultralytics model), forward, input gradient and weight gradient timed for the ptl reference kernels
-(``layer_conv2d_*``), the fast plans (``cpu_conv2d_*``) and torch (``F.conv2d``,
+(``layer_conv2d_*``), the fast plans (``cpu_conv2d_plan``, run by the same ``layer_conv2d_*``) and torch (``F.conv2d``,
 ``aten.convolution_backward``), each direction's median over ``--reps`` calls; totals weighted by how often
 each shape occurs in the network.
 
@@ -178,9 +178,9 @@ def child_ptl_convs(args):
                        median_time(lambda: C.layer_conv2d_backward_weight(rp, x, dy, dw), args.reps)]}
         if C.cpu_conv2d_available():
             p = C.cpu_conv2d_plan(n, h, w, cin, cout, k, s, g)
-            row["fast"] = [median_time(lambda: C.cpu_conv2d_forward(p, x, wt, None, y), args.reps),
-                           median_time(lambda: C.cpu_conv2d_backward_input(p, dy, wt, dx), args.reps),
-                           median_time(lambda: C.cpu_conv2d_backward_weight(p, x, dy, dw), args.reps)]
+            row["fast"] = [median_time(lambda: C.layer_conv2d_forward(p, x, wt, None, y), args.reps),
+                           median_time(lambda: C.layer_conv2d_backward_input(p, dy, wt, dx), args.reps),
+                           median_time(lambda: C.layer_conv2d_backward_weight(p, x, dy, dw), args.reps)]
         out.append(row)
     return {"rows": out, "threads": C.cpu_threads()}
 

@@ -61,18 +61,6 @@ PtlTensor *ptl_tensor_wrap(PyObject *module, void *data, ptl_device dev, int ndi
 PtlTensor *ptl_tensor_arg(PyObject *module, PyObject *obj, const char *arg, int dt, const ptl_device *dev,
                           int ndim, const int64_t *shape);
 
-/* One tensor argument of a binding: its name, dims (< 0: any) and sizes (NULL, or entries < 0: any);
- * optional: None is accepted (as NULL). */
-typedef struct {
-    const char *name;
-    int ndim;
-    const int64_t *shape;
-    int optional;
-} ptl_tensor_spec;
-/* ts[i] = objs[i] checked by specs[i], each of dtype dt on dev as in ptl_tensor_arg. -1 after raising. */
-int ptl_tensor_args(PyObject *module, int n, PyObject *const *objs, const ptl_tensor_spec *specs, int dt,
-                    const ptl_device *dev, PtlTensor **ts);
-
 /* Adds obj (a new reference, stolen; NULL fails) to the module as `name`. */
 static inline int ptl_py_add(PyObject *module, const char *name, PyObject *obj)
 {

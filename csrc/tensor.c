@@ -327,19 +327,6 @@ PtlTensor *ptl_tensor_arg(PyObject *module, PyObject *obj, const char *arg, int 
     return t;
 }
 
-int ptl_tensor_args(PyObject *module, int n, PyObject *const *objs, const ptl_tensor_spec *specs, int dt,
-                    const ptl_device *dev, PtlTensor **ts)
-{
-    for (int i = 0; i < n; i++) {
-        ts[i] = NULL;
-        if (objs[i] == Py_None && specs[i].optional)
-            continue;
-        if (!(ts[i] = ptl_tensor_arg(module, objs[i], specs[i].name, dt, dev, specs[i].ndim, specs[i].shape)))
-            return -1;
-    }
-    return 0;
-}
-
 /* ------------------------------------------------------------------ conversions */
 
 /* A new tensor holding `src` converted to (dev, dt). */

@@ -79,10 +79,10 @@ def fast_conv(case, x, wt, bias, dy, dw0, db0, layout="ohwi"):
     y, dx = T(np.full(dy.shape, np.nan)), T(np.full(x.shape, np.nan))
     dw = T(dw0 if layout == "ohwi" else dw0.transpose(0, 3, 1, 2))
     db = T(db0)
-    C.cpu_conv2d_forward(plan, T(x), T(wl), None if bias is None else T(bias), y)
-    C.cpu_conv2d_backward_input(plan, T(dy), T(wl), dx)
-    C.cpu_conv2d_backward_weight(plan, T(x), T(dy), dw)
-    C.cpu_conv2d_backward_bias(plan, T(dy), db)
+    C.layer_conv2d_forward(plan, T(x), T(wl), None if bias is None else T(bias), y)
+    C.layer_conv2d_backward_input(plan, T(dy), T(wl), dx)
+    C.layer_conv2d_backward_weight(plan, T(x), T(dy), dw)
+    C.layer_conv2d_backward_bias(plan, T(dy), db)
     dw = N(dw) if layout == "ohwi" else N(dw).transpose(0, 2, 3, 1)
     return N(y), N(dx), dw, N(db)
 
@@ -146,12 +146,12 @@ def test_conv2d_plan_checks_its_arguments():
     fwd_only = C.cpu_conv2d_plan(1, 8, 8, 4, 4, 3, 1, 1, directions=1)
     x, w, y = T(np.zeros((1, 8, 8, 4))), T(np.zeros((4, 3, 3, 4))), T(np.zeros((1, 8, 8, 4)))
     with pytest.raises(ValueError, match="without this direction"):
-        C.cpu_conv2d_backward_input(fwd_only, y, w, x)
+        C.layer_conv2d_backward_input(fwd_only, y, w, x)
     with pytest.raises(ValueError, match="without a bias"):
-        C.cpu_conv2d_forward(fwd_only, x, w, T(np.zeros(4)), y)
+        C.layer_conv2d_forward(fwd_only, x, w, T(np.zeros(4)), y)
     with pytest.raises(ValueError, match="w"):
-        C.cpu_conv2d_forward(fwd_only, x, T(np.zeros((4, 4, 3, 3))), None, y)  # OIHW given to an OHWI plan
-    C.cpu_conv2d_forward(fwd_only, x, w, None, y)
+        C.layer_conv2d_forward(fwd_only, x, T(np.zeros((4, 4, 3, 3))), None, y)  # OIHW given to an OHWI plan
+    C.layer_conv2d_forward(fwd_only, x, w, None, y)
 
 
 # ---------------------------------------------------------------------------------------------- threads
@@ -187,10 +187,10 @@ def bn_inputs(shape, seed=0):
 def fast_bn(x, p, dy, training, act, dg0, db0):
     gamma, beta, rm, rv = (T(a) for a in p)
     c = x.shape[-1]
-    sm, si, y = T(np.full(c, np.nan)), T(np.full(c, np.nan)), T(np.full(x.shape, np.nan))
-    C.cpu_batchnorm_forward(T(x), gamma, beta, rm, rv, training, act, sm, si, y)
+    y, sm, si = C.layer_batchnorm_forward(T(x), gamma, beta, rm, rv, training, act, T(np.full(x.shape, np.nan)),
+                                          T(np.full(c, np.nan)), T(np.full(c, np.nan)), cpu_kernels="fast")
     dx, dg, db = T(np.full(x.shape, np.nan)), T(dg0), T(db0)
-    C.cpu_batchnorm_backward(T(x), T(dy), gamma, beta, sm, si, training, act, dx, dg, db)
+    C.layer_batchnorm_backward(T(x), T(dy), gamma, beta, sm, si, training, act, dx, dg, db, cpu_kernels="fast")
     return [N(t) for t in (y, sm, si, rm, rv, dx, dg, db)]
 
 
@@ -202,6 +202,7 @@ def ref_bn(x, p, dy, training, act, dg0, db0):
     return [N(t) for t in (y, sm, si, rm, rv, dx, dg, db)]
 
 
+@needs_dnnl
 @pytest.mark.parametrize("shape", BN_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("act", ["silu", None], ids=["silu", "none"])
@@ -216,6 +217,7 @@ def test_batchnorm_matches_reference(shape, training, act):
         assert_close(f - base, r - base, name)
 
 
+@needs_dnnl
 def test_batchnorm_reruns_are_bitwise_equal_and_checks_arguments():
     x, p, dy = bn_inputs((2, 40, 40, 64), seed=4)
     z = np.zeros(64, np.float32)
@@ -223,9 +225,9 @@ def test_batchnorm_reruns_are_bitwise_equal_and_checks_arguments():
         np.testing.assert_array_equal(u, v)
     c = T(np.ones(4))
     with pytest.raises(ValueError, match="act"):
-        C.cpu_batchnorm_forward(T(np.ones((2, 4))), c, c, c, c, True, "relu", c, c, T(np.ones((2, 4))))
+        C.layer_batchnorm_forward(T(np.ones((2, 4))), c, c, c, c, True, "relu", cpu_kernels="fast")
     with pytest.raises(ValueError, match="gamma"):
-        C.cpu_batchnorm_forward(T(np.ones((2, 4))), T(np.ones(3)), c, c, c, True, None, c, c, T(np.ones((2, 4))))
+        C.layer_batchnorm_forward(T(np.ones((2, 4))), T(np.ones(3)), c, c, c, True, None, cpu_kernels="fast")
 
 
 # ---------------------------------------------------------------------------------------------- network
@@ -349,29 +351,30 @@ def test_results_do_not_depend_on_the_thread_count():
 
 # ---------------------------------------------------------------------------------------------- element-wise
 
+@needs_dnnl
 def test_add_accumulate_and_channel_copy_equal_the_reference():
     rng = np.random.default_rng(6)
     a, b = (rng.standard_normal((2, 40, 40, 48)).astype(np.float32) for _ in range(2))
-    y = T(np.full(a.shape, np.nan))
-    C.cpu_add(T(a), T(b), y)
+    y = C.layer_add(T(a), T(b), T(np.full(a.shape, np.nan)), cpu_kernels="fast")
     np.testing.assert_array_equal(N(y), N(C.layer_add(T(a), T(b))))
     acc_fast, acc_ref = T(b), T(b)
-    C.cpu_accumulate(T(a), acc_fast)
+    C.layer_accumulate(T(a), acc_fast, cpu_kernels="fast")
     C.layer_accumulate(T(a), acc_ref)
     np.testing.assert_array_equal(N(acc_fast), N(acc_ref))
     src = rng.standard_normal((2, 40, 40, 96)).astype(np.float32)
     dst0 = rng.standard_normal((2, 40, 40, 64)).astype(np.float32)
     for src_off, dst_off, c, acc in ((0, 0, 64, False), (32, 16, 48, True), (95, 63, 1, True), (10, 0, 0, False)):
         f, r = T(dst0), T(dst0)
-        C.cpu_channel_copy(T(src), src_off, f, dst_off, c, acc)
+        C.layer_channel_copy(T(src), src_off, f, dst_off, c, acc, cpu_kernels="fast")
         C.layer_channel_copy(T(src), src_off, r, dst_off, c, acc)
         np.testing.assert_array_equal(N(f), N(r))
     with pytest.raises(ValueError, match="slice out of range"):
-        C.cpu_channel_copy(T(src), 90, T(dst0), 0, 8, False)
+        C.layer_channel_copy(T(src), 90, T(dst0), 0, 8, False, cpu_kernels="fast")
 
 
 # ---------------------------------------------------------------------------------------------- attention
 
+@needs_dnnl
 @pytest.mark.parametrize("b,hw,heads,kd,hd", [(4, (10, 10), 2, 32, 64), (2, (5, 3), 3, 4, 8)])
 def test_attention_matches_reference(b, hw, heads, kd, hd):
     rng = np.random.default_rng(8)
@@ -380,23 +383,25 @@ def test_attention_matches_reference(b, hw, heads, kd, hd):
     d_o = rng.standard_normal((b, hw[0], hw[1], dim)).astype(np.float32)
     dv = rng.standard_normal((b, hw[0], hw[1], dim)).astype(np.float32)
     o_ref, a_ref, v_ref = (N(t) for t in C.layer_attention_forward(T(qkv), heads, kd, hd))
-    at, o, v = T(np.full((b, heads, n, n), np.nan)), T(np.full((b, n, dim), np.nan)), T(np.full((b, n, dim), np.nan))
-    C.cpu_attention_forward(T(qkv.reshape(b, n, cq)), heads, kd, hd, at, o, v)
+    o, at, v = C.layer_attention_forward(T(qkv), heads, kd, hd, T(np.full(d_o.shape, np.nan)),
+                                         T(np.full((b, heads, n, n), np.nan)), T(np.full(dv.shape, np.nan)),
+                                         cpu_kernels="fast")
     assert_close(N(at), a_ref, "attn")
     assert_close(N(o).reshape(o_ref.shape), o_ref, "o")
     np.testing.assert_array_equal(N(v).reshape(v_ref.shape), v_ref)
     for extra in (dv, None):
         dq_ref = T(np.zeros(qkv.shape))
         C.layer_attention_backward(T(qkv), T(a_ref), T(d_o), None if extra is None else T(extra), heads, kd, hd, dq_ref)
-        dq = T(np.full((b, n, cq), np.nan))
+        dq = T(np.full(qkv.shape, np.nan))
         # with the reference's probabilities the backward computes the reference's bits
-        C.cpu_attention_backward(T(qkv.reshape(b, n, cq)), T(a_ref), T(d_o.reshape(b, n, dim)),
-                                 None if extra is None else T(extra.reshape(b, n, dim)), heads, kd, hd, dq)
+        C.layer_attention_backward(T(qkv), T(a_ref), T(d_o), None if extra is None else T(extra), heads, kd, hd, dq,
+                                   cpu_kernels="fast")
         np.testing.assert_array_equal(N(dq).reshape(qkv.shape), N(dq_ref))
 
 
 # ---------------------------------------------------------------------------------------------- max-pool, upsample
 
+@needs_dnnl
 @pytest.mark.parametrize("shape", [(4, 10, 10, 128), (2, 7, 9, 20), (1, 3, 2, 5)], ids=lambda s: "x".join(map(str, s)))
 def test_maxpool_equals_the_reference_bitwise(shape):
     rng = np.random.default_rng(10)
@@ -404,27 +409,26 @@ def test_maxpool_equals_the_reference_bitwise(shape):
     x[..., 0] = np.round(x[..., 0])  # ties: the first maximum in scan order takes the gradient
     x[0, 1, 1, 1 % shape[-1]] = np.nan  # a NaN wins and propagates
     dy = rng.standard_normal(shape).astype(np.float32)
-    y = T(np.full(shape, 7.0))
-    C.cpu_maxpool5_forward(T(x), y)
+    y = C.layer_maxpool5_forward(T(x), T(np.full(shape, 7.0)), cpu_kernels="fast")
     np.testing.assert_array_equal(N(y), N(C.layer_maxpool5_forward(T(x))))
     for acc in (False, True):
         base = rng.standard_normal(shape).astype(np.float32)
         f, r = T(base), T(base)
-        C.cpu_maxpool5_backward(T(x), T(dy), f, acc)
+        C.layer_maxpool5_backward(T(x), T(dy), f, acc, cpu_kernels="fast")
         C.layer_maxpool5_backward(T(x), T(dy), r, acc)
         np.testing.assert_array_equal(N(f), N(r))
 
 
+@needs_dnnl
 def test_upsample_equals_the_reference_bitwise():
     rng = np.random.default_rng(11)
     x = rng.standard_normal((2, 10, 10, 64)).astype(np.float32)
     dy = rng.standard_normal((2, 20, 20, 64)).astype(np.float32)
-    y = T(np.full(dy.shape, np.nan))
-    C.cpu_upsample2x_forward(T(x), y)
+    y = C.layer_upsample2x_forward(T(x), T(np.full(dy.shape, np.nan)), cpu_kernels="fast")
     np.testing.assert_array_equal(N(y), N(C.layer_upsample2x_forward(T(x))))
     for acc in (False, True):
         f, r = T(x), T(x)
-        C.cpu_upsample2x_backward(T(dy), f, acc)
+        C.layer_upsample2x_backward(T(dy), f, acc, cpu_kernels="fast")
         C.layer_upsample2x_backward(T(dy), r, acc)
         np.testing.assert_array_equal(N(f), N(r))
 
@@ -461,13 +465,13 @@ def test_fit_with_fast_kernels_repeats_bitwise_for_any_thread_count(coco256):
     assert all(d == digests[0] for d in digests), digests
 
 
+@needs_dnnl
 def test_silu_matches_reference():
     rng = np.random.default_rng(12)
     x = np.concatenate([rng.standard_normal(100000) * 4, [-100.0, -88.0, -20.0, 0.0, 20.0, 88.0, 100.0]]).astype(np.float32)
     dy = rng.standard_normal(x.shape).astype(np.float32)
-    y, dx = T(np.full(x.shape, np.nan)), T(np.full(x.shape, np.nan))
-    C.cpu_silu_forward(T(x), y)
-    C.cpu_silu_backward(T(x), T(dy), dx)
+    y = C.layer_silu_forward(T(x), T(np.full(x.shape, np.nan)), cpu_kernels="fast")
+    dx = C.layer_silu_backward(T(x), T(dy), T(np.full(x.shape, np.nan)), cpu_kernels="fast")
     assert_close(N(y), N(C.layer_silu_forward(T(x))), "silu")
     assert_close(N(dx), N(C.layer_silu_backward(T(x), T(dy))), "silu'")
     # elementwise too: the vector exp is within a few ulp wherever the value is not tiny

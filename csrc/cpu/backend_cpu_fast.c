@@ -4,7 +4,8 @@
  *
  * BatchNorm and attention take a workspace that the table's calls do not carry; it is this backend's
  * layer scratch (like CUDA's per-device one), reserved by every executor's prepare for its largest shape
- * and used under a lock, so that executors in several threads never share it at the same time. */
+ * (a row called alone, as the layer test bindings call it, grows it to its need) and used under a lock, so
+ * that executors in several threads never share it at the same time. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,31 +70,40 @@ static pthread_mutex_t scratch_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *scratch;
 static size_t scratch_bytes;
 
+/* Grows the scratch to `bytes`; the caller holds the lock. */
+static int scratch_grow(size_t bytes)
+{
+    if (bytes <= scratch_bytes)
+        return 0;
+    free(scratch);
+    scratch_bytes = 0;
+    if (!(scratch = malloc(bytes)))
+        return ptl_set_error(PTL_ERR_MEMORY, "network: out of host memory for %zu bytes of layer scratch", bytes);
+    scratch_bytes = bytes;
+    return 0;
+}
+
 static int fast_reserve_scratch(ptl_exec_ctx *ctx, size_t bytes)
 {
     (void)ctx;
-    int rc = 0;
     pthread_mutex_lock(&scratch_lock);
-    if (bytes > scratch_bytes) {
-        free(scratch);
-        scratch_bytes = 0;
-        if ((scratch = malloc(bytes)))
-            scratch_bytes = bytes;
-        else
-            rc = ptl_set_error(PTL_ERR_MEMORY, "network: out of host memory for %zu bytes of layer scratch", bytes);
-    }
+    const int rc = scratch_grow(bytes);
     pthread_mutex_unlock(&scratch_lock);
     return rc;
 }
 
-/* Runs `call` (which uses scratch, scratch_bytes) holding the scratch's lock; returns from the caller. */
-#define WITH_SCRATCH(e, call)                                                                                \
+/* Runs `call` (which uses scratch, scratch_bytes) holding the scratch's lock, the scratch grown to `bytes`
+ * first; returns from the caller. */
+#define WITH_SCRATCH(e, bytes, call)                                                                         \
     do {                                                                                                     \
         pthread_mutex_lock(&scratch_lock);                                                                   \
-        const double t0_ = now();                                                                            \
-        const int rc_ = (call);                                                                              \
-        seconds[e] += now() - t0_;                                                                           \
-        calls[e]++;                                                                                          \
+        int rc_ = scratch_grow(bytes);                                                                       \
+        if (rc_ == 0) {                                                                                      \
+            const double t0_ = now();                                                                        \
+            rc_ = (call);                                                                                    \
+            seconds[e] += now() - t0_;                                                                       \
+            calls[e]++;                                                                                      \
+        }                                                                                                    \
         pthread_mutex_unlock(&scratch_lock);                                                                 \
         return rc_;                                                                                          \
     } while (0)
@@ -167,7 +177,8 @@ static int fast_batchnorm_forward(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, in
 {
     if (dt != PTL_FLOAT32)
         return ptl_net_backend_cpu.batchnorm_forward(ctx, dt, m, c, x, g, b, rm, rv, tr, act, sm, si, y);
-    WITH_SCRATCH(4, ptl_cpu_batchnorm_forward(m, c, x, g, b, rm, rv, tr, act, sm, si, y, scratch, scratch_bytes));
+    WITH_SCRATCH(4, fast_bn_scratch_bytes(m, c),
+                 ptl_cpu_batchnorm_forward(m, c, x, g, b, rm, rv, tr, act, sm, si, y, scratch, scratch_bytes));
 }
 
 static int fast_batchnorm_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x, const void *dy,
@@ -176,7 +187,8 @@ static int fast_batchnorm_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, i
 {
     if (dt != PTL_FLOAT32)
         return ptl_net_backend_cpu.batchnorm_backward(ctx, dt, m, c, x, dy, g, b, sm, si, tr, act, dx, dg, db);
-    WITH_SCRATCH(5, ptl_cpu_batchnorm_backward(m, c, x, dy, g, b, sm, si, tr, act, dx, dg, db, scratch, scratch_bytes));
+    WITH_SCRATCH(5, fast_bn_scratch_bytes(m, c),
+                 ptl_cpu_batchnorm_backward(m, c, x, dy, g, b, sm, si, tr, act, dx, dg, db, scratch, scratch_bytes));
 }
 
 /* The layer rows (executor.h's ptl_net_call): float32 to the fast kernel, the rest to the reference's row. */
@@ -188,14 +200,16 @@ static int fast_batchnorm_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, i
 static int fast_attention_forward(ptl_exec_ctx *ctx, const ptl_net_call *c)
 {
     FLOAT32_OR_REFERENCE(c, PTL_OP_ATTN, forward);
-    WITH_SCRATCH(6, ptl_cpu_attention_forward(PTL_ATTENTION_CALL_DIMS(c), IN(c).data, c->saved, c->out[0].data,
+    WITH_SCRATCH(6, fast_attention_scratch_bytes(c),
+                 ptl_cpu_attention_forward(PTL_ATTENTION_CALL_DIMS(c), IN(c).data, c->saved, c->out[0].data,
                                               PTL_NET_CALL_OUT(c, 1, data), scratch, scratch_bytes));
 }
 
 static int fast_attention_backward(ptl_exec_ctx *ctx, const ptl_net_call *c)
 {
     FLOAT32_OR_REFERENCE(c, PTL_OP_ATTN, backward);
-    WITH_SCRATCH(7, ptl_cpu_attention_backward(PTL_ATTENTION_CALL_DIMS(c), IN(c).data, c->saved, c->out[0].grad,
+    WITH_SCRATCH(7, fast_attention_scratch_bytes(c),
+                 ptl_cpu_attention_backward(PTL_ATTENTION_CALL_DIMS(c), IN(c).data, c->saved, c->out[0].grad,
                                                PTL_NET_CALL_OUT(c, 1, grad), IN(c).grad, scratch, scratch_bytes));
 }
 

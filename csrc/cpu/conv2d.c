@@ -502,7 +502,6 @@ fail:
 
 struct ptl_cpu_conv2d_plan {
     ptl_conv2d_desc d;
-    ptl_cpu_conv2d_opts o;
 };
 
 int ptl_cpu_conv2d_available(void) { return 0; }
@@ -560,10 +559,6 @@ int ptl_cpu_conv2d_backward_weight(const ptl_cpu_conv2d_plan *p, const float *x,
 }
 
 #endif
-
-const ptl_conv2d_desc *ptl_cpu_conv2d_plan_desc(const ptl_cpu_conv2d_plan *p) { return &p->d; }
-
-const ptl_cpu_conv2d_opts *ptl_cpu_conv2d_plan_opts(const ptl_cpu_conv2d_plan *p) { return &p->o; }
 
 /* Blocks of 16 channels (one AVX-512 vector of float, two of double) per task; each channel summed in
  * double over the pixels in order and added once, the reference's order. */

@@ -57,8 +57,6 @@ int ptl_cpu_conv2d_plan_create(const ptl_conv2d_desc *d, const ptl_cpu_conv2d_op
                                ptl_cpu_conv2d_plan **out);
 void ptl_cpu_conv2d_plan_destroy(ptl_cpu_conv2d_plan *p);
 
-const ptl_conv2d_desc *ptl_cpu_conv2d_plan_desc(const ptl_cpu_conv2d_plan *p);
-const ptl_cpu_conv2d_opts *ptl_cpu_conv2d_plan_opts(const ptl_cpu_conv2d_plan *p);
 /* Workspace bytes every call below needs (the largest over the plan's directions). */
 size_t ptl_cpu_conv2d_plan_workspace(const ptl_cpu_conv2d_plan *p);
 /* oneDNN's implementation name of one direction (PTL_CPU_CONV_FORWARD, ...), "" if not planned. */

@@ -1,14 +1,19 @@
-/* Python bindings of the layer kernels, for tests: ptl._C.layer_* functions. Each runs on the device of
- * its first tensor through the executor's backend table (executor.h): the CPU reference kernels
- * (float32, float64) or the CUDA kernels (float32, bfloat16, float16; BatchNorm parameters and
- * statistics float32 there). A convolution runs through a plan of that backend (layer_conv2d_plan), as
- * the executor runs it; the CUDA-only questions about a plan are ../cuda/py_conv2d_cuda.c's. Forwards
- * return new tensors (a convolution's may be given its output); backwards write into the gradient
- * tensors they are given (activation gradients overwritten, parameter gradients accumulated, as the C
- * functions do). */
+/* Python bindings of the layer kernels, for tests and benchmarks: ptl._C.layer_* functions. Each runs on
+ * the device of its first tensor through the executor's backend table (executor.h): on the CPU the table
+ * that cpu_kernels names, as executor_create's does (the reference kernels, float32 and float64, by
+ * default; 'fast': the oneDNN-backed float32 kernels, ../cpu/backend_cpu_fast.h), on CUDA the CUDA
+ * kernels (float32, bfloat16, float16; BatchNorm parameters and statistics float32 there). A
+ * convolution runs through a plan of that backend (layer_conv2d_plan; the fast backend's from
+ * ../cpu/py_cpu.c's cpu_conv2d_plan), as the executor runs it; the CUDA-only questions about a plan are
+ * ../cuda/py_conv2d_cuda.c's. Forwards return their outputs, written into the tensors given for them or
+ * into new ones (so a benchmark can time the kernel alone, and a test can prove every element written);
+ * backwards write into the gradient tensors they are given (activation gradients overwritten, parameter
+ * gradients accumulated, as the C functions do). */
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cpu/activation.h"
+#include "../cpu/backend_cpu_fast.h"
 #include "../py.h"
 #include "activation.h"
 #include "attention.h"
@@ -55,6 +60,17 @@ static PtlTensor *opt_arg(PyObject *m, PyObject *obj, const char *name, PtlTenso
     return t;
 }
 
+/* An output, a new reference: obj (NULL or None: a new tensor) on like's device, of dtype dt and this shape. */
+static PtlTensor *out_arg(PyObject *m, PyObject *obj, const char *name, PtlTensor *like, int ndim,
+                          const int64_t *shape, ptl_dtype dt)
+{
+    if (!obj || obj == Py_None)
+        return ptl_tensor_empty(m, ndim, shape, dt, like->storage->device);
+    PtlTensor *t = ptl_tensor_arg(m, obj, name, (int)dt, &like->storage->device, ndim, shape);
+    Py_XINCREF(t);
+    return t;
+}
+
 /* BatchNorm parameters and statistics: x's dtype on the CPU, float32 on CUDA, on x's device. */
 static ptl_dtype par_dtype(PtlTensor *x) { return x->storage->device.type == PTL_CPU ? x->dtype : PTL_FLOAT32; }
 
@@ -91,32 +107,41 @@ typedef struct {
     struct ptl_cuda_ctx *ctx;
 } kernels;
 
-static int kernels_of(PyObject *m, PtlTensor *t, kernels *k)
+/* cpu_kernels: the name of a CPU table (ptl_net_cpu_backend_choose's; NULL: the reference). */
+static int kernels_of(PyObject *m, PtlTensor *t, const char *cpu_kernels, kernels *k)
 {
     const ptl_device dev = t->storage->device;
+    if (dev.type != PTL_CPU && cpu_kernels) {
+        PyErr_Format(PyExc_ValueError, "cpu_kernels: for CPU tensors only (got a tensor on cuda:%d)", dev.index);
+        return -1;
+    }
     if (ptl_py_exec_ctx(m, dev, &k->ctx) < 0)
         return -1;
 #ifdef PTL_WITH_CUDA
-    k->be = dev.type == PTL_CPU ? &ptl_net_backend_cpu : &ptl_net_backend_cuda;
-#else
-    k->be = &ptl_net_backend_cpu;
+    if (dev.type != PTL_CPU) {
+        k->be = &ptl_net_backend_cuda;
+        return 0;
+    }
 #endif
-    return 0;
-}
-
-static PtlTensor *new_like(PyObject *m, PtlTensor *like, int ndim, const int64_t *shape, ptl_dtype dt)
-{
-    return ptl_tensor_empty(m, ndim, shape, dt, like->storage->device);
+    return ptl_net_cpu_backend_choose(cpu_kernels ? cpu_kernels : "reference", t->dtype, &k->be) ? ptl_raise_int(m)
+                                                                                                 : 0;
 }
 
 static void *data_or_null(PtlTensor *t) { return t ? ptl_tensor_data(t) : NULL; }
 
+/* Runs a kernel without the GIL; on failure raises its error and goes to the function's `fail`. */
 #define RUN(call)                                                                                            \
     do {                                                                                                     \
         int rc_;                                                                                             \
         Py_BEGIN_ALLOW_THREADS rc_ = (call);                                                                 \
-        Py_END_ALLOW_THREADS if (rc_ != 0) goto fail;                                                        \
+        Py_END_ALLOW_THREADS if (rc_ != 0) {                                                                 \
+            ptl_raise(m);                                                                                    \
+            goto fail;                                                                                       \
+        }                                                                                                    \
     } while (0)
+
+/* Keyword-taking bindings' entries of the method table. */
+#define KEYWORDS(f) (PyCFunction)(void (*)(void))(f), METH_VARARGS | METH_KEYWORDS
 
 /* ------------------------------------------------------------------ conv2d */
 
@@ -146,16 +171,44 @@ static void plan_capsule_free(PyObject *cap)
 {
     ptl_py_conv_plan *p = PyCapsule_GetPointer(cap, PLAN_CAPSULE);
     p->be->conv_plan_free(p->plan);
+    free(p->ws);
     free(p);
 }
 
 ptl_py_conv_plan *ptl_py_conv_plan_arg(PyObject *obj)
 {
     if (!PyCapsule_IsValid(obj, PLAN_CAPSULE)) {
-        PyErr_SetString(PyExc_TypeError, "plan: expected a plan from layer_conv2d_plan");
+        PyErr_SetString(PyExc_TypeError, "plan: expected a plan from layer_conv2d_plan or cpu_conv2d_plan");
         return NULL;
     }
     return PyCapsule_GetPointer(obj, PLAN_CAPSULE);
+}
+
+PyObject *ptl_py_conv_plan_new(const ptl_py_conv_plan *plan)
+{
+    ptl_py_conv_plan *p = malloc(sizeof *p);
+    PyObject *cap;
+    if (!p) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    *p = *plan;
+    /* A CPU plan holds the workspace of its backend (the fast one's weight reorders and oneDNN scratchpad;
+     * the reference asks for none), as the executor holds it; CUDA calls are handed theirs. */
+    p->ws_bytes = p->device.type == PTL_CPU ? p->be->conv_workspace(p->plan) : 0;
+    p->ws = NULL;
+    if (p->ws_bytes && !(p->ws = malloc(p->ws_bytes))) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    if ((cap = PyCapsule_New(p, PLAN_CAPSULE, plan_capsule_free)))
+        return cap;
+fail:
+    plan->be->conv_plan_free(plan->plan);
+    if (p)
+        free(p->ws);
+    free(p);
+    return NULL;
 }
 
 /* layer_conv2d_plan(x, w, stride, groups, deterministic=True, allow_tf32=False, find=False, forward_only=False)
@@ -173,23 +226,15 @@ static PyObject *py_conv2d_plan(PyObject *m, PyObject *args, PyObject *kwargs)
     PtlTensor *x = arg(m, xo, "x", NULL, 4, NULL), *w;
     ptl_conv2d_desc d;
     kernels k;
-    if (!x || !(w = arg(m, wo, "w", x, 4, NULL)) || conv_desc(m, x, w, stride, groups, &d) || kernels_of(m, x, &k))
+    if (!x || !(w = arg(m, wo, "w", x, 4, NULL)) || conv_desc(m, x, w, stride, groups, &d) ||
+        kernels_of(m, x, NULL, &k))
         return NULL;
-    ptl_py_conv_plan *p = malloc(sizeof *p);
-    if (!p)
-        return PyErr_NoMemory();
-    *p = (ptl_py_conv_plan){k.be, k.ctx, x->storage->device, x->dtype, d, NULL};
+    ptl_py_conv_plan p = {.be = k.be, .ctx = k.ctx, .device = x->storage->device, .dt = x->dtype, .d = d};
     const uint8_t bias = 1; /* a forward may be given one */
-    RUN(k.be->conv_plans(k.ctx, 1, &d, x->dtype, &o, &bias, &p->plan));
-    PyObject *cap = PyCapsule_New(p, PLAN_CAPSULE, plan_capsule_free);
-    if (!cap) {
-        k.be->conv_plan_free(p->plan);
-        free(p);
-    }
-    return cap;
+    RUN(k.be->conv_plans(k.ctx, 1, &d, x->dtype, &o, &bias, &p.plan));
+    return ptl_py_conv_plan_new(&p);
 fail:
-    free(p);
-    return ptl_raise(m);
+    return NULL;
 }
 
 enum { CONV_X, CONV_Y, CONV_W, CONV_B };
@@ -198,9 +243,10 @@ enum { CONV_X, CONV_Y, CONV_W, CONV_B };
 static PtlTensor *plan_tensor(PyObject *m, const ptl_py_conv_plan *p, PyObject *obj, const char *name, int role)
 {
     const ptl_conv2d_desc *d = &p->d;
+    const int64_t cig = d->cin / d->groups, oihw = p->weights_oihw;
     const int64_t shapes[4][4] = {{d->n, d->h, d->w, d->cin},
                                   {d->n, d->ho, d->wo, d->cout},
-                                  {d->cout, d->k, d->k, d->cin / d->groups},
+                                  {d->cout, oihw ? cig : d->k, d->k, oihw ? d->k : cig},
                                   {d->cout}};
     PtlTensor *t = ptl_tensor_arg(m, obj, name, -1, &p->device, role == CONV_B ? 1 : 4, shapes[role]);
     if (t && t->dtype != p->dt) {
@@ -212,7 +258,8 @@ static PtlTensor *plan_tensor(PyObject *m, const ptl_py_conv_plan *p, PyObject *
 }
 
 /* A call's plan, its tensors by role (None given as NULL where the role is in `optional`, a bit mask), and
- * the workspace (a tensor of any dtype on the plan's device, or None). -1 after raising. */
+ * the workspace (a tensor of any dtype on the plan's device; None: the plan's own, if any). -1 after
+ * raising. */
 typedef struct {
     const ptl_py_conv_plan *p;
     PtlTensor *t[4];
@@ -232,8 +279,8 @@ static int conv_call_args(PyObject *m, PyObject *po, PyObject *const *objs, cons
         if (!(c->t[i] = plan_tensor(m, c->p, objs[i], names[i], roles[i])))
             return -1;
     }
-    c->ws = NULL;
-    c->ws_bytes = 0;
+    c->ws = c->p->ws;
+    c->ws_bytes = c->p->ws_bytes;
     if (wso != Py_None) {
         PtlTensor *ws = ptl_tensor_arg(m, wso, "workspace", -1, &c->p->device, -1, NULL);
         if (!ws)
@@ -262,13 +309,13 @@ static PyObject *py_conv2d_forward(PyObject *m, PyObject *args)
     PtlTensor *y = c.t[3];
     if (y)
         Py_INCREF(y);
-    else if (!(y = new_like(m, c.t[0], 4, ys, c.p->dt)))
+    else if (!(y = ptl_tensor_empty(m, 4, ys, c.p->dt, c.p->device)))
         return NULL;
     RUN(c.p->be->conv_forward(c.p->ctx, c.p->plan, D(0), D(1), D(2), ptl_tensor_data(y), c.ws, c.ws_bytes));
     return (PyObject *)y;
 fail:
     Py_DECREF(y);
-    return ptl_raise(m);
+    return NULL;
 }
 
 /* layer_conv2d_backward_input(plan, dy, w, dx, workspace=None): dx = dL/dx. On the CPU a workspace of w's
@@ -284,7 +331,7 @@ static PyObject *py_conv2d_backward_input(PyObject *m, PyObject *args)
     RUN(c.p->be->conv_backward_input(c.p->ctx, c.p->plan, D(0), D(1), D(2), c.ws, c.ws_bytes));
     Py_RETURN_NONE;
 fail:
-    return ptl_raise(m);
+    return NULL;
 }
 
 /* layer_conv2d_backward_weight(plan, x, dy, dw, workspace=None): dw += dL/dw. */
@@ -299,7 +346,7 @@ static PyObject *py_conv2d_backward_weight(PyObject *m, PyObject *args)
     RUN(c.p->be->conv_backward_weight(c.p->ctx, c.p->plan, D(0), D(1), D(2), c.ws, c.ws_bytes));
     Py_RETURN_NONE;
 fail:
-    return ptl_raise(m);
+    return NULL;
 }
 
 /* layer_conv2d_backward_bias(plan, dy, db, workspace=None): db += sum of dy over (n, ho, wo). */
@@ -313,7 +360,7 @@ static PyObject *py_conv2d_backward_bias(PyObject *m, PyObject *args)
     RUN(c.p->be->conv_backward_bias(c.p->ctx, c.p->plan, D(0), D(1), c.ws, c.ws_bytes));
     Py_RETURN_NONE;
 fail:
-    return ptl_raise(m);
+    return NULL;
 }
 
 #undef D
@@ -338,7 +385,7 @@ static PyObject *py_conv2d_weight_layout(PyObject *m, PyObject *args)
     return (PyObject *)out;
 fail:
     Py_DECREF(out);
-    return ptl_raise(m);
+    return NULL;
 }
 
 /* ------------------------------------------------------------------ batchnorm / silu */
@@ -357,15 +404,20 @@ static int parse_act(PyObject *obj, ptl_act *act)
     return -1;
 }
 
-/* layer_batchnorm_forward(x, gamma, beta, running_mean, running_var, training, act) ->
- * (y, save_mean, save_invstd); x is (..., c); the running statistics are updated in training. */
-static PyObject *py_batchnorm_forward(PyObject *m, PyObject *args)
+/* layer_batchnorm_forward(x, gamma, beta, running_mean, running_var, training, act, y=None, save_mean=None,
+ * save_invstd=None, *, cpu_kernels=None) -> (y, save_mean, save_invstd); x is (..., c); the running
+ * statistics are updated in training. */
+static PyObject *py_batchnorm_forward(PyObject *m, PyObject *args, PyObject *kwargs)
 {
-    PyObject *xo, *go, *bo, *rmo, *rvo, *acto;
+    static char *kw[] = {"x", "gamma", "beta", "running_mean", "running_var", "training", "act", "y", "save_mean",
+                         "save_invstd", "cpu_kernels", NULL};
+    PyObject *xo, *go, *bo, *rmo, *rvo, *acto, *yo = NULL, *smo = NULL, *sio = NULL;
+    const char *kn = NULL;
     int training;
     ptl_act act;
     kernels k;
-    if (!PyArg_ParseTuple(args, "OOOOOpO:layer_batchnorm_forward", &xo, &go, &bo, &rmo, &rvo, &training, &acto) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOpO|OOO$z:layer_batchnorm_forward", kw, &xo, &go, &bo, &rmo,
+                                     &rvo, &training, &acto, &yo, &smo, &sio, &kn) ||
         parse_act(acto, &act))
         return NULL;
     PtlTensor *x = arg(m, xo, "x", NULL, -1, NULL), *g, *b, *rm, *rv, *y = NULL, *sm = NULL, *si = NULL;
@@ -378,35 +430,37 @@ static PyObject *py_batchnorm_forward(PyObject *m, PyObject *args)
     const int64_t cs[1] = {x->shape[x->ndim - 1]};
     if (!(g = par(m, go, "gamma", x, cs)) || !(b = par(m, bo, "beta", x, cs)) ||
         !(rm = par(m, rmo, "running_mean", x, cs)) || !(rv = par(m, rvo, "running_var", x, cs)) ||
-        kernels_of(m, x, &k))
+        kernels_of(m, x, kn, &k))
         return NULL;
-    if (!(y = new_like(m, x, x->ndim, x->shape, x->dtype)) || !(sm = new_like(m, x, 1, cs, par_dtype(x))) ||
-        !(si = new_like(m, x, 1, cs, par_dtype(x))))
-        goto cleanup;
+    if (!(y = out_arg(m, yo, "y", x, x->ndim, x->shape, x->dtype)) ||
+        !(sm = out_arg(m, smo, "save_mean", x, 1, cs, par_dtype(x))) ||
+        !(si = out_arg(m, sio, "save_invstd", x, 1, cs, par_dtype(x))))
+        goto fail;
     const int64_t c = cs[0], rows = c ? ptl_tensor_numel(x) / c : 0;
     RUN(k.be->batchnorm_forward(k.ctx, x->dtype, rows, (int)c, ptl_tensor_data(x), ptl_tensor_data(g),
                                 ptl_tensor_data(b), ptl_tensor_data(rm), ptl_tensor_data(rv), training, act,
                                 ptl_tensor_data(sm), ptl_tensor_data(si), ptl_tensor_data(y)));
     return Py_BuildValue("(NNN)", y, sm, si);
 fail:
-    ptl_raise(m);
-cleanup:
     Py_XDECREF(y);
     Py_XDECREF(sm);
     Py_XDECREF(si);
     return NULL;
 }
 
-/* layer_batchnorm_backward(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma, dbeta):
- * dx overwritten (may be dy itself); dgamma/dbeta (or None) accumulated. */
-static PyObject *py_batchnorm_backward(PyObject *m, PyObject *args)
+/* layer_batchnorm_backward(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma, dbeta, *,
+ * cpu_kernels=None): dx overwritten (may be dy itself); dgamma/dbeta (or None) accumulated. */
+static PyObject *py_batchnorm_backward(PyObject *m, PyObject *args, PyObject *kwargs)
 {
+    static char *kw[] = {"x",   "dy", "gamma",  "beta",  "save_mean",   "save_invstd", "training",
+                         "act", "dx", "dgamma", "dbeta", "cpu_kernels", NULL};
     PyObject *xo, *dyo, *go, *bo, *smo, *sio, *acto, *dxo, *dgo, *dbo;
+    const char *kn = NULL;
     int training, err = 0;
     ptl_act act;
     kernels k;
-    if (!PyArg_ParseTuple(args, "OOOOOOpOOOO:layer_batchnorm_backward", &xo, &dyo, &go, &bo, &smo, &sio, &training,
-                          &acto, &dxo, &dgo, &dbo) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOpOOOO|$z:layer_batchnorm_backward", kw, &xo, &dyo, &go, &bo,
+                                     &smo, &sio, &training, &acto, &dxo, &dgo, &dbo, &kn) ||
         parse_act(acto, &act))
         return NULL;
     PtlTensor *x = arg(m, xo, "x", NULL, -1, NULL), *dy, *g, *b, *sm, *si, *dx, *dg, *db;
@@ -423,7 +477,7 @@ static PyObject *py_batchnorm_backward(PyObject *m, PyObject *args)
         return NULL;
     dg = opt_par(m, dgo, "dgamma", x, cs, &err);
     db = err ? NULL : opt_par(m, dbo, "dbeta", x, cs, &err);
-    if (err || kernels_of(m, x, &k))
+    if (err || kernels_of(m, x, kn, &k))
         return NULL;
     const int64_t c = cs[0], rows = c ? ptl_tensor_numel(x) / c : 0;
     RUN(k.be->batchnorm_backward(k.ctx, x->dtype, rows, (int)c, ptl_tensor_data(x), ptl_tensor_data(dy),
@@ -431,49 +485,58 @@ static PyObject *py_batchnorm_backward(PyObject *m, PyObject *args)
                                  training, act, ptl_tensor_data(dx), data_or_null(dg), data_or_null(db)));
     Py_RETURN_NONE;
 fail:
-    return ptl_raise(m);
+    return NULL;
 }
 
-/* SiLU alone (the network fuses it into BatchNorm): not a backend-table entry. */
+/* SiLU alone (the network fuses it into BatchNorm): not a backend-table entry, so each table's kernel by name. */
 static int silu(kernels *k, int backward, ptl_dtype dt, int64_t n, const void *x, const void *dy, void *out)
 {
 #ifdef PTL_WITH_CUDA
     if (k->ctx)
         return backward ? ptl_silu_backward_cuda(k->ctx, dt, n, x, dy, out) : ptl_silu_forward_cuda(k->ctx, dt, n, x, out);
-#else
-    (void)k;
 #endif
+    if (k->be == ptl_net_backend_cpu_fast())
+        return backward ? ptl_cpu_silu_backward(n, x, dy, out) : ptl_cpu_silu_forward(n, x, out);
     return backward ? ptl_silu_backward(dt, n, x, dy, out) : ptl_silu_forward(dt, n, x, out);
 }
 
-static PyObject *py_silu_forward(PyObject *m, PyObject *xo)
+/* layer_silu_forward(x, y=None, *, cpu_kernels=None) -> y */
+static PyObject *py_silu_forward(PyObject *m, PyObject *args, PyObject *kwargs)
 {
-    PtlTensor *x = arg(m, xo, "x", NULL, -1, NULL), *y;
+    static char *kw[] = {"x", "y", "cpu_kernels", NULL};
+    PyObject *xo, *yo = NULL;
+    const char *kn = NULL;
     kernels k;
-    if (!x || kernels_of(m, x, &k) || !(y = new_like(m, x, x->ndim, x->shape, x->dtype)))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$z:layer_silu_forward", kw, &xo, &yo, &kn))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", NULL, -1, NULL), *y;
+    if (!x || kernels_of(m, x, kn, &k) || !(y = out_arg(m, yo, "y", x, x->ndim, x->shape, x->dtype)))
         return NULL;
     RUN(silu(&k, 0, x->dtype, ptl_tensor_numel(x), ptl_tensor_data(x), NULL, ptl_tensor_data(y)));
     return (PyObject *)y;
 fail:
     Py_DECREF(y);
-    return ptl_raise(m);
+    return NULL;
 }
 
-static PyObject *py_silu_backward(PyObject *m, PyObject *args)
+/* layer_silu_backward(x, dy, dx=None, *, cpu_kernels=None) -> dx */
+static PyObject *py_silu_backward(PyObject *m, PyObject *args, PyObject *kwargs)
 {
-    PyObject *xo, *dyo;
+    static char *kw[] = {"x", "dy", "dx", "cpu_kernels", NULL};
+    PyObject *xo, *dyo, *dxo = NULL;
+    const char *kn = NULL;
     kernels k;
-    if (!PyArg_ParseTuple(args, "OO:layer_silu_backward", &xo, &dyo))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$z:layer_silu_backward", kw, &xo, &dyo, &dxo, &kn))
         return NULL;
     PtlTensor *x = arg(m, xo, "x", NULL, -1, NULL), *dy, *dx;
-    if (!x || !(dy = arg(m, dyo, "dy", x, x->ndim, x->shape)) || kernels_of(m, x, &k) ||
-        !(dx = new_like(m, x, x->ndim, x->shape, x->dtype)))
+    if (!x || !(dy = arg(m, dyo, "dy", x, x->ndim, x->shape)) || kernels_of(m, x, kn, &k) ||
+        !(dx = out_arg(m, dxo, "dx", x, x->ndim, x->shape, x->dtype)))
         return NULL;
     RUN(silu(&k, 1, x->dtype, ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(dy), ptl_tensor_data(dx)));
     return (PyObject *)dx;
 fail:
     Py_DECREF(dx);
-    return ptl_raise(m);
+    return NULL;
 }
 
 /* ------------------------------------------------------------------ maxpool / upsample */
@@ -502,11 +565,17 @@ static ptl_net_call layer_call(const kernels *k, const ptl_net_op *op, PtlTensor
     return c;
 }
 
-static PyObject *py_maxpool5_forward(PyObject *m, PyObject *xo)
+/* layer_maxpool5_forward(x, y=None, *, cpu_kernels=None) -> y */
+static PyObject *py_maxpool5_forward(PyObject *m, PyObject *args, PyObject *kwargs)
 {
-    PtlTensor *x = arg(m, xo, "x", NULL, 4, NULL), *y;
+    static char *kw[] = {"x", "y", "cpu_kernels", NULL};
+    PyObject *xo, *yo = NULL;
+    const char *kn = NULL;
     kernels k;
-    if (!x || kernels_of(m, x, &k) || !(y = new_like(m, x, 4, x->shape, x->dtype)))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$z:layer_maxpool5_forward", kw, &xo, &yo, &kn))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", NULL, 4, NULL), *y;
+    if (!x || kernels_of(m, x, kn, &k) || !(y = out_arg(m, yo, "y", x, 4, x->shape, x->dtype)))
         return NULL;
     const ptl_net_op op = {.kind = PTL_OP_POOL};
     ptl_net_call c = layer_call(&k, &op, x, ptl_tensor_data(x), NULL, 0);
@@ -515,20 +584,22 @@ static PyObject *py_maxpool5_forward(PyObject *m, PyObject *xo)
     return (PyObject *)y;
 fail:
     Py_DECREF(y);
-    return ptl_raise(m);
+    return NULL;
 }
 
-/* layer_maxpool5_backward(x, dy, dx, accumulate) */
-static PyObject *py_maxpool5_backward(PyObject *m, PyObject *args)
+/* layer_maxpool5_backward(x, dy, dx, accumulate, *, cpu_kernels=None) */
+static PyObject *py_maxpool5_backward(PyObject *m, PyObject *args, PyObject *kwargs)
 {
+    static char *kw[] = {"x", "dy", "dx", "accumulate", "cpu_kernels", NULL};
     PyObject *xo, *dyo, *dxo;
+    const char *kn = NULL;
     int acc;
     kernels k;
-    if (!PyArg_ParseTuple(args, "OOOp:layer_maxpool5_backward", &xo, &dyo, &dxo, &acc))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOp|$z:layer_maxpool5_backward", kw, &xo, &dyo, &dxo, &acc, &kn))
         return NULL;
     PtlTensor *x = arg(m, xo, "x", NULL, 4, NULL), *dy, *dx;
     if (!x || !(dy = arg(m, dyo, "dy", x, 4, x->shape)) || !(dx = arg(m, dxo, "dx", x, 4, x->shape)) ||
-        kernels_of(m, x, &k))
+        kernels_of(m, x, kn, &k))
         return NULL;
     const ptl_net_op op = {.kind = PTL_OP_POOL};
     ptl_net_call c = layer_call(&k, &op, x, ptl_tensor_data(x), ptl_tensor_data(dx), acc);
@@ -536,17 +607,23 @@ static PyObject *py_maxpool5_backward(PyObject *m, PyObject *args)
     RUN(k.be->layer[PTL_OP_POOL].backward(k.ctx, &c));
     Py_RETURN_NONE;
 fail:
-    return ptl_raise(m);
+    return NULL;
 }
 
-static PyObject *py_upsample2x_forward(PyObject *m, PyObject *xo)
+/* layer_upsample2x_forward(x, y=None, *, cpu_kernels=None) -> y */
+static PyObject *py_upsample2x_forward(PyObject *m, PyObject *args, PyObject *kwargs)
 {
-    PtlTensor *x = arg(m, xo, "x", NULL, 4, NULL), *y;
+    static char *kw[] = {"x", "y", "cpu_kernels", NULL};
+    PyObject *xo, *yo = NULL;
+    const char *kn = NULL;
     kernels k;
-    if (!x || kernels_of(m, x, &k))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$z:layer_upsample2x_forward", kw, &xo, &yo, &kn))
+        return NULL;
+    PtlTensor *x = arg(m, xo, "x", NULL, 4, NULL), *y;
+    if (!x || kernels_of(m, x, kn, &k))
         return NULL;
     const int64_t ys[4] = {x->shape[0], 2 * x->shape[1], 2 * x->shape[2], x->shape[3]};
-    if (!(y = new_like(m, x, 4, ys, x->dtype)))
+    if (!(y = out_arg(m, yo, "y", x, 4, ys, x->dtype)))
         return NULL;
     const ptl_net_op op = {.kind = PTL_OP_UP};
     ptl_net_call c = layer_call(&k, &op, x, ptl_tensor_data(x), NULL, 0);
@@ -555,22 +632,24 @@ static PyObject *py_upsample2x_forward(PyObject *m, PyObject *xo)
     return (PyObject *)y;
 fail:
     Py_DECREF(y);
-    return ptl_raise(m);
+    return NULL;
 }
 
-/* layer_upsample2x_backward(dy, dx, accumulate) */
-static PyObject *py_upsample2x_backward(PyObject *m, PyObject *args)
+/* layer_upsample2x_backward(dy, dx, accumulate, *, cpu_kernels=None) */
+static PyObject *py_upsample2x_backward(PyObject *m, PyObject *args, PyObject *kwargs)
 {
+    static char *kw[] = {"dy", "dx", "accumulate", "cpu_kernels", NULL};
     PyObject *dyo, *dxo;
+    const char *kn = NULL;
     int acc;
     kernels k;
-    if (!PyArg_ParseTuple(args, "OOp:layer_upsample2x_backward", &dyo, &dxo, &acc))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOp|$z:layer_upsample2x_backward", kw, &dyo, &dxo, &acc, &kn))
         return NULL;
     PtlTensor *dx = arg(m, dxo, "dx", NULL, 4, NULL), *dy;
     if (!dx)
         return NULL;
     const int64_t ys[4] = {dx->shape[0], 2 * dx->shape[1], 2 * dx->shape[2], dx->shape[3]};
-    if (!(dy = arg(m, dyo, "dy", dx, 4, ys)) || kernels_of(m, dx, &k))
+    if (!(dy = arg(m, dyo, "dy", dx, 4, ys)) || kernels_of(m, dx, kn, &k))
         return NULL;
     const ptl_net_op op = {.kind = PTL_OP_UP};
     ptl_net_call c = layer_call(&k, &op, dx, NULL, ptl_tensor_data(dx), acc); /* its gradient needs no input */
@@ -578,7 +657,7 @@ static PyObject *py_upsample2x_backward(PyObject *m, PyObject *args)
     RUN(k.be->layer[PTL_OP_UP].backward(k.ctx, &c));
     Py_RETURN_NONE;
 fail:
-    return ptl_raise(m);
+    return NULL;
 }
 
 /* ------------------------------------------------------------------ concat */
@@ -650,7 +729,7 @@ static PyObject *py_concat_forward(PyObject *m, PyObject *seq)
     return (PyObject *)y;
 fail:
     Py_DECREF(y);
-    return ptl_raise(m);
+    return NULL;
 }
 
 /* layer_concat_backward(dy, dxs, accumulate): dxs a list of tensors or None, accumulate a list of bools
@@ -696,19 +775,22 @@ static PyObject *py_concat_backward(PyObject *m, PyObject *args)
     RUN(ptl_concat_backward(dy->dtype, rows, k, ptl_tensor_data(dy), cs, dxs, acc));
     Py_RETURN_NONE;
 fail:
-    return ptl_raise(m);
+    return NULL;
 }
 
-/* layer_channel_copy(src, src_off, dst, dst_off, c, accumulate) */
-static PyObject *py_channel_copy(PyObject *m, PyObject *args)
+/* layer_channel_copy(src, src_off, dst, dst_off, c, accumulate, *, cpu_kernels=None) */
+static PyObject *py_channel_copy(PyObject *m, PyObject *args, PyObject *kwargs)
 {
+    static char *kw[] = {"src", "src_off", "dst", "dst_off", "c", "accumulate", "cpu_kernels", NULL};
     PyObject *so, *dso;
+    const char *kn = NULL;
     int soff, doff, c, acc;
     kernels k;
-    if (!PyArg_ParseTuple(args, "OiOiip:layer_channel_copy", &so, &soff, &dso, &doff, &c, &acc))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiOiip|$z:layer_channel_copy", kw, &so, &soff, &dso, &doff, &c,
+                                     &acc, &kn))
         return NULL;
     PtlTensor *s = arg(m, so, "src", NULL, -1, NULL), *d;
-    if (!s || !(d = arg(m, dso, "dst", s, s->ndim, NULL)) || kernels_of(m, s, &k))
+    if (!s || !(d = arg(m, dso, "dst", s, s->ndim, NULL)) || kernels_of(m, s, kn, &k))
         return NULL;
     if (s->ndim < 1) {
         PyErr_SetString(PyExc_ValueError, "src: expected at least 1 dimension (channels last)");
@@ -724,7 +806,7 @@ static PyObject *py_channel_copy(PyObject *m, PyObject *args)
     RUN(k.be->channel_copy(k.ctx, s->dtype, rows, c, ptl_tensor_data(s), sc, soff, ptl_tensor_data(d), dc, doff, acc));
     Py_RETURN_NONE;
 fail:
-    return ptl_raise(m);
+    return NULL;
 }
 
 /* ------------------------------------------------------------------ attention */
@@ -743,22 +825,26 @@ static int attn_sizes(PtlTensor *qkv, int heads, int kd, int hd)
     return 0;
 }
 
-/* layer_attention_forward(qkv, heads, kd, hd) -> (o, attn, v); qkv (b, h, w, heads*(2kd+hd)). */
-static PyObject *py_attention_forward(PyObject *m, PyObject *args)
+/* layer_attention_forward(qkv, heads, kd, hd, o=None, attn=None, v=None, *, cpu_kernels=None) -> (o, attn, v);
+ * qkv (b, h, w, heads*(2kd+hd)). */
+static PyObject *py_attention_forward(PyObject *m, PyObject *args, PyObject *kwargs)
 {
-    PyObject *qo;
+    static char *kw[] = {"qkv", "heads", "kd", "hd", "o", "attn", "v", "cpu_kernels", NULL};
+    PyObject *qo, *oo = NULL, *ao = NULL, *vo = NULL;
+    const char *kn = NULL;
     int heads, kd, hd;
     kernels k;
-    if (!PyArg_ParseTuple(args, "Oiii:layer_attention_forward", &qo, &heads, &kd, &hd))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oiii|OOO$z:layer_attention_forward", kw, &qo, &heads, &kd, &hd,
+                                     &oo, &ao, &vo, &kn))
         return NULL;
     PtlTensor *q = arg(m, qo, "qkv", NULL, 4, NULL), *o = NULL, *at = NULL, *v = NULL;
-    if (!q || attn_sizes(q, heads, kd, hd) || kernels_of(m, q, &k))
+    if (!q || attn_sizes(q, heads, kd, hd) || kernels_of(m, q, kn, &k))
         return NULL;
     const int b = (int)q->shape[0], n = (int)(q->shape[1] * q->shape[2]);
     const int64_t os[4] = {b, q->shape[1], q->shape[2], (int64_t)heads * hd}, as[4] = {b, heads, n, n};
-    if (!(o = new_like(m, q, 4, os, q->dtype)) || !(at = new_like(m, q, 4, as, q->dtype)) ||
-        !(v = new_like(m, q, 4, os, q->dtype)))
-        goto cleanup;
+    if (!(o = out_arg(m, oo, "o", q, 4, os, q->dtype)) || !(at = out_arg(m, ao, "attn", q, 4, as, q->dtype)) ||
+        !(v = out_arg(m, vo, "v", q, 4, os, q->dtype)))
+        goto fail;
     const ptl_net_op op = {.kind = PTL_OP_ATTN, .heads = heads, .kd = kd, .hd = hd};
     ptl_net_call c = layer_call(&k, &op, q, ptl_tensor_data(q), NULL, 0);
     c.out[c.nout++] = nhwc_arg(o, ptl_tensor_data(o), NULL);
@@ -767,21 +853,23 @@ static PyObject *py_attention_forward(PyObject *m, PyObject *args)
     RUN(k.be->layer[PTL_OP_ATTN].forward(k.ctx, &c));
     return Py_BuildValue("(NNN)", o, at, v);
 fail:
-    ptl_raise(m);
-cleanup:
     Py_XDECREF(o);
     Py_XDECREF(at);
     Py_XDECREF(v);
     return NULL;
 }
 
-/* layer_attention_backward(qkv, attn, d_o, dv_or_None, heads, kd, hd, dqkv): dqkv overwritten. */
-static PyObject *py_attention_backward(PyObject *m, PyObject *args)
+/* layer_attention_backward(qkv, attn, d_o, dv_or_None, heads, kd, hd, dqkv, *, cpu_kernels=None): dqkv
+ * overwritten. */
+static PyObject *py_attention_backward(PyObject *m, PyObject *args, PyObject *kwargs)
 {
+    static char *kw[] = {"qkv", "attn", "d_o", "dv", "heads", "kd", "hd", "dqkv", "cpu_kernels", NULL};
     PyObject *qo, *ao, *doo, *dvo, *dqo;
+    const char *kn = NULL;
     int heads, kd, hd, err = 0;
     kernels k;
-    if (!PyArg_ParseTuple(args, "OOOOiiiO:layer_attention_backward", &qo, &ao, &doo, &dvo, &heads, &kd, &hd, &dqo))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOiiiO|$z:layer_attention_backward", kw, &qo, &ao, &doo, &dvo,
+                                     &heads, &kd, &hd, &dqo, &kn))
         return NULL;
     PtlTensor *q = arg(m, qo, "qkv", NULL, 4, NULL), *at, *d_o, *dv, *dq;
     if (!q || attn_sizes(q, heads, kd, hd))
@@ -792,7 +880,7 @@ static PyObject *py_attention_backward(PyObject *m, PyObject *args)
         !(dq = arg(m, dqo, "dqkv", q, 4, q->shape)))
         return NULL;
     dv = opt_arg(m, dvo, "dv", q, 4, os, &err);
-    if (err || kernels_of(m, q, &k))
+    if (err || kernels_of(m, q, kn, &k))
         return NULL;
     const ptl_net_op op = {.kind = PTL_OP_ATTN, .heads = heads, .kd = kd, .hd = hd};
     ptl_net_call c = layer_call(&k, &op, q, ptl_tensor_data(q), ptl_tensor_data(dq), 0);
@@ -802,70 +890,78 @@ static PyObject *py_attention_backward(PyObject *m, PyObject *args)
     RUN(k.be->layer[PTL_OP_ATTN].backward(k.ctx, &c));
     Py_RETURN_NONE;
 fail:
-    return ptl_raise(m);
+    return NULL;
 }
 
 /* ------------------------------------------------------------------ elementwise */
 
-static PyObject *py_add(PyObject *m, PyObject *args)
+/* layer_add(a, b, y=None, *, cpu_kernels=None) -> y = a + b */
+static PyObject *py_add(PyObject *m, PyObject *args, PyObject *kwargs)
 {
-    PyObject *ao, *bo;
+    static char *kw[] = {"a", "b", "y", "cpu_kernels", NULL};
+    PyObject *ao, *bo, *yo = NULL;
+    const char *kn = NULL;
     kernels k;
-    if (!PyArg_ParseTuple(args, "OO:layer_add", &ao, &bo))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$z:layer_add", kw, &ao, &bo, &yo, &kn))
         return NULL;
     PtlTensor *a = arg(m, ao, "a", NULL, -1, NULL), *b, *y;
-    if (!a || !(b = arg(m, bo, "b", a, a->ndim, a->shape)) || kernels_of(m, a, &k) ||
-        !(y = new_like(m, a, a->ndim, a->shape, a->dtype)))
+    if (!a || !(b = arg(m, bo, "b", a, a->ndim, a->shape)) || kernels_of(m, a, kn, &k) ||
+        !(y = out_arg(m, yo, "y", a, a->ndim, a->shape, a->dtype)))
         return NULL;
     RUN(k.be->add(k.ctx, a->dtype, ptl_tensor_numel(a), ptl_tensor_data(a), ptl_tensor_data(b), ptl_tensor_data(y)));
     return (PyObject *)y;
 fail:
     Py_DECREF(y);
-    return ptl_raise(m);
+    return NULL;
 }
 
-/* layer_accumulate(x, y): y += x. */
-static PyObject *py_accumulate(PyObject *m, PyObject *args)
+/* layer_accumulate(x, y, *, cpu_kernels=None): y += x. */
+static PyObject *py_accumulate(PyObject *m, PyObject *args, PyObject *kwargs)
 {
+    static char *kw[] = {"x", "y", "cpu_kernels", NULL};
     PyObject *xo, *yo;
+    const char *kn = NULL;
     kernels k;
-    if (!PyArg_ParseTuple(args, "OO:layer_accumulate", &xo, &yo))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$z:layer_accumulate", kw, &xo, &yo, &kn))
         return NULL;
     PtlTensor *x = arg(m, xo, "x", NULL, -1, NULL), *y;
-    if (!x || !(y = arg(m, yo, "y", x, x->ndim, x->shape)) || kernels_of(m, x, &k))
+    if (!x || !(y = arg(m, yo, "y", x, x->ndim, x->shape)) || kernels_of(m, x, kn, &k))
         return NULL;
     RUN(k.be->accumulate(k.ctx, x->dtype, ptl_tensor_numel(x), ptl_tensor_data(x), ptl_tensor_data(y)));
     Py_RETURN_NONE;
 fail:
-    return ptl_raise(m);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
-    {"layer_conv2d_plan", (PyCFunction)(void (*)(void))py_conv2d_plan, METH_VARARGS | METH_KEYWORDS,
+    {"layer_conv2d_plan", KEYWORDS(py_conv2d_plan),
      "(x, w_ohwi, stride, groups, deterministic=True, allow_tf32=False, find=False, forward_only=False) -> plan"},
     {"layer_conv2d_forward", py_conv2d_forward, METH_VARARGS, "(plan, x, w, bias|None, y=None, workspace=None) -> y"},
     {"layer_conv2d_backward_input", py_conv2d_backward_input, METH_VARARGS, "(plan, dy, w, dx, workspace=None); dx ="},
     {"layer_conv2d_backward_weight", py_conv2d_backward_weight, METH_VARARGS, "(plan, x, dy, dw, workspace=None); dw +="},
     {"layer_conv2d_backward_bias", py_conv2d_backward_bias, METH_VARARGS, "(plan, dy, db, workspace=None); db +="},
     {"layer_conv2d_weight_layout", py_conv2d_weight_layout, METH_VARARGS, "(w, to_ohwi) -> w in the other layout"},
-    {"layer_batchnorm_forward", py_batchnorm_forward, METH_VARARGS,
-     "(x, gamma, beta, running_mean, running_var, training, act) -> (y, save_mean, save_invstd)"},
-    {"layer_batchnorm_backward", py_batchnorm_backward, METH_VARARGS,
-     "(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma|None, dbeta|None)"},
-    {"layer_silu_forward", py_silu_forward, METH_O, "(x) -> silu(x)"},
-    {"layer_silu_backward", py_silu_backward, METH_VARARGS, "(x, dy) -> dx"},
-    {"layer_maxpool5_forward", py_maxpool5_forward, METH_O, "(x) -> y"},
-    {"layer_maxpool5_backward", py_maxpool5_backward, METH_VARARGS, "(x, dy, dx, accumulate)"},
-    {"layer_upsample2x_forward", py_upsample2x_forward, METH_O, "(x) -> y"},
-    {"layer_upsample2x_backward", py_upsample2x_backward, METH_VARARGS, "(dy, dx, accumulate)"},
+    {"layer_batchnorm_forward", KEYWORDS(py_batchnorm_forward),
+     "(x, gamma, beta, running_mean, running_var, training, act, y=None, save_mean=None, save_invstd=None, *, "
+     "cpu_kernels=None) -> (y, save_mean, save_invstd)"},
+    {"layer_batchnorm_backward", KEYWORDS(py_batchnorm_backward),
+     "(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma|None, dbeta|None, *, cpu_kernels=None)"},
+    {"layer_silu_forward", KEYWORDS(py_silu_forward), "(x, y=None, *, cpu_kernels=None) -> silu(x)"},
+    {"layer_silu_backward", KEYWORDS(py_silu_backward), "(x, dy, dx=None, *, cpu_kernels=None) -> dx"},
+    {"layer_maxpool5_forward", KEYWORDS(py_maxpool5_forward), "(x, y=None, *, cpu_kernels=None) -> y"},
+    {"layer_maxpool5_backward", KEYWORDS(py_maxpool5_backward), "(x, dy, dx, accumulate, *, cpu_kernels=None)"},
+    {"layer_upsample2x_forward", KEYWORDS(py_upsample2x_forward), "(x, y=None, *, cpu_kernels=None) -> y"},
+    {"layer_upsample2x_backward", KEYWORDS(py_upsample2x_backward), "(dy, dx, accumulate, *, cpu_kernels=None)"},
     {"layer_concat_forward", py_concat_forward, METH_O, "([x0, x1, ...]) -> y"},
     {"layer_concat_backward", py_concat_backward, METH_VARARGS, "(dy, [dx0, ...], accumulate|None)"},
-    {"layer_channel_copy", py_channel_copy, METH_VARARGS, "(src, src_off, dst, dst_off, c, accumulate)"},
-    {"layer_attention_forward", py_attention_forward, METH_VARARGS, "(qkv, heads, kd, hd) -> (o, attn, v)"},
-    {"layer_attention_backward", py_attention_backward, METH_VARARGS,
-     "(qkv, attn, d_o, dv|None, heads, kd, hd, dqkv)"},
-    {"layer_add", py_add, METH_VARARGS, "(a, b) -> a + b"},
-    {"layer_accumulate", py_accumulate, METH_VARARGS, "(x, y); y += x"},
+    {"layer_channel_copy", KEYWORDS(py_channel_copy),
+     "(src, src_off, dst, dst_off, c, accumulate, *, cpu_kernels=None)"},
+    {"layer_attention_forward", KEYWORDS(py_attention_forward),
+     "(qkv, heads, kd, hd, o=None, attn=None, v=None, *, cpu_kernels=None) -> (o, attn, v)"},
+    {"layer_attention_backward", KEYWORDS(py_attention_backward),
+     "(qkv, attn, d_o, dv|None, heads, kd, hd, dqkv, *, cpu_kernels=None); dqkv ="},
+    {"layer_add", KEYWORDS(py_add), "(a, b, y=None, *, cpu_kernels=None) -> a + b"},
+    {"layer_accumulate", KEYWORDS(py_accumulate), "(x, y, *, cpu_kernels=None); y += x"},
     {NULL, NULL, 0, NULL},
 };
 
