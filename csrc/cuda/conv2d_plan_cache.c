@@ -22,8 +22,6 @@
 #define KEEP_UNUSED 1024
 /* plan-making threads at most */
 #define MAX_MAKERS 16
-/* the warm-up's workspace at least (plans needing more than it and x's size are not warmed) */
-#define WARM_WORKSPACE (16u << 20)
 
 /* A plan-making thread's own handles and stream (a handle serves one thread at a time); the cuBLAS handle
  * lives for one batch only, as it holds a workspace on the device. */
@@ -93,8 +91,8 @@ static void trim(plan_cache *c)
 }
 
 /* The plans one batch makes: job j makes plan[j] for key (d[j], dt, o); threads take jobs in turn. With
- * several threads each warms the plans it makes on its own stream, over scratch buffers they share (what
- * the warm-up computes is never read, so their races do not matter). */
+ * several threads each warms the plans it makes on its own stream, over data buffers they share (what the
+ * warm-up computes is never read, so their races do not matter). */
 typedef struct {
     ptl_cuda_ctx *ctx;
     plan_cache *c;
@@ -106,14 +104,27 @@ typedef struct {
     char (*msg)[512];
     int njobs;
     atomic_int next;
-    void *scratch[4]; /* x / dx, w / dw / dbias, y / dy, workspace; NULL: no warm-up */
-    size_t ws_bytes;
+    void *data[3]; /* x / dx, w / dw / dbias, y / dy; NULL: no warm-up */
 } make_batch;
 
 typedef struct {
     make_batch *b;
     int t;
 } maker_arg;
+
+/* Runs plan p's directions once on w's stream (best effort: a plan not warmed loads its kernels at its first
+ * step instead). The workspace is the plan's own, never shared with another maker's: an engine may keep
+ * counters there that its kernels wait on, and another engine resetting them would hang both. */
+static void warm(ptl_cuda_ctx *w, const ptl_conv2d_plan *p, void *const data[3])
+{
+    const size_t bytes = ptl_conv2d_plan_workspace(p);
+    void *ws = NULL;
+    if (bytes && cudaMallocAsync(&ws, bytes, w->stream) != cudaSuccess)
+        return;
+    (void)ptl_conv2d_plan_warm(w, p, data[0], data[1], data[2], ws, bytes);
+    if (ws)
+        cudaFreeAsync(ws, w->stream);
+}
 
 /* Runs jobs until none is left. w: a maker's context (its handles and stream; the plans are warmed), or
  * NULL for the calling thread on ctx's handle. */
@@ -122,11 +133,8 @@ static void make_jobs(make_batch *b, ptl_cuda_ctx *w)
     for (int j; (j = atomic_fetch_add(&b->next, 1)) < b->njobs;) {
         cudnnHandle_t h = w ? w->cudnn : b->ctx->cudnn;
         if (!ptl_conv2d_plan_create(b->ctx, h, b->d[j], b->dt, b->o, &b->plan[j])) {
-            /* best effort (a plan needing more workspace is refused): one not warmed loads its kernels at
-             * its first step instead */
-            if (w && b->scratch[0])
-                (void)ptl_conv2d_plan_warm(w, b->plan[j], b->scratch[0], b->scratch[1], b->scratch[2],
-                                           b->scratch[3], b->ws_bytes);
+            if (w && b->data[0])
+                warm(w, b->plan[j], b->data);
             continue;
         }
         b->plan[j] = NULL;
@@ -172,18 +180,18 @@ static void *maker(void *arg)
     w.cudnn = m->cudnn;
     w.cublas = m->cublas;
     make_jobs(b, &w);
-    cudaStreamSynchronize(m->stream); /* the warm-ups are done with the scratch */
+    cudaStreamSynchronize(m->stream); /* the warm-ups are done with the buffers */
     cudaGetLastError();               /* a failed warm-up is no error of the batch */
     cublasDestroy(m->cublas);         /* and its GEMM workspace: cuBLAS's algorithm choices stay cached */
     m->cublas = NULL;
     return NULL;
 }
 
-/* Scratch for the warm-ups of b's jobs (NULL entries when the device has no room: no warm-up). */
-static void scratch_alloc(make_batch *b)
+/* Data buffers for the warm-ups of b's jobs (NULL when the device has no room: no warm-up). */
+static void data_alloc(make_batch *b)
 {
     const size_t esz = ptl_dtype_size(b->dt);
-    size_t sz[4] = {0, 0, 0, WARM_WORKSPACE};
+    size_t sz[3] = {0, 0, 0};
     for (int j = 0; j < b->njobs; j++) {
         const ptl_conv2d_desc *d = b->d[j];
         const size_t x = (size_t)d->n * d->h * d->w * d->cin, y = (size_t)d->n * d->ho * d->wo * d->cout;
@@ -193,18 +201,16 @@ static void scratch_alloc(make_batch *b)
         sz[1] = w * esz > sz[1] ? w * esz : sz[1];
         sz[2] = y * esz > sz[2] ? y * esz : sz[2];
     }
-    sz[3] = sz[0] > sz[3] ? sz[0] : sz[3];
-    for (int i = 0; i < 4; i++)
-        if (cudaMalloc(&b->scratch[i], sz[i]) != cudaSuccess) {
+    for (int i = 0; i < 3; i++)
+        if (cudaMalloc(&b->data[i], sz[i]) != cudaSuccess) {
             cudaGetLastError();
-            b->scratch[i] = NULL;
+            b->data[i] = NULL;
         }
-    if (!b->scratch[0] || !b->scratch[1] || !b->scratch[2] || !b->scratch[3])
-        for (int i = 0; i < 4; i++) {
-            cudaFree(b->scratch[i]);
-            b->scratch[i] = NULL;
+    if (!b->data[0] || !b->data[1] || !b->data[2])
+        for (int i = 0; i < 3; i++) {
+            cudaFree(b->data[i]);
+            b->data[i] = NULL;
         }
-    b->ws_bytes = sz[3];
 }
 
 /* Makes b's jobs: on the calling thread alone (threads 1), else on `threads` makers while the caller waits
@@ -215,7 +221,7 @@ static int make_all(make_batch *b, int threads)
     maker_arg args[MAX_MAKERS];
     int started = 0;
     if (threads > 1 && cudaSetDevice(b->ctx->device) == cudaSuccess) {
-        scratch_alloc(b);
+        data_alloc(b);
         for (; started < threads; started++) {
             args[started] = (maker_arg){b, started};
             if (pthread_create(&th[started], NULL, maker, &args[started]) != 0)
@@ -224,8 +230,8 @@ static int make_all(make_batch *b, int threads)
     }
     for (int t = 0; t < started; t++)
         pthread_join(th[t], NULL);
-    for (int i = 0; i < 4; i++)
-        cudaFree(b->scratch[i]);
+    for (int i = 0; i < 3; i++)
+        cudaFree(b->data[i]);
     make_jobs(b, NULL); /* what no maker took: all of it with one thread or no maker */
     for (int j = 0; j < b->njobs; j++)
         if (!b->plan[j]) {
