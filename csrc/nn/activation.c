@@ -1,22 +1,9 @@
 /* SiLU (CPU reference); the body is compiled for float and double by including this file into itself. */
-#ifndef PTL_ACTIVATION_BODY
+#ifndef PTL_BODY
 #include "activation.h"
 
-#define PTL_ACTIVATION_BODY
-#define T float
-#define F(name) name##_f32
-#define SIGMOID ptl_sigmoidf
-#include "activation.c"
-#undef T
-#undef F
-#undef SIGMOID
-#define T double
-#define F(name) name##_f64
-#define SIGMOID ptl_sigmoid
-#include "activation.c"
-#undef T
-#undef F
-#undef SIGMOID
+#define PTL_BODY_FILE "activation.c"
+#include "float_double.h"
 
 static int bad_dtype(const char *fn, ptl_dtype dt)
 {

@@ -6,23 +6,14 @@
  *   dP_ij = dO_i . v_j,  r_i = sum_j P_ij dP_ij,  dZ_ij = P_ij (dP_ij - r_i)   (softmax backward)
  *   dq_i = scale sum_j dZ_ij k_j,  dk_j = scale sum_i dZ_ij q_i
  * dP_ij is recomputed (twice) instead of stored, so no workspace is needed. */
-#ifndef PTL_ATTENTION_BODY
+#ifndef PTL_BODY
 #include "attention.h"
 
 #include <math.h>
 #include <string.h>
 
-#define PTL_ATTENTION_BODY
-#define T float
-#define F(name) name##_f32
-#include "attention.c"
-#undef T
-#undef F
-#define T double
-#define F(name) name##_f64
-#include "attention.c"
-#undef T
-#undef F
+#define PTL_BODY_FILE "attention.c"
+#include "float_double.h"
 
 static int check(const char *fn, ptl_dtype dt, int b, int n, int heads, int kd, int hd)
 {

@@ -4,28 +4,15 @@
  * Per-channel reductions run over blocks of CH_BLOCK adjacent channels (one block per task, rows in
  * order, double accumulators), so every statistic is summed in the same order for any thread count.
  * The element-wise passes run over rows. */
-#ifndef PTL_BATCHNORM_BODY
+#ifndef PTL_BODY
 #include "batchnorm.h"
 
 #include <math.h>
 
 #define CH_BLOCK 8
 
-#define PTL_BATCHNORM_BODY
-#define T float
-#define F(name) name##_f32
-#define SIGMOID ptl_sigmoidf
-#include "batchnorm.c"
-#undef T
-#undef F
-#undef SIGMOID
-#define T double
-#define F(name) name##_f64
-#define SIGMOID ptl_sigmoid
-#include "batchnorm.c"
-#undef T
-#undef F
-#undef SIGMOID
+#define PTL_BODY_FILE "batchnorm.c"
+#include "float_double.h"
 
 static int check(const char *fn, ptl_dtype dt, int64_t m, int c, ptl_act act)
 {

@@ -6,7 +6,7 @@
  * input gradient is a gather over the output pixels that read each input pixel (with a workspace, for
  * groups == 1, a sum of dot products over a transposed weight). Every output element
  * is owned by one thread and summed in a fixed order, so results do not depend on the thread count. */
-#ifndef PTL_CONV2D_BODY
+#ifndef PTL_BODY
 #include "conv2d.h"
 
 #include <string.h>
@@ -32,17 +32,8 @@ static int conv_input_taps(const ptl_conv2d_desc *d, int iy, int ix, int *tap, i
     return n;
 }
 
-#define PTL_CONV2D_BODY
-#define T float
-#define F(name) name##_f32
-#include "conv2d.c"
-#undef T
-#undef F
-#define T double
-#define F(name) name##_f64
-#include "conv2d.c"
-#undef T
-#undef F
+#define PTL_BODY_FILE "conv2d.c"
+#include "float_double.h"
 
 int ptl_conv2d_init(ptl_conv2d_desc *d, int n, int h, int w, int cin, int cout, int k, int stride, int groups)
 {

@@ -2,7 +2,7 @@
  * file into itself. The window is scanned rows first, then columns; a value replaces the running
  * maximum only when strictly greater (or NaN), so the backward's "first maximum" is the one the
  * forward kept. */
-#ifndef PTL_MAXPOOL_BODY
+#ifndef PTL_BODY
 #include "maxpool.h"
 #include "cpu_check.h"
 
@@ -12,17 +12,8 @@
 #define CH_BLOCK 16
 #define R (PTL_MAXPOOL_K / 2)
 
-#define PTL_MAXPOOL_BODY
-#define T float
-#define F(name) name##_f32
-#include "maxpool.c"
-#undef T
-#undef F
-#define T double
-#define F(name) name##_f64
-#include "maxpool.c"
-#undef T
-#undef F
+#define PTL_BODY_FILE "maxpool.c"
+#include "float_double.h"
 
 int ptl_maxpool5_forward(ptl_dtype dt, int n, int h, int w, int c, const void *x, void *y)
 {

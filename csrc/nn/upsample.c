@@ -1,22 +1,13 @@
 /* Nearest x2 upsampling (CPU reference), compiled for float and double by including this file into
  * itself. */
-#ifndef PTL_UPSAMPLE_BODY
+#ifndef PTL_BODY
 #include "upsample.h"
 #include "cpu_check.h"
 
 #include <string.h>
 
-#define PTL_UPSAMPLE_BODY
-#define T float
-#define F(name) name##_f32
-#include "upsample.c"
-#undef T
-#undef F
-#define T double
-#define F(name) name##_f64
-#include "upsample.c"
-#undef T
-#undef F
+#define PTL_BODY_FILE "upsample.c"
+#include "float_double.h"
 
 int ptl_upsample2x_forward(ptl_dtype dt, int n, int h, int w, int c, const void *x, void *y)
 {
