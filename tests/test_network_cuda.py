@@ -417,6 +417,65 @@ def test_replay_equals_eager(dtype):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_side_streams_are_bitwise_neutral(dtype):
+    """The side streams (csrc/cuda/side_stream.h), eager and replayed: the backward's conv weight and bias
+    gradients awaited up to the side lag's steps later, the detached branches (the one-to-one head) beside
+    the rest of the forward and the backward. They give the bits of everything in order on one stream:
+    outputs, parameter gradients, BN running statistics."""
+    B, H, W = 2, 256, 192
+    sd = _state(seed=4)
+    x = np.random.default_rng(9).random((B, H, W, 3)).astype(np.float32)
+    lag, most = ptl._C.NET_SIDE_LAG, ptl._C.NET_SIDE_MAX_LAG
+    runs = []
+    for lag, branches, replay in ((0, 0, False), (lag, 0, False), (most, 1, False), (0, 1, False), (lag, 1, True),
+                                  (most, 1, True)):
+        net = _detector(sd, True).to("cuda", dtype=dtype)
+        ptl._C.executor_configure(net._exec, side_lag=lag, branches=branches)
+        info = ptl._C.executor_info(net._exec)
+        assert info["side_lag"] == lag and (info["side_stream"] or lag == 0)
+        assert info["branches"] == branches and (info["branch_stream"] or not branches)
+        img = ptl.tensor(x, device="cuda").to(dtype=dtype)
+        out = net.forward(img)
+        R = _dev(_functional(_np_out(out), seed=6))
+        net.zero_grad()
+        net.backward(R)
+        if replay:
+            net.record(img, R)
+            net.zero_grad()
+            out = net.replay()
+        else:
+            net.zero_grad()
+            out = net.forward(img)
+            net.backward(R)
+        runs.append((_np_out(out), net.flat_gradients.numpy(), net.flat_buffers.numpy()))
+    o0, g0, b0 = runs[0]
+    assert np.count_nonzero(g0) > 0.9 * g0.size
+    for k, (o, g, b) in enumerate(runs[1:], 1):
+        for br in o0:
+            for a, c in zip(o0[br], o[br]):
+                assert np.array_equal(_bits(a), _bits(c)), (dtype, k, br)
+        assert np.array_equal(_bits(g0), _bits(g)), (dtype, k)
+        assert np.array_equal(_bits(b0), _bits(b)), (dtype, k)
+
+
+@pytest.mark.cuda
+def test_side_streams_forward_only():
+    """Validation's forward-only layouts with the branches on their stream give the in-order outputs."""
+    sd = _state(seed=4)
+    x = np.random.default_rng(9).random((2, 256, 192, 3)).astype(np.float32)
+    outs = []
+    for branches in (0, 1):
+        net = _detector(sd, False).to("cuda", dtype="bfloat16")
+        ptl._C.executor_configure(net._exec, branches=branches)
+        with net.no_grad():
+            outs.append(_np_out(net.forward(ptl.tensor(x, device="cuda").to(dtype="bfloat16"))))
+    for br in outs[0]:
+        for a, c in zip(outs[0][br], outs[1][br]):
+            assert np.array_equal(_bits(a), _bits(c)), br
+
+
+@pytest.mark.cuda
 def test_recording_rules():
     """Record needs an eager warm-up of the shape; replay needs a recording. The executor keeps two
     shapes: a partial batch in between leaves the full shape's recording usable (rule 3), a third shape

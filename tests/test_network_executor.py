@@ -90,6 +90,65 @@ def test_slot_sharing_is_bitwise_neutral(training, what, ratio):
     assert sizes[0] < ratio * sizes[1], sizes
 
 
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("lag,branches", [(1, 0), (2, 0), (_C.NET_SIDE_MAX_LAG, 0), (0, 1), (0, 2),
+                                          (_C.NET_SIDE_LAG, 1), (_C.NET_SIDE_LAG, 2)])
+def test_side_queues_are_bitwise_neutral(training, lag, branches):
+    """What the CUDA backend runs on side streams, run here on the CPU's one queue as late as it may run (the
+    stand-in of those streams): with a side lag each conv's weight and bias gradients `lag` steps late; with
+    branches=1 the detached branches (the one-to-one head's chains) at the end of the forward and where the
+    ops before them begin in the backward, with branches=2 as early as may be (at their fork in the forward,
+    at the backward's start), the two ends of where the branch stream may run them. The layout keeps what they touch alive until then, so the step
+    gives the bits of the in-order one; a slot reused too early would show, as would the NaN-filled fresh
+    memory. The arena grows by those longer lives only."""
+    sd = _state()
+    x, grads = _inputs(2, 96, 128)
+    ref, late = Net(sd, training), Net(sd, training)
+    _C.executor_configure(ref.x, side_lag=0, branches=0)
+    _C.executor_configure(late.x, side_lag=lag, branches=branches)
+    for input_grad in (True, False):
+        r1, r2 = ref.step(x, grads, input_grad), late.step(x, grads, input_grad)
+        _same(r1, r2)
+        assert np.count_nonzero(r1[1]) > 0.9 * r1[1].size
+    info, base = _C.executor_info(late.x), _C.executor_info(ref.x)
+    assert info["side_lag"] == lag and info["branches"] == branches
+    assert not info["side_stream"] and not info["branch_stream"]
+    assert info["branch_ops"] == 30  # yolo26n's one-to-one head: 6 chains of 5 ops, their inputs detached
+    assert base["arena_bytes"] <= info["arena_bytes"] <= 1.1 * base["arena_bytes"]
+    if lag == 1 and not branches:  # awaited at the next step's start: no life is longer
+        assert info["arena_bytes"] == base["arena_bytes"]
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("branches", [1, 2])
+def test_branches_forward_only(training, branches):
+    """A forward-only layout (validation) with the branches run late or early gives the outputs and BN
+    statistics of the in-order forward."""
+    sd = _state()
+    x, _ = _inputs(2, 96, 128)
+    ref, late = Net(sd, training), Net(sd, training)
+    _C.executor_configure(ref.x, grad=False, branches=0)
+    _C.executor_configure(late.x, grad=False, branches=branches)
+    o1 = [t.numpy() for t in _C.executor_forward(ref.x, _C.from_numpy(x))]
+    o2 = [t.numpy() for t in _C.executor_forward(late.x, _C.from_numpy(x))]
+    for a, b in zip(o1, o2):
+        assert np.array_equal(_bits(a), _bits(b))
+    assert np.array_equal(_bits(ref.det.flat_buffers.numpy()), _bits(late.det.flat_buffers.numpy()))
+
+
+def test_side_lag_bounds():
+    net = Net(_state(), True)
+    for bad in (-1, _C.NET_SIDE_MAX_LAG + 1):
+        with pytest.raises(ValueError, match="side_lag must be in"):
+            _C.executor_configure(net.x, side_lag=bad)
+    for bad in (-1, 3):
+        with pytest.raises(ValueError, match="branches must be"):
+            _C.executor_configure(net.x, branches=bad)
+    info = _C.executor_info(net.x)
+    assert info["side_lag"] == 0 and not info["branches"]  # the CPU backend's default: in order
+    assert 0 < _C.NET_SIDE_LAG <= _C.NET_SIDE_MAX_LAG
+
+
 def test_backward_consumes_its_forward():
     """The gradients reuse the memory of activations the backward has read, so a second backward of one
     forward is refused; a new forward makes the same step again, bit for bit."""

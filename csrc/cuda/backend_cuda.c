@@ -12,6 +12,7 @@
 #include "device.h"
 #include "layer_scratch.h"
 #include "recorder.h"
+#include "side_stream.h"
 
 static int cuda_activate(ptl_cuda_ctx *ctx)
 {
@@ -122,7 +123,11 @@ static int cuda_conv_plans(ptl_cuda_ctx *ctx, int n, const ptl_conv2d_desc *d, p
 
 static void cuda_conv_plan_free(void *plan) { ptl_conv2d_plan_destroy((ptl_conv2d_plan *)plan); }
 
-static size_t cuda_conv_workspace(const void *plan) { return ptl_conv2d_plan_workspace((const ptl_conv2d_plan *)plan); }
+static size_t cuda_conv_workspace(const void *plan, int param_grads)
+{
+    const ptl_conv2d_plan *p = (const ptl_conv2d_plan *)plan;
+    return param_grads ? ptl_conv2d_plan_param_grads_workspace(p) : ptl_conv2d_plan_workspace(p);
+}
 
 static int cuda_conv_forward(ptl_cuda_ctx *ctx, const void *plan, const void *x, const void *w, const void *bias,
                              void *y, void *ws, size_t ws_bytes)
@@ -181,6 +186,10 @@ const ptl_net_backend ptl_net_backend_cuda = {
               [PTL_OP_ATTN] = {cuda_attention_forward, cuda_attention_backward, cuda_attention_scratch_bytes, 1}},
     .head_out = ptl_net_head_out_cuda,
     .head_grad = ptl_net_head_grad_cuda,
+    .side_open = ptl_cuda_side_open,
+    .side_fork = ptl_cuda_side_fork,
+    .side_mark = ptl_cuda_side_mark,
+    .side_await = ptl_cuda_side_await,
     .record = ptl_net_cuda_record,
     .replay = ptl_net_cuda_replay,
     .recorded = ptl_net_cuda_recorded,

@@ -409,6 +409,11 @@ extern "C" const ptl_conv2d_desc *ptl_conv2d_plan_desc(const ptl_conv2d_plan *p)
 extern "C" ptl_dtype ptl_conv2d_plan_dtype(const ptl_conv2d_plan *p) { return p->dt; }
 extern "C" size_t ptl_conv2d_plan_workspace(const ptl_conv2d_plan *p) { return p->ws; }
 
+extern "C" size_t ptl_conv2d_plan_param_grads_workspace(const ptl_conv2d_plan *p)
+{
+    return p->ws_bf > p->ws_bias ? p->ws_bf : p->ws_bias;
+}
+
 extern "C" const char *ptl_conv2d_plan_path(const ptl_conv2d_plan *p)
 {
     return p->gemm ? "cublas" : p->depthwise ? "direct" : p->exec[0] ? "cudnn-graph" : "cudnn-legacy";

@@ -85,6 +85,9 @@ const ptl_conv2d_desc *ptl_conv2d_plan_desc(const ptl_conv2d_plan *p);
 ptl_dtype ptl_conv2d_plan_dtype(const ptl_conv2d_plan *p);
 /* Workspace bytes every call below needs (the maximum over the directions and the bias gradient). */
 size_t ptl_conv2d_plan_workspace(const ptl_conv2d_plan *p);
+/* Workspace bytes the weight and bias gradients need (at most the above): a second stream running them
+ * beside the rest needs no more. */
+size_t ptl_conv2d_plan_param_grads_workspace(const ptl_conv2d_plan *p);
 /* The chosen cuDNN algorithm numbers (cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t, or the graph API's
  * engine indices; -1 for the GEMM and direct paths) and whether each may run on tensor cores, for logs and
  * tests. */

@@ -14,8 +14,19 @@ struct ptl_net_recording {
     ptl_cuda_graph *bwd_tail; /* the backward and the tail, or NULL (recorded without a tail) */
     int training;            /* the BN mode baked into the graphs */
     const void *params, *buffers; /* the weights the graphs read */
-    uint64_t scratch_gen;    /* the layer scratch's generation the graphs point into */
+    uint64_t scratch_gen;    /* the layer scratches' generation the graphs point into (scratch_generation) */
 };
+
+/* The generations of the layer scratches the executor's queues use (each only grows, so the sum changes
+ * whenever one is reallocated). */
+static uint64_t scratch_generation(const ptl_net_exec *x)
+{
+    uint64_t g = ptl_layers_cuda_scratch_generation(x->ctx);
+    for (int k = 0; k < PTL_NET_SIDE_STREAMS; k++)
+        if (x->side[k])
+            g += ptl_layers_cuda_scratch_generation(x->side[k]);
+    return g;
+}
 
 void ptl_net_cuda_recording_free(ptl_net_recording *rec)
 {
@@ -63,7 +74,7 @@ int ptl_net_cuda_record(ptl_net_exec *x, const void *images, int B, int H, int W
     S->rec->training = x->training;
     S->rec->params = x->params;
     S->rec->buffers = x->buffers;
-    S->rec->scratch_gen = ptl_layers_cuda_scratch_generation(x->ctx);
+    S->rec->scratch_gen = scratch_generation(x);
     return 0;
 fail:
     ptl_net_cuda_recording_free(S->rec);
@@ -105,7 +116,7 @@ int ptl_net_cuda_replay(ptl_net_exec *x, int part)
 int ptl_net_cuda_recorded(ptl_net_exec *x)
 {
     ptl_net_slot *const S = x->cur;
-    if (S->rec && ptl_layers_cuda_scratch_generation(x->ctx) != S->rec->scratch_gen) {
+    if (S->rec && scratch_generation(x) != S->rec->scratch_gen) {
         ptl_net_cuda_recording_free(S->rec); /* the shared layer scratch moved: the graphs point at freed memory */
         S->rec = NULL;
     }

@@ -2,6 +2,7 @@
  * description's op list over a backend table. */
 #include "executor.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,10 +85,12 @@ static void free_slot(ptl_net_exec *x, ptl_net_slot *s)
     bfree(x, &s->arena);
     bfree(x, &s->saved);
     bfree(x, &s->ws);
+    bfree(x, &s->ws_side);
+    bfree(x, &s->ws_branch);
     for (int b = 0; b < 2; b++)
         for (int j = 0; j < 2; j++)
             bfree(x, &s->out[b][j]);
-    s->ws_bytes = 0;
+    s->ws_bytes = s->ws_side_bytes = s->ws_branch_bytes = 0;
     s->warm = 0;
     s->L.B = s->L.H = s->L.W = 0;
     s->L.A = 0;
@@ -196,7 +199,9 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
 {
     const ptl_network *net = x->net;
     const ptl_net_layout *L = &s->L;
-    size_t layer_scratch = 0, ws = 0;
+    /* the main queue's needs; the weight-gradient queue's; the branch queue's (its ops') */
+    size_t layer_scratch = 0, ws = 0, ws_side = 0, branch_scratch = 0, ws_branch = 0;
+    const int branches = x->branches && x->side[PTL_NET_SIDE_BRANCH];
     const int bhw[3] = {L->B, L->H, L->W};
     PTL_CHECK(plan_shapes(x, 1, bhw, L->forward_only, s));
     PTL_CHECK(balloc(x, (size_t)L->arena_numel * x->csz, &s->arena));
@@ -205,8 +210,11 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
         const ptl_net_op *op = &net->ops[i];
         size_t b = 0;
         if (is_conv(op)) {
-            const size_t w = x->be->conv_workspace(s->plans[i]);
+            const size_t w = x->be->conv_workspace(s->plans[i], 0), wp = x->be->conv_workspace(s->plans[i], 1);
             ws = w > ws ? w : ws;
+            ws_side = wp > ws_side ? wp : ws_side;
+            if (branches && x->branch_op[i])
+                ws_branch = w > ws_branch ? w : ws_branch;
             if (op->kind == PTL_OP_CONV && x->be->bn_scratch_bytes)
                 b = x->be->bn_scratch_bytes(ptl_net_value_dims(net, L, op->out).m, op->cout);
         } else if (!has_own_case(op->kind) && x->be->layer[op->kind].scratch_bytes) {
@@ -215,11 +223,23 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
             b = x->be->layer[op->kind].scratch_bytes(&c);
         }
         layer_scratch = b > layer_scratch ? b : layer_scratch;
+        if (branches && x->branch_op[i])
+            branch_scratch = b > branch_scratch ? b : branch_scratch;
     }
     if (x->be->reserve_scratch)
         PTL_CHECK(x->be->reserve_scratch(x->ctx, layer_scratch));
+    if (x->be->reserve_scratch && branches)
+        PTL_CHECK(x->be->reserve_scratch(x->side[PTL_NET_SIDE_BRANCH], branch_scratch));
     PTL_CHECK(balloc(x, ws, &s->ws));
     s->ws_bytes = ws;
+    if (x->side_lag && x->side[PTL_NET_SIDE_WGRAD] && !L->forward_only) {
+        PTL_CHECK(balloc(x, ws_side, &s->ws_side));
+        s->ws_side_bytes = ws_side;
+    }
+    if (branches) {
+        PTL_CHECK(balloc(x, ws_branch, &s->ws_branch));
+        s->ws_branch_bytes = ws_branch;
+    }
     for (int b = 0; b < 2; b++) {
         PTL_CHECK(balloc(x, (size_t)L->B * L->A * 4 * x->msz, &s->out[b][0]));
         PTL_CHECK(balloc(x, (size_t)L->B * L->A * net->nc * x->msz, &s->out[b][1]));
@@ -258,7 +278,8 @@ int ptl_net_exec_prepare(ptl_net_exec *x, int B, int H, int W)
     x->cur = victim;
     victim->last_use = ++x->clock;
     const int flags = x->share | (x->grad ? 0 : PTL_NET_FORWARD_ONLY);
-    if (ptl_net_layout_build(x->net, &x->gp, B, H, W, flags, &victim->L) || fill_slot(x, victim)) {
+    const ptl_net_concurrency cc = {x->side_lag, x->branches ? x->branch_op : NULL, x->branch_fork};
+    if (ptl_net_layout_build(x->net, &x->gp, B, H, W, flags, &cc, &victim->L) || fill_slot(x, victim)) {
         free_slot(x, victim);
         return -1;
     }
@@ -287,7 +308,17 @@ void ptl_net_exec_free(ptl_net_exec *x)
     free(x->op_frozen);
     free(x->op_needed);
     free(x->grad_needed);
+    free(x->branch_op);
     free(x);
+}
+
+/* The environment's variable `name` when it is one digit in [0, max], else fallback. */
+static int env_digit(const char *name, int max, int fallback)
+{
+    const char *env = getenv(name);
+    if (env && env[0] >= '0' && env[0] <= '0' + max && env[1] == '\0')
+        return env[0] - '0';
+    return fallback;
 }
 
 int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_exec_ctx *ctx, ptl_runtime *rt,
@@ -336,6 +367,8 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     x->grad = 1;
     x->opts = (ptl_net_conv_opts){.deterministic = 1};
     x->cur = &x->slot[0];
+    for (int k = 0; k < PTL_NET_SIDE_MAX_LAG; k++)
+        x->side_op[k] = -1;
     x->aliased = alias_host;
     for (int k = 0; k < PTL_NET_SHAPES; k++) {
         PTL_CHECK(ptl_net_layout_alloc(net, &x->slot[k].L));
@@ -379,6 +412,16 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     /* padding stays zero in both, so no stale bits are ever read as weights */
     PTL_CHECK(be->zero(ctx, x->wc.ptr, (size_t)x->wt.total * x->csz));
     PTL_CHECK(be->zero(ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz));
+    if (!(x->branch_op = calloc((size_t)net->nops, 1))) {
+        oom();
+        goto fail;
+    }
+    if ((x->branch_fork = ptl_net_branches(net, &x->gp, x->branch_op)) < 0)
+        goto fail;
+    if (be->side_open) {
+        PTL_CHECK(ptl_net_exec_set_side_lag(x, env_digit("PTL_SIDE_LAG", PTL_NET_SIDE_MAX_LAG, PTL_NET_SIDE_LAG)));
+        PTL_CHECK(ptl_net_exec_set_branches(x, env_digit("PTL_SIDE_BRANCHES", 1, 1)));
+    }
     *out = x;
     return 0;
 fail:
@@ -524,6 +567,30 @@ void ptl_net_exec_set_conv_options(ptl_net_exec *x, const ptl_net_conv_opts *o)
     drop_slots(x);
 }
 
+int ptl_net_exec_set_side_lag(ptl_net_exec *x, int lag)
+{
+    if (lag < 0 || lag > PTL_NET_SIDE_MAX_LAG)
+        return ptl_set_error(PTL_ERR_VALUE, "side_lag must be in [0, %d] (got %d)", PTL_NET_SIDE_MAX_LAG, lag);
+    ptl_exec_ctx **side = &x->side[PTL_NET_SIDE_WGRAD];
+    if (lag && x->be->side_open && !*side && x->be->side_open(x->ctx, PTL_NET_SIDE_WGRAD, side))
+        return -1;
+    x->side_lag = lag;
+    drop_slots(x);
+    return 0;
+}
+
+int ptl_net_exec_set_branches(ptl_net_exec *x, int on)
+{
+    ptl_exec_ctx **side = &x->side[PTL_NET_SIDE_BRANCH];
+    if (on < 0 || on > PTL_NET_BRANCHES_EARLY)
+        return ptl_set_error(PTL_ERR_VALUE, "branches must be 0, 1 or %d (got %d)", PTL_NET_BRANCHES_EARLY, on);
+    if (on && x->be->side_open && !*side && x->be->side_open(x->ctx, PTL_NET_SIDE_BRANCH, side))
+        return -1;
+    x->branches = x->branch_fork < x->net->nops ? on : 0;
+    drop_slots(x);
+    return 0;
+}
+
 void ptl_net_exec_set_share_memory(ptl_net_exec *x, int share)
 {
     x->share = share & (PTL_NET_SHARE_GRADIENTS | PTL_NET_SHARE_ACTIVATIONS);
@@ -551,7 +618,7 @@ void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *s
         const ptl_net_slot *s = &x->slot[k];
         if (s->L.B)
             shape += (s->L.arena_numel + s->L.saved_numel) * (int64_t)x->csz +
-                     (int64_t)s->ws_bytes + 2 * (int64_t)s->L.B * s->L.A * (4 + net->nc) * (int64_t)x->msz;
+                     (int64_t)(s->ws_bytes + s->ws_side_bytes + s->ws_branch_bytes) + 2 * (int64_t)s->L.B * s->L.A * (4 + net->nc) * (int64_t)x->msz;
     }
     *fixed_bytes = fixed;
     *shape_bytes = shape;
@@ -637,10 +704,10 @@ static int forward_op(ptl_net_exec *x, int i)
         if (op->kind == PTL_OP_CONV_BIAS) {
             const void *bias =
                 x->wt.op_b[i] >= 0 ? AT(x->wc.ptr, x->wt.op_b[i]) : PAR(x->params, op->param[PTL_CONV_BIAS]);
-            return be->conv_forward(x->ctx, S->plans[i], in, w, bias, AT(act, vo[op->out]), S->ws.ptr, S->ws_bytes);
+            return be->conv_forward(x->q, S->plans[i], in, w, bias, AT(act, vo[op->out]), x->q_ws, x->q_ws_bytes);
         }
-        PTL_CHECK(be->conv_forward(x->ctx, S->plans[i], in, w, NULL, AT(act, vo[op->z]), S->ws.ptr, S->ws_bytes));
-        return be->batchnorm_forward(x->ctx, dt, dims(x, op->out).m, op->cout, AT(act, vo[op->z]),
+        PTL_CHECK(be->conv_forward(x->q, S->plans[i], in, w, NULL, AT(act, vo[op->z]), x->q_ws, x->q_ws_bytes));
+        return be->batchnorm_forward(x->q, dt, dims(x, op->out).m, op->cout, AT(act, vo[op->z]),
                                      PAR(x->params, op->param[PTL_CONV_GAMMA]),
                                      PAR(x->params, op->param[PTL_CONV_BETA]),
                                      PAR(x->buffers, op->buffer[PTL_BN_RUNNING_MEAN]),
@@ -652,21 +719,126 @@ static int forward_op(ptl_net_exec *x, int i)
     case PTL_OP_HEAD: {
         const int in = op->ins[0].value;
         const ptl_net_dims d = dims(x, in);
-        return be->head_out(x->ctx, dt, S->L.B, (int64_t)d.h * d.w, V[in].C, S->L.A, S->L.level_off[op->level],
+        return be->head_out(x->q, dt, S->L.B, (int64_t)d.h * d.w, V[in].C, S->L.A, S->L.level_off[op->level],
                             AT(act, vo[in]), S->out[op->branch][op->box ? 0 : 1].ptr);
     }
     default: {
         ptl_net_call c;
         make_call(x, i, 0, 0, &c);
-        return be->layer[op->kind].forward(x->ctx, &c);
+        return be->layer[op->kind].forward(x->q, &c);
     }
     }
 fail:
     return -1;
 }
 
-/* Conv backward from dy: bias and weight gradients (of trainable tensors), then dx into grad(in) when
- * wanted: written directly by the first writer of that gradient, else through scratch and added. */
+/* Conv op i's bias and weight gradients (of its trainable tensors), queued on ctx with workspace ws. */
+static int conv_param_grads(ptl_net_exec *x, ptl_exec_ctx *ctx, int i, void *ws, size_t ws_bytes)
+{
+    const ptl_net_backend *be = x->be;
+    ptl_net_slot *const S = x->cur;
+    const ptl_net_op *op = &x->net->ops[i];
+    const void *p = S->plans[i];
+    const uint8_t fz = x->op_frozen[i];
+    const void *dy = AT(S->arena.ptr, S->L.goff[op->kind == PTL_OP_CONV ? op->z : op->out]);
+    if (op->kind == PTL_OP_CONV_BIAS && !(fz & PTL_NET_FROZEN_BIAS)) {
+        void *db = x->wt.op_b[i] >= 0 ? AT(x->wgc.ptr, x->wt.op_b[i]) : PAR(x->grads, op->param[PTL_CONV_BIAS]);
+        PTL_CHECK(be->conv_backward_bias(ctx, p, dy, db, ws, ws_bytes));
+    }
+    if (!(fz & PTL_NET_FROZEN_W))
+        PTL_CHECK(be->conv_backward_weight(ctx, p, AT(S->arena.ptr, S->L.voff[op->ins[0].value]), dy,
+                                           AT(x->wgc.ptr, x->wt.op_w[i]), ws, ws_bytes));
+    return 0;
+fail:
+    return -1;
+}
+
+/* Has later ops queued on ctx (the main queue, its workspace) or on a side queue's context. */
+static void use_queue(ptl_net_exec *x, ptl_exec_ctx *ctx, void *ws, size_t ws_bytes, int in_branch)
+{
+    x->q = ctx;
+    x->q_ws = ws;
+    x->q_ws_bytes = ws_bytes;
+    x->in_branch = in_branch;
+}
+
+static void use_main_queue(ptl_net_exec *x) { use_queue(x, x->ctx, x->cur->ws.ptr, x->cur->ws_bytes, 0); }
+
+/* The weight-gradient work of mark m (queued side_lag steps ago), at the start of a backward step: awaited
+ * on the main queue, or, without side queues, run now. */
+static int side_settle(ptl_net_exec *x, int m)
+{
+    const int i = x->side_op[m];
+    if (i < 0)
+        return 0;
+    x->side_op[m] = -1;
+    if (x->side[PTL_NET_SIDE_WGRAD])
+        return x->be->side_await(x->ctx, PTL_NET_SIDE_WGRAD, m);
+    return conv_param_grads(x, x->ctx, i, x->cur->ws.ptr, x->cur->ws_bytes);
+}
+
+/* One pass of the detached branches: their forwards in order, or their backwards (each with its zeroing)
+ * in reverse, queued on the branch queue between a fork and a mark, or, without side queues, run now. */
+static int forward_op(ptl_net_exec *x, int i);
+static int backward_step(ptl_net_exec *x, int i, const void *const d_out[2][2], int want);
+static int branch_pass(ptl_net_exec *x, int backward, const void *const d_out[2][2], int want)
+{
+    ptl_exec_ctx *b = x->side[PTL_NET_SIDE_BRANCH];
+    const int n = x->net->nops;
+    if (b) {
+        PTL_CHECK(x->be->side_fork(x->ctx, PTL_NET_SIDE_BRANCH));
+        use_queue(x, b, x->cur->ws_branch.ptr, x->cur->ws_branch_bytes, 1);
+    } else {
+        use_queue(x, x->ctx, x->cur->ws.ptr, x->cur->ws_bytes, 1);
+    }
+    for (int k = 0; k < n; k++) {
+        const int i = backward ? n - 1 - k : k;
+        if (x->branch_op[i])
+            PTL_CHECK(backward ? backward_step(x, i, d_out, want) : forward_op(x, i));
+    }
+    use_main_queue(x);
+    return b ? x->be->side_mark(x->ctx, PTL_NET_SIDE_BRANCH, 0) : 0;
+fail:
+    use_main_queue(x);
+    return -1;
+}
+
+/* Whether the branches' pass starts at their fork: on the branch queue, or, without side queues, when asked
+ * (PTL_NET_BRANCHES_EARLY), on the main queue. */
+static int branch_early(const ptl_net_exec *x)
+{
+    return x->branches && (x->side[PTL_NET_SIDE_BRANCH] || x->branches == PTL_NET_BRANCHES_EARLY);
+}
+
+/* The join of the branches' pass: the main queue waits for the branch queue's, or, without side queues, the
+ * pass runs now unless it ran at the fork (the latest and the earliest points it may run, which the CPU tests
+ * use). */
+static int branch_join(ptl_net_exec *x, int backward, const void *const d_out[2][2], int want)
+{
+    if (x->side[PTL_NET_SIDE_BRANCH])
+        return x->be->side_await(x->ctx, PTL_NET_SIDE_BRANCH, 0);
+    return branch_early(x) ? 0 : branch_pass(x, backward, d_out, want);
+}
+
+/* After a failure: nothing is left pending, and the side queues' work joins the main queue's (a graph
+ * capture must not end with a queue apart); the failure's error is kept. */
+static void side_abandon(ptl_net_exec *x)
+{
+    for (int m = 0; m < PTL_NET_SIDE_MAX_LAG; m++)
+        x->side_op[m] = -1;
+    use_main_queue(x);
+    char msg[1024];
+    const ptl_error_kind kind = ptl_error_kind_get();
+    snprintf(msg, sizeof msg, "%s", ptl_error_message());
+    for (int k = 0; k < PTL_NET_SIDE_STREAMS; k++)
+        if (x->side[k] && x->be->side_mark(x->ctx, k, 0) == 0)
+            (void)x->be->side_await(x->ctx, k, 0);
+    ptl_set_error(kind, "%s", msg);
+}
+
+/* Conv backward from dy: bias and weight gradients (in order, or beside the following steps: side_lag),
+ * then dx into grad(in) when wanted: written directly by the first writer of that gradient, else through
+ * scratch and added. */
 static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_grad)
 {
     const ptl_net_backend *be = x->be;
@@ -675,22 +847,27 @@ static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_
     const void *p = S->plans[i];
     const int in = op->ins[0].value;
     const uint8_t fz = x->op_frozen[i];
-    if (op->kind == PTL_OP_CONV_BIAS && !(fz & PTL_NET_FROZEN_BIAS)) {
-        void *db = x->wt.op_b[i] >= 0 ? AT(x->wgc.ptr, x->wt.op_b[i]) : PAR(x->grads, op->param[PTL_CONV_BIAS]);
-        PTL_CHECK(be->conv_backward_bias(x->ctx, p, dy, db, S->ws.ptr, S->ws_bytes));
+    const int param_grads = !(fz & PTL_NET_FROZEN_W) || (op->kind == PTL_OP_CONV_BIAS && !(fz & PTL_NET_FROZEN_BIAS));
+    if (param_grads && (!x->side_lag || x->in_branch))
+        PTL_CHECK(conv_param_grads(x, x->q, i, x->q_ws, x->q_ws_bytes));
+    else if (param_grads) {
+        const int m = (x->net->nops - 1 - i) % x->side_lag;
+        if (x->side[PTL_NET_SIDE_WGRAD]) {
+            PTL_CHECK(be->side_fork(x->ctx, PTL_NET_SIDE_WGRAD));
+            PTL_CHECK(conv_param_grads(x, x->side[PTL_NET_SIDE_WGRAD], i, S->ws_side.ptr, S->ws_side_bytes));
+            PTL_CHECK(be->side_mark(x->ctx, PTL_NET_SIDE_WGRAD, m));
+        }
+        x->side_op[m] = i;
     }
-    if (!(fz & PTL_NET_FROZEN_W))
-        PTL_CHECK(be->conv_backward_weight(x->ctx, p, AT(S->arena.ptr, S->L.voff[in]), dy,
-                                           AT(x->wgc.ptr, x->wt.op_w[i]), S->ws.ptr, S->ws_bytes));
     if (!(op->grad_in & 1u) || !needs(x, in, want_input_grad))
         return 0;
     void *gin = AT(S->arena.ptr, S->L.goff[in]);
     const void *w = AT(x->wc.ptr, x->wt.op_w[i]);
     if (x->gp.first[i] & 1u)
-        return be->conv_backward_input(x->ctx, p, dy, w, gin, S->ws.ptr, S->ws_bytes);
+        return be->conv_backward_input(x->q, p, dy, w, gin, x->q_ws, x->q_ws_bytes);
     void *scratch = AT(S->arena.ptr, S->L.scratch_off);
-    PTL_CHECK(be->conv_backward_input(x->ctx, p, dy, w, scratch, S->ws.ptr, S->ws_bytes));
-    return be->accumulate(x->ctx, x->cdt, dims(x, in).m * op->cin, scratch, gin);
+    PTL_CHECK(be->conv_backward_input(x->q, p, dy, w, scratch, x->q_ws, x->q_ws_bytes));
+    return be->accumulate(x->q, x->cdt, dims(x, in).m * op->cin, scratch, gin);
 fail:
     return -1;
 }
@@ -710,7 +887,7 @@ static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], in
     switch (op->kind) {
     case PTL_OP_CONV:
         PTL_CHECK(be->batchnorm_backward(
-            x->ctx, dt, dims(x, op->out).m, op->cout, AT(arena, vo[op->z]), AT(arena, go[op->out]),
+            x->q, dt, dims(x, op->out).m, op->cout, AT(arena, vo[op->z]), AT(arena, go[op->out]),
             PAR(x->params, op->param[PTL_CONV_GAMMA]), PAR(x->params, op->param[PTL_CONV_BETA]),
             PAR(x->stats, op->stat_off),
             PAR(x->stats, op->stat_off + op->cout), x->fwd_training && !(fz & PTL_NET_FROZEN_BN_EVAL),
@@ -725,8 +902,8 @@ static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], in
         const void *src = d_out[op->branch][op->box ? 0 : 1];
         const ptl_net_dims d = dims(x, in);
         if (!src)
-            return first & 1u ? be->zero(x->ctx, AT(arena, go[in]), (size_t)d.m * V[in].C * x->csz) : 0;
-        return be->head_grad(x->ctx, dt, S->L.B, (int64_t)d.h * d.w, V[in].C, S->L.A, S->L.level_off[op->level], src,
+            return first & 1u ? be->zero(x->q, AT(arena, go[in]), (size_t)d.m * V[in].C * x->csz) : 0;
+        return be->head_grad(x->q, dt, S->L.B, (int64_t)d.h * d.w, V[in].C, S->L.A, S->L.level_off[op->level], src,
                              AT(arena, go[in]), !(first & 1u));
     }
     default: {
@@ -737,10 +914,10 @@ static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], in
         void *const gin = c.in[0].grad;
         if (r->overwrites && gin && c.in[0].accumulate)
             c.in[0].grad = scratch;
-        PTL_CHECK(r->backward(x->ctx, &c));
+        PTL_CHECK(r->backward(x->q, &c));
         if (c.in[0].grad == gin)
             return 0;
-        return be->accumulate(x->ctx, dt, ptl_net_arg_rows(&c, &c.in[0]) * c.in[0].c, scratch, gin);
+        return be->accumulate(x->q, dt, ptl_net_arg_rows(&c, &c.in[0]) * c.in[0].c, scratch, gin);
     }
     }
 fail:
@@ -753,15 +930,43 @@ int ptl_net_exec_forward(ptl_net_exec *x, const void *images, int B, int H, int 
         return -1;
     x->have_forward = 0;
     x->fwd_training = x->training;
+    use_main_queue(x);
     PTL_CHECK(x->be->weight_cast(x->ctx, x->cdt, x->wtab.ptr, x->wt.n, x->wt.total, x->params, x->wc.ptr));
     PTL_CHECK(x->be->copy(x->ctx, AT(x->cur->arena.ptr, x->cur->L.voff[x->net->input]), images,
                           (size_t)B * H * W * 3 * x->csz));
-    for (int i = 0; i < x->net->nops; i++)
-        PTL_CHECK(forward_op(x, i));
+    for (int i = 0; i < x->net->nops; i++) {
+        if (i == x->branch_fork && branch_early(x))
+            PTL_CHECK(branch_pass(x, 0, NULL, 0));
+        if (!x->branches || !x->branch_op[i])
+            PTL_CHECK(forward_op(x, i));
+    }
+    if (x->branches)
+        PTL_CHECK(branch_join(x, 0, NULL, 0));
     x->have_forward = 1;
     return 0;
 fail:
+    side_abandon(x);
     x->have_forward = 0;
+    return -1;
+}
+
+/* Backward step of op i: the zeroing of the gradients it writes first in part, then its backward. A gradient
+ * nothing needs is never written, read or zeroed: all its writers (the consumers of its value) skip it and
+ * so does its reader (the producer, which then has nothing to do); every needed gradient keeps the writers,
+ * first writer and zeroing of the gradient plan. */
+static int backward_step(ptl_net_exec *x, int i, const void *const d_out[2][2], int want)
+{
+    ptl_net_slot *const S = x->cur;
+    for (int k = x->gp.zero_begin[i]; k < x->gp.zero_begin[i + 1]; k++) {
+        const int v = x->gp.zero_list[k];
+        if (needs(x, v, want))
+            PTL_CHECK(x->be->zero(x->q, AT(S->arena.ptr, S->L.goff[v]),
+                                  (size_t)dims(x, v).m * x->net->values[v].C * x->csz));
+    }
+    if (want || x->op_needed[i])
+        PTL_CHECK(backward_op(x, i, d_out, want));
+    return 0;
+fail:
     return -1;
 }
 
@@ -774,21 +979,24 @@ int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *
         return ptl_set_error(PTL_ERR_RUNTIME, "network backward: the last forward ran without gradients (it kept "
                                               "nothing for a backward); run it again with gradients on");
     PTL_CHECK(activate(x->be, x->ctx));
+    use_main_queue(x);
     PTL_CHECK(x->be->zero(x->ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz));
     const int want = d_images != NULL;
-    /* A gradient nothing needs is never written, read or zeroed: all its writers (the consumers of its
-     * value) skip it and so does its reader (the producer, which then has nothing to do); every needed
-     * gradient keeps the writers, first writer and zeroing of the gradient plan. */
+    if (branch_early(x))
+        PTL_CHECK(branch_pass(x, 1, d_out, want));
+    /* backward step t runs op nops-1-t; the branches join where the ops before their fork begin */
     for (int i = x->net->nops - 1; i >= 0; i--) {
-        for (int k = x->gp.zero_begin[i]; k < x->gp.zero_begin[i + 1]; k++) {
-            const int v = x->gp.zero_list[k];
-            if (needs(x, v, want))
-                PTL_CHECK(x->be->zero(x->ctx, AT(S->arena.ptr, S->L.goff[v]),
-                                      (size_t)dims(x, v).m * x->net->values[v].C * x->csz));
-        }
-        if (want || x->op_needed[i])
-            PTL_CHECK(backward_op(x, i, d_out, want));
+        if (x->side_lag)
+            PTL_CHECK(side_settle(x, (x->net->nops - 1 - i) % x->side_lag));
+        if (x->branches && i == x->branch_fork - 1)
+            PTL_CHECK(branch_join(x, 1, d_out, want));
+        if (!x->branches || !x->branch_op[i])
+            PTL_CHECK(backward_step(x, i, d_out, want));
     }
+    for (int t = x->net->nops; t < x->net->nops + x->side_lag; t++)
+        PTL_CHECK(side_settle(x, t % x->side_lag));
+    if (x->branches && x->branch_fork == 0)
+        PTL_CHECK(branch_join(x, 1, d_out, want));
     PTL_CHECK(x->be->weight_grad(x->ctx, x->cdt, x->wtab.ptr, x->wt.n, x->wt.total, x->wgc.ptr, x->grads));
     if (d_images)
         PTL_CHECK(x->be->copy(x->ctx, d_images, AT(S->arena.ptr, S->L.goff[x->net->input]),
@@ -798,6 +1006,7 @@ int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *
     S->warm = 1;
     return 0;
 fail:
+    side_abandon(x);
     x->have_forward = 0;
     return -1;
 }

@@ -176,7 +176,7 @@ typedef struct ptl_net_backend {
     int (*conv_plans)(ptl_exec_ctx *ctx, int n, const ptl_conv2d_desc *d, ptl_dtype dt, const ptl_net_conv_opts *o,
                       const uint8_t *bias, void **plans);
     void (*conv_plan_free)(void *plan);
-    size_t (*conv_workspace)(const void *plan);
+    size_t (*conv_workspace)(const void *plan, int param_grads); /* 1: the weight and bias gradients' alone */
     size_t (*bn_scratch_bytes)(int64_t m, int c);                    /* NULL: none */
     int (*reserve_scratch)(ptl_exec_ctx *ctx, size_t bytes);         /* NULL: nothing to reserve */
 
@@ -214,6 +214,17 @@ typedef struct ptl_net_backend {
     int (*head_grad)(ptl_exec_ctx *ctx, ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0,
                      const void *d_out, void *gmap, int accumulate);
 
+    /* side queues (PTL_NET_SIDE_WGRAD, PTL_NET_SIDE_BRANCH; NULL: the backend has one queue, and the
+     * executor runs that work in order, or defers it as late as it may run: the CPU stand-in of the
+     * queues). side_open gives the context of side queue k, which runs beside ctx's (made on first use,
+     * owned by ctx); side_fork has it wait for everything queued on ctx so far; side_mark(k, m) marks what
+     * it has queued so far as its mark m (< PTL_NET_SIDE_MAX_LAG); side_await(k, m) has ctx's queue wait
+     * for that mark. */
+    int (*side_open)(ptl_exec_ctx *ctx, int k, ptl_exec_ctx **side);
+    int (*side_fork)(ptl_exec_ctx *ctx, int k);
+    int (*side_mark)(ptl_exec_ctx *ctx, int k, int m);
+    int (*side_await)(ptl_exec_ctx *ctx, int k, int m);
+
     /* the recorder (../cuda/recorder.h; NULL: the backend records nothing) */
     int (*record)(struct ptl_net_exec *x, const void *images, int B, int H, int W, const void *const d_out[2][2],
                   const struct ptl_net_tail *tail);
@@ -238,6 +249,22 @@ long ptl_net_cpu_live_blocks(void);
 extern const ptl_net_backend ptl_net_backend_cuda;
 #endif
 
+/* The backward runs a conv's weight and bias gradients beside the rest of the step (on a backend with a
+ * side_open, its second queue; on the CUDA backend a second stream, so that those kernels overlap the input
+ * gradients of the steps after them): step t's are awaited at the start of step t + lag, and the layout keeps
+ * what they read alive until then (net_plan.h). Every kernel reads and writes what it would in order, so the
+ * bits do not depend on the lag. PTL_NET_SIDE_LAG is the CUDA backend's default (the environment variable
+ * PTL_SIDE_LAG overrides it when an executor is made; 0 runs everything in order on one stream). */
+#define PTL_NET_SIDE_LAG 3
+#define PTL_NET_SIDE_MAX_LAG 4
+
+/* A network's detached branches (net_plan.h's ptl_net_branches: in YOLO26 the one-to-one head's twelve
+ * chains, whose inputs are detached) run forward and backward on a second side queue, beside the rest: the
+ * forward forks before the first op after their inputs' producers and joins at its end, the backward forks
+ * at its start and joins before the weight gradients' pass. On by default on the CUDA backend (the
+ * environment variable PTL_SIDE_BRANCHES=0 turns it off when an executor is made). */
+enum { PTL_NET_SIDE_WGRAD = 0, PTL_NET_SIDE_BRANCH = 1, PTL_NET_SIDE_STREAMS = 2 };
+
 /* Shape slots: PTL_NET_TRAIN_SHAPES for training-mode forwards (a fit's full batches and its partial
  * last batch), the rest for eval mode (validation's many shapes, prediction), so that validating never
  * evicts the training shapes (or their recording). */
@@ -248,7 +275,8 @@ extern const ptl_net_backend ptl_net_backend_cuda;
 typedef struct {
     ptl_net_layout L;            /* B == 0: empty */
     ptl_net_buf arena, saved, ws, out[2][2]; /* arena: activations, gradients, scratch (layout L) */
-    size_t ws_bytes;
+    ptl_net_buf ws_side, ws_branch; /* the side queues' conv workspaces, when they have them */
+    size_t ws_bytes, ws_side_bytes, ws_branch_bytes;
     void **plans;                /* per op (convs only) */
     int warm;                    /* an eager forward and backward ran on these buffers (before recording) */
     uint64_t last_use;
@@ -282,6 +310,21 @@ typedef struct ptl_net_exec {
     void *own_params, *own_buffers;
     ptl_net_buf own[4]; /* params, grads, buffers, stats when allocated here */
     ptl_net_buf wc, wgc, wtab;
+
+    /* the backward's weight and bias gradients beside the rest (ptl_net_exec_set_side_lag): the lag, per
+     * mark the op whose side work it waits for (-1: none); the detached branches (ptl_net_exec_set_branches):
+     * on or off, per op whether it is in one, the forward op they fork before (nops: no branch); the side
+     * queues' contexts (NULL: deferred on ctx) */
+    int side_lag;
+    int side_op[PTL_NET_SIDE_MAX_LAG];
+    int branches, branch_fork;
+    uint8_t *branch_op;
+    ptl_exec_ctx *side[PTL_NET_SIDE_STREAMS];
+    /* where the ops now running are queued: the context, its conv workspace, in a branch or not */
+    ptl_exec_ctx *q;
+    void *q_ws;
+    size_t q_ws_bytes;
+    int in_branch;
 
     ptl_net_slot slot[PTL_NET_SHAPES];
     ptl_net_slot *cur; /* the current shape's slot */
@@ -344,6 +387,15 @@ void ptl_net_exec_set_grad(ptl_net_exec *x, int grad);
  * (the EMA's, for validation); NULL, NULL returns to the executor's own. A recording is kept, unused
  * while the weights are not those it was made with. */
 void ptl_net_exec_use_weights(ptl_net_exec *x, void *params, void *buffers);
+/* The side lag (0 .. PTL_NET_SIDE_MAX_LAG; above). On a backend without a second queue a lag > 0 defers the
+ * weight and bias gradients as late as it allows, which checks the layout's lives on the CPU. Slots are
+ * remade. */
+int ptl_net_exec_set_side_lag(ptl_net_exec *x, int lag);
+/* The detached branches on the side queue (1) or in order (0); on a backend without side queues 1 defers
+ * them to the latest point they may run (their join) and PTL_NET_BRANCHES_EARLY runs them at the earliest
+ * (their fork), the two ends of where a side queue may run them. Slots are remade. */
+#define PTL_NET_BRANCHES_EARLY 2
+int ptl_net_exec_set_branches(ptl_net_exec *x, int on);
 /* Applies at the next prepare of each shape (slots are remade). */
 void ptl_net_exec_set_conv_options(ptl_net_exec *x, const ptl_net_conv_opts *o);
 /* What shares memory (PTL_NET_SHARE_* flags, net_plan.h); slots are remade. */

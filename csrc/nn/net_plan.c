@@ -94,6 +94,84 @@ int ptl_net_grad_plan_build(const ptl_network *net, ptl_net_grad_plan *gp)
     return 0;
 }
 
+/* ------------------------------------------------------------------------------- detached branches */
+
+static int root(int *parent, int i)
+{
+    while (parent[i] != i)
+        i = parent[i] = parent[parent[i]];
+    return i;
+}
+
+int ptl_net_branches(const ptl_network *net, const ptl_net_grad_plan *gp, uint8_t *branch_op)
+{
+    const int nops = net->nops, nv = net->nvalues;
+    int *producer = malloc((size_t)(nv ? nv : 1) * sizeof(int)), *parent = malloc((size_t)(nops ? nops : 1) * sizeof(int));
+    int *size = calloc((size_t)(nops ? nops : 1), sizeof(int)), *bad = calloc((size_t)(nops ? nops : 1), sizeof(int));
+    if (!producer || !parent || !size || !bad) {
+        free(producer);
+        free(parent);
+        free(size);
+        free(bad);
+        return oom();
+    }
+    for (int v = 0; v < nv; v++)
+        producer[v] = -1;
+    for (int i = 0; i < nops; i++) {
+        parent[i] = i;
+        const int outs[2] = {net->ops[i].out, net->ops[i].out2};
+        for (int k = 0; k < 2; k++)
+            if (outs[k] >= 0)
+                producer[outs[k]] = i;
+    }
+    /* the gradient graph: an op is joined to the producer of every input whose gradient it writes */
+    for (int i = 0; i < nops; i++) {
+        const ptl_net_op *op = &net->ops[i];
+        for (int j = 0; j < op->nin; j++) {
+            const int p = producer[op->ins[j].value];
+            if ((op->grad_in >> j & 1u) && p >= 0)
+                parent[root(parent, i)] = root(parent, p);
+        }
+    }
+    int main_part = 0;
+    for (int i = 0; i < nops; i++) {
+        const int r = root(parent, i);
+        if (++size[r] > size[main_part])
+            main_part = r;
+    }
+    /* a part is no branch if anything outside it reads what it produces, or it writes a gradient not first */
+    for (int i = 0; i < nops; i++) {
+        const ptl_net_op *op = &net->ops[i];
+        const int r = root(parent, i);
+        for (int j = 0; j < op->nin; j++) {
+            const int p = producer[op->ins[j].value];
+            if (p >= 0 && root(parent, p) != r)
+                bad[root(parent, p)] = 1;
+            if ((op->grad_in >> j & 1u) && !(gp->first[i] >> j & 1u))
+                bad[r] = 1;
+        }
+    }
+    int fork = 0, any = 0;
+    for (int i = 0; i < nops; i++) {
+        const int r = root(parent, i);
+        branch_op[i] = (uint8_t)(r != main_part && !bad[r]);
+        if (!branch_op[i])
+            continue;
+        any = 1;
+        const ptl_net_op *op = &net->ops[i];
+        for (int j = 0; j < op->nin; j++) {
+            const int p = producer[op->ins[j].value];
+            if (p >= 0 && !branch_op[p] && p + 1 > fork)
+                fork = p + 1;
+        }
+    }
+    free(producer);
+    free(parent);
+    free(size);
+    free(bad);
+    return any ? fork : nops;
+}
+
 /* ---------------------------------------------------------------------------- weight-cast table */
 
 void ptl_net_wtab_free(ptl_net_wtab *wt)
@@ -164,10 +242,21 @@ int ptl_net_layout_alloc(const ptl_network *net, ptl_net_layout *L)
     return 0;
 }
 
-/* First-fit placement of n slots in order of birth (then index): a slot shares memory with those whose
- * lives [born, dies] do not overlap its own; a slot born < 0 is not placed. Returns the arena size in
- * elements (-1: out of host memory). */
-static int64_t place_slots(int n, const int *born, const int *dies, const int64_t *size, int64_t *off)
+/* Whether slots u and v may not share memory: their lives overlap, or, both in one side queue's serial
+ * order (own[] set; NULL: none), their lives on the plain clock (nat_*) do. */
+static int conflict(int u, int v, const int *born, const int *dies, const uint8_t *own, const int *nat_born,
+                    const int *nat_dies)
+{
+    if (own && own[u] && own[v])
+        return !(nat_dies[u] < nat_born[v] || nat_dies[v] < nat_born[u]);
+    return !(dies[u] < born[v] || dies[v] < born[u]);
+}
+
+/* First-fit placement of n slots in order of birth (then index): a slot shares memory with those it does not
+ * conflict with; a slot born < 0 is not placed. Returns the arena size in elements (-1: out of host
+ * memory). */
+static int64_t place_slots(int n, const int *born, const int *dies, const uint8_t *own, const int *nat_born,
+                           const int *nat_dies, const int64_t *size, int64_t *off)
 {
     int64_t total = 0;
     int maxt = -1;
@@ -191,8 +280,8 @@ static int64_t place_slots(int n, const int *born, const int *dies, const int64_
             int moved = 0;
             for (int q = 0; q < np; q++) {
                 const int u = placed[q];
-                if (dies[u] < born[v])
-                    continue; /* dead before v is born */
+                if (!conflict(u, v, born, dies, own, nat_born, nat_dies))
+                    continue;
                 if (o < off[u] + size[u] && off[u] < o + size[v]) {
                     o = off[u] + size[u];
                     moved = 1;
@@ -215,6 +304,51 @@ static int64_t place_slots(int n, const int *born, const int *dies, const int64_
 static int fwd_time(int op) { return op + 1; }
 static int bwd_time(const ptl_network *net, int step) { return net->nops + 1 + step; }
 static int end_time(const ptl_network *net) { return 2 * net->nops + 1; }
+
+/* A life [born, dies] (born >= 0) stretched to cover [t0, t1]. */
+static void cover(int t0, int t1, int *born, int *dies)
+{
+    if (*born > t0)
+        *born = t0;
+    if (*dies < t1)
+        *dies = t1;
+}
+
+/* The lives of what runs beside the rest (ptl_net_concurrency); slots born < 0 are never placed. */
+static void concurrent_lives(const ptl_network *net, const ptl_net_concurrency *cc, int fwd_only, int *born, int *dies)
+{
+    const int nv = net->nvalues, end = end_time(net), fend = fwd_time(net->nops - 1), b0 = bwd_time(net, 0);
+    const int bend = bwd_time(net, net->nops - cc->branch_fork - 1); /* the backward joins after this step */
+    for (int i = 0; i < net->nops; i++) {
+        const ptl_net_op *op = &net->ops[i];
+        const int step = net->nops - 1 - i;
+        const int in_branch = cc->branch_op && cc->branch_op[i]; /* its weight gradients run in its branch */
+        if (!fwd_only && cc->side_lag > 1 && !in_branch && (op->kind == PTL_OP_CONV || op->kind == PTL_OP_CONV_BIAS)) {
+            const int t = bwd_time(net, step + cc->side_lag - 1), last = t < end ? t : end;
+            const int dy = nv + (op->kind == PTL_OP_CONV ? op->z : op->out);
+            cover(born[op->ins[0].value], last, &born[op->ins[0].value], &dies[op->ins[0].value]);
+            if (born[dy] >= 0)
+                cover(born[dy], last, &born[dy], &dies[dy]);
+        }
+        if (!in_branch)
+            continue;
+        /* activations: to the forward's end, or the backward's if the op's backward reads them */
+        const int f0 = fwd_time(cc->branch_fork), kept = fwd_only ? fend : bend;
+        const int outs[3] = {op->out, op->z, op->out2};
+        for (int j = 0; j < op->nin; j++) {
+            const int v = op->ins[j].value;
+            cover(born[v], op->keep_in >> j & 1u ? kept : fend, &born[v], &dies[v]);
+            if (!fwd_only && born[nv + v] >= 0)
+                cover(b0, bend, &born[nv + v], &dies[nv + v]);
+        }
+        for (int j = 0; j < 3; j++)
+            if (outs[j] >= 0) {
+                cover(f0, j == 1 ? kept : fend, &born[outs[j]], &dies[outs[j]]);
+                if (!fwd_only && born[nv + outs[j]] >= 0)
+                    cover(b0, bend, &born[nv + outs[j]], &dies[nv + outs[j]]);
+            }
+    }
+}
 
 /* Activation lives: a value dies with its last reader, forward or backward. A backward reads the inputs
  * its op keeps (keep_in) and its op's inner value z, in the backward step of that op. forward_only: no
@@ -242,7 +376,7 @@ static void activation_lives(const ptl_network *net, int forward_only, int *born
 }
 
 int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, int B, int H, int W, int flags,
-                         ptl_net_layout *L)
+                         const ptl_net_concurrency *cc, ptl_net_layout *L)
 {
     if (B < 1)
         return ptl_set_error(PTL_ERR_VALUE, "images: batch size must be >= 1 (got %d)", B);
@@ -253,8 +387,11 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     const int nv = net->nvalues, ns = 2 * nv + 1, end = end_time(net);
     int64_t *size = malloc((size_t)ns * sizeof(int64_t)), *off = malloc((size_t)ns * sizeof(int64_t));
     int *born = malloc((size_t)ns * sizeof(int)), *dies = malloc((size_t)ns * sizeof(int));
+    /* the lives on the plain clock, and which slots only the branch queue touches (values its ops produce) */
+    int *nat = malloc((size_t)2 * ns * sizeof(int));
+    uint8_t *own = calloc((size_t)ns, 1);
     int64_t maxv = 0, saved = 0;
-    if (!size || !off || !born || !dies) {
+    if (!size || !off || !born || !dies || !nat || !own) {
         oom();
         goto fail;
     }
@@ -282,7 +419,17 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     }
     born[2 * nv] = fwd_only ? -1 : bwd_time(net, 0);
     dies[2 * nv] = fwd_only ? -1 : end;
-    if ((L->arena_numel = place_slots(ns, born, dies, size, off)) < 0)
+    memcpy(nat, born, (size_t)ns * sizeof(int));
+    memcpy(nat + ns, dies, (size_t)ns * sizeof(int));
+    if (cc)
+        concurrent_lives(net, cc, fwd_only, born, dies);
+    for (int i = 0; cc && cc->branch_op && i < net->nops; i++) {
+        const int outs[3] = {net->ops[i].out, net->ops[i].z, net->ops[i].out2};
+        for (int j = 0; j < 3; j++)
+            if (cc->branch_op[i] && outs[j] >= 0)
+                own[outs[j]] = own[nv + outs[j]] = 1;
+    }
+    if ((L->arena_numel = place_slots(ns, born, dies, own, nat, nat + ns, size, off)) < 0)
         goto fail;
     for (int v = 0; v < nv; v++) {
         L->voff[v] = born[v] >= 0 ? off[v] : 0;
@@ -294,6 +441,8 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     free(off);
     free(born);
     free(dies);
+    free(nat);
+    free(own);
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
         const ptl_net_dims d = op->nin ? ptl_net_value_dims(net, L, op->ins[0].value) : (ptl_net_dims){0, 0, 0};
@@ -312,6 +461,8 @@ fail:
     free(off);
     free(born);
     free(dies);
+    free(nat);
+    free(own);
     L->B = 0;
     return -1;
 }

@@ -29,6 +29,13 @@ typedef struct {
 int ptl_net_grad_plan_build(const ptl_network *net, ptl_net_grad_plan *gp);
 void ptl_net_grad_plan_free(ptl_net_grad_plan *gp);
 
+/* The detached branches: the ops that no gradient connects to the rest of the network (the parts of the
+ * backward's gradient graph other than its largest), which nothing outside them reads in the forward and
+ * whose gradient writes are all first writes (so they need no scratch). Sets branch_op[i] (nops entries)
+ * and returns the forward op they can fork before: the first after the producers of every value they
+ * read from outside (nops: there is no branch). */
+int ptl_net_branches(const ptl_network *net, const ptl_net_grad_plan *gp, uint8_t *branch_op);
+
 /* Where each conv's weight (and bias, with cast_biases) sits in the compute-dtype copy. */
 typedef struct {
     ptl_wcast_entry *tab;
@@ -61,11 +68,25 @@ enum { PTL_NET_SHARE_GRADIENTS = 1, PTL_NET_SHARE_ACTIVATIONS = 2 };
  * reader and nothing is kept for a backward. */
 #define PTL_NET_FORWARD_ONLY 4
 
+/* What runs beside the rest (executor.h), so that a layout keeps alive what it touches while it may run:
+ * side_lag > 0: a conv's weight and bias gradients of backward step t may run as late as the start of step
+ * t + side_lag, so what they read (the conv's input and its output's gradient) lives until the end of step
+ * t + side_lag - 1; branch_op (NULL: none): the detached branches' ops, which may run anywhere from forward
+ * op branch_fork to the forward's end, and in the backward anywhere from its start to the start of step
+ * nops - branch_fork (where the ops before branch_fork begin), so everything they touch lives over those
+ * whole spans. */
+typedef struct {
+    int side_lag;
+    const uint8_t *branch_op;
+    int branch_fork;
+} ptl_net_concurrency;
+
 /* Fills L (its arrays allocated by ptl_net_layout_alloc) for (B, H, W). flags: PTL_NET_SHARE_* (0 gives
- * every value and every gradient its own slot) and PTL_NET_FORWARD_ONLY. */
+ * every value and every gradient its own slot) and PTL_NET_FORWARD_ONLY; cc: NULL runs everything in
+ * order. */
 int ptl_net_layout_alloc(const ptl_network *net, ptl_net_layout *L);
 int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, int B, int H, int W, int flags,
-                         ptl_net_layout *L);
+                         const ptl_net_concurrency *cc, ptl_net_layout *L);
 void ptl_net_layout_free(ptl_net_layout *L);
 
 /* Spatial size and row count (B*h*w) of value v in layout L. */

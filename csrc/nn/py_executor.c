@@ -336,20 +336,36 @@ static PyObject *py_use_weights(PyObject *self, PyObject *args)
 }
 
 /* executor_configure(x, training=None, share_gradients=None, deterministic=None, allow_tf32=None, find=None,
- * share_activations=None, grad=None): sets what is given. The conv options (CUDA algorithm choice) and memory
- * sharing apply at the next prepare of each shape; grad=False makes the next forwards forward-only. */
+ * share_activations=None, grad=None, side_lag=None, branches=None): sets what is given. The conv options (CUDA
+ * algorithm choice), memory sharing, the side lag and the branches apply at the next prepare of each shape;
+ * grad=False makes the next forwards forward-only. */
 static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
 {
-    (void)self;
     static char *kwlist[] = {"net",  "training",          "share_gradients", "deterministic", "allow_tf32",
-                             "find", "share_activations", "grad",            NULL};
-    PyObject *cap, *v[7] = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOOOO:executor_configure", kwlist, &cap, &v[0], &v[1], &v[2],
-                                     &v[3], &v[4], &v[5], &v[6]))
+                             "find", "share_activations", "grad",            "side_lag",      "branches",
+                             NULL};
+    PyObject *cap, *v[7] = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None}, *lag = Py_None,
+                   *branches = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOOOOOO:executor_configure", kwlist, &cap, &v[0], &v[1], &v[2],
+                                     &v[3], &v[4], &v[5], &v[6], &lag, &branches))
         return NULL;
     ptl_net_exec *x = ptl_py_executor(cap);
     if (!x)
         return NULL;
+    if (lag != Py_None) {
+        const long n = PyLong_AsLong(lag);
+        if (n == -1 && PyErr_Occurred())
+            return NULL;
+        if (ptl_net_exec_set_side_lag(x, n < INT_MIN || n > INT_MAX ? -1 : (int)n))
+            return ptl_raise(self);
+    }
+    if (branches != Py_None) {
+        const long on = PyLong_AsLong(branches);
+        if (on == -1 && PyErr_Occurred())
+            return NULL;
+        if (ptl_net_exec_set_branches(x, on < INT_MIN || on > INT_MAX ? -1 : (int)on))
+            return ptl_raise(self);
+    }
     int f[7];
     for (int i = 0; i < 7; i++)
         if (v[i] != Py_None && (f[i] = PyObject_IsTrue(v[i])) < 0)
@@ -427,11 +443,14 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
     const ptl_net_layout *L = &x->cur->L;
     int64_t nodes[3];
     ptl_net_recording_nodes(x, nodes);
+    int branch_ops = 0;
+    for (int i = 0; i < x->net->nops; i++)
+        branch_ops += x->branch_op[i];
     PyObject *dev = ptl_device_str(x->device);
     if (!dev)
         return NULL;
     return Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:O,s:(LLL),s:i,s:i,s:i,s:i,"
-                         "s:{s:O,s:O,s:O}}",
+                         "s:i,s:O,s:i,s:i,s:O,s:{s:O,s:O,s:O}}",
                          "device", dev, "backend", x->be->name, "dtype", ptl_dtype_name(x->cdt), "master_dtype",
                          ptl_dtype_name(x->mdt), "training", x->training, "num_parameters", (long long)x->net->nparams,
                          "batch_shape", L->B, L->H, L->W, "anchors", (long long)L->A, "fixed_bytes", (long long)fixed,
@@ -439,7 +458,10 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
                          "forward_only", L->forward_only ? Py_True : Py_False, "recorded",
                          ptl_net_recorded(x) ? Py_True : Py_False, "recorded_nodes", (long long)nodes[0],
                          (long long)nodes[1], (long long)nodes[2], "have_forward", x->have_forward, "frozen_tensors",
-                         x->nfrozen, "backward_ops", x->backward_ops, "ops", x->net->nops, "conv_options",
+                         x->nfrozen, "backward_ops", x->backward_ops, "ops", x->net->nops, "side_lag", x->side_lag,
+                         "side_stream", x->side[PTL_NET_SIDE_WGRAD] ? Py_True : Py_False, "branches", x->branches,
+                         "branch_ops", branch_ops, "branch_stream",
+                         x->side[PTL_NET_SIDE_BRANCH] ? Py_True : Py_False, "conv_options",
                          "deterministic", x->opts.deterministic ? Py_True : Py_False, "allow_tf32",
                          x->opts.allow_tf32 ? Py_True : Py_False, "find", x->opts.find ? Py_True : Py_False);
 }
@@ -553,7 +575,7 @@ static PyMethodDef methods[] = {
      "executor_use_weights(x, params, buffers): forwards on other weights (None, None: its own)."},
     {"executor_configure", (PyCFunction)(void (*)(void))py_configure, METH_VARARGS | METH_KEYWORDS,
      "executor_configure(x, training=None, share_gradients=None, deterministic=None, allow_tf32=None, find=None, "
-     "share_activations=None, grad=None)."},
+     "share_activations=None, grad=None, side_lag=None, branches=None)."},
     {"executor_set_frozen", py_set_frozen, METH_VARARGS,
      "executor_set_frozen(x, flags): freeze the tensors flagged 1 (network_entries order; None: none)."},
     {"executor_info", py_info, METH_O, "executor_info(x) -> dict."},
@@ -568,4 +590,10 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int ptl_register_executor(PyObject *module) { return PyModule_AddFunctions(module, methods); }
+int ptl_register_executor(PyObject *module)
+{
+    if (PyModule_AddIntConstant(module, "NET_SIDE_LAG", PTL_NET_SIDE_LAG) < 0 ||
+        PyModule_AddIntConstant(module, "NET_SIDE_MAX_LAG", PTL_NET_SIDE_MAX_LAG) < 0)
+        return -1;
+    return PyModule_AddFunctions(module, methods);
+}

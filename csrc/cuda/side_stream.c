@@ -1,0 +1,119 @@
+/* The side streams (side_stream.h). Its events are recorded and waited on in order from one
+ * host thread, so each is reused: a wait takes the event's state at the time of the call (also inside a
+ * graph capture, where the wait becomes an edge). */
+#include "side_stream.h"
+
+#include <stdlib.h>
+
+#include "../nn/executor.h"
+
+typedef struct {
+    ptl_cuda_ctx ctx; /* first: the side context is the struct's address */
+    cudaEvent_t fork, mark[PTL_NET_SIDE_MAX_LAG];
+} side_stream;
+
+static void side_destroy(void *p)
+{
+    side_stream *s = (side_stream *)p;
+    ptl_cuda_ctx *c = &s->ctx;
+    cudaSetDevice(c->device);
+    if (c->stream)
+        cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < PTL_CTX_NUM_EXT; i++)
+        if (c->ext[i].ptr && c->ext[i].destroy)
+            c->ext[i].destroy(c->ext[i].ptr);
+    if (s->fork)
+        cudaEventDestroy(s->fork);
+    for (int k = 0; k < PTL_NET_SIDE_MAX_LAG; k++)
+        if (s->mark[k])
+            cudaEventDestroy(s->mark[k]);
+    if (c->cudnn)
+        cudnnDestroy(c->cudnn);
+    if (c->cublaslt)
+        cublasLtDestroy(c->cublaslt);
+    if (c->cublas)
+        cublasDestroy(c->cublas);
+    if (c->stream)
+        cudaStreamDestroy(c->stream);
+    pthread_mutex_destroy(&c->staging_lock);
+    pthread_mutex_destroy(&c->ext_lock);
+    free(s);
+}
+
+static int side_create(ptl_cuda_ctx *ctx, side_stream **out)
+{
+    side_stream *s = (side_stream *)calloc(1, sizeof *s);
+    if (!s)
+        return ptl_set_error(PTL_ERR_MEMORY, "weight-gradient stream: out of host memory");
+    ptl_cuda_ctx *c = &s->ctx;
+    c->rt = ctx->rt;
+    c->device = ctx->device;
+    c->alloc = ctx->alloc; /* borrowed: it never allocates on a step */
+    pthread_mutex_init(&c->staging_lock, NULL);
+    pthread_mutex_init(&c->ext_lock, NULL);
+    PTL_CUDA_TRY(cudaSetDevice(ctx->device));
+    PTL_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    PTL_CUDA_TRY(cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming));
+    for (int k = 0; k < PTL_NET_SIDE_MAX_LAG; k++)
+        PTL_CUDA_TRY(cudaEventCreateWithFlags(&s->mark[k], cudaEventDisableTiming));
+    PTL_CUBLAS_TRY(cublasCreate(&c->cublas));
+    PTL_CUBLAS_TRY(cublasSetStream(c->cublas, c->stream));
+    PTL_CUBLAS_TRY(cublasLtCreate(&c->cublaslt));
+    PTL_CUDNN_TRY(cudnnCreate(&c->cudnn));
+    PTL_CUDNN_TRY(cudnnSetStream(c->cudnn, c->stream));
+    *out = s;
+    return 0;
+fail:
+    side_destroy(s);
+    return -1;
+}
+
+int ptl_cuda_side_open(ptl_cuda_ctx *ctx, int k, ptl_cuda_ctx **side)
+{
+    int rc = 0;
+    pthread_mutex_lock(&ctx->ext_lock);
+    ptl_ctx_ext *ext = &ctx->ext[PTL_CTX_SIDE_STREAM + k];
+    if (!ext->ptr) {
+        side_stream *s = NULL;
+        rc = side_create(ctx, &s);
+        if (rc == 0) {
+            ext->ptr = s;
+            ext->destroy = side_destroy;
+        }
+    }
+    if (rc == 0)
+        *side = &((side_stream *)ext->ptr)->ctx;
+    pthread_mutex_unlock(&ctx->ext_lock);
+    return rc;
+}
+
+/* Side stream k of a context where it was opened (the executor forks only after opening it). */
+static side_stream *side_of(ptl_cuda_ctx *ctx, int k) { return (side_stream *)ctx->ext[PTL_CTX_SIDE_STREAM + k].ptr; }
+
+int ptl_cuda_side_fork(ptl_cuda_ctx *ctx, int k)
+{
+    side_stream *s = side_of(ctx, k);
+    PTL_CUDA_TRY(cudaEventRecord(s->fork, ctx->stream));
+    PTL_CUDA_TRY(cudaStreamWaitEvent(s->ctx.stream, s->fork, 0));
+    return 0;
+fail:
+    return -1;
+}
+
+int ptl_cuda_side_mark(ptl_cuda_ctx *ctx, int k, int m)
+{
+    side_stream *s = side_of(ctx, k);
+    PTL_CUDA_TRY(cudaEventRecord(s->mark[m], s->ctx.stream));
+    return 0;
+fail:
+    return -1;
+}
+
+int ptl_cuda_side_await(ptl_cuda_ctx *ctx, int k, int m)
+{
+    side_stream *s = side_of(ctx, k);
+    PTL_CUDA_TRY(cudaStreamWaitEvent(ctx->stream, s->mark[m], 0));
+    return 0;
+fail:
+    return -1;
+}
