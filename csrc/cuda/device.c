@@ -68,6 +68,30 @@ void ptl_cuda_ctx_destroy(ptl_cuda_ctx *ctx)
 {
     if (!ctx)
         return;
+    ptl_cuda_ctx_close_queue(ctx);
+    if (ctx->pinned)
+        cudaFreeHost(ctx->pinned);
+    if (ctx->alloc)
+        ptl_alloc_destroy(ctx->alloc);
+    free(ctx);
+}
+
+int ptl_cuda_ctx_open_queue(ptl_cuda_ctx *ctx)
+{
+    PTL_CUDA_TRY(cudaSetDevice(ctx->device));
+    PTL_CUDA_TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+    PTL_CUBLAS_TRY(cublasCreate(&ctx->cublas));
+    PTL_CUBLAS_TRY(cublasSetStream(ctx->cublas, ctx->stream));
+    PTL_CUBLAS_TRY(cublasLtCreate(&ctx->cublaslt));
+    PTL_CUDNN_TRY(cudnnCreate(&ctx->cudnn));
+    PTL_CUDNN_TRY(cudnnSetStream(ctx->cudnn, ctx->stream));
+    return 0;
+fail:
+    return -1;
+}
+
+void ptl_cuda_ctx_close_queue(ptl_cuda_ctx *ctx)
+{
     cudaSetDevice(ctx->device);
     if (ctx->stream)
         cudaStreamSynchronize(ctx->stream);
@@ -80,15 +104,10 @@ void ptl_cuda_ctx_destroy(ptl_cuda_ctx *ctx)
         cublasLtDestroy(ctx->cublaslt);
     if (ctx->cublas)
         cublasDestroy(ctx->cublas);
-    if (ctx->pinned)
-        cudaFreeHost(ctx->pinned);
-    if (ctx->alloc)
-        ptl_alloc_destroy(ctx->alloc);
     if (ctx->stream)
         cudaStreamDestroy(ctx->stream);
     pthread_mutex_destroy(&ctx->staging_lock);
     pthread_mutex_destroy(&ctx->ext_lock);
-    free(ctx);
 }
 
 static int ctx_create(ptl_runtime *rt, int device, ptl_cuda_ctx **out)
@@ -103,12 +122,7 @@ static int ctx_create(ptl_runtime *rt, int device, ptl_cuda_ctx **out)
     PTL_CHECK(ptl_cuda_libraries_load()); /* cuBLAS and cuDNN are opened here, on first CUDA use */
     PTL_CUDA_TRY(cudaSetDevice(device));
     PTL_CHECK(ptl_cuda_pdl_setup());
-    PTL_CUDA_TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
-    PTL_CUBLAS_TRY(cublasCreate(&ctx->cublas));
-    PTL_CUBLAS_TRY(cublasSetStream(ctx->cublas, ctx->stream));
-    PTL_CUBLAS_TRY(cublasLtCreate(&ctx->cublaslt));
-    PTL_CUDNN_TRY(cudnnCreate(&ctx->cudnn));
-    PTL_CUDNN_TRY(cudnnSetStream(ctx->cudnn, ctx->stream));
+    PTL_CHECK(ptl_cuda_ctx_open_queue(ctx));
     PTL_CHECK(ptl_alloc_create(device, &ctx->alloc));
     *out = ctx;
     return 0;

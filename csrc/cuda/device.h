@@ -43,6 +43,10 @@ typedef struct ptl_cuda_ctx {
 
 /* The context of `device`, created on first call. */
 int ptl_cuda_ctx_get(ptl_runtime *rt, int device, ptl_cuda_ctx **out);
+/* A context's stream and the cuBLAS / cuDNN handles bound to it (ctx->device set, its locks initialised);
+ * close_queue releases them, what its ext slots hold and its locks (also after a failed open). */
+int ptl_cuda_ctx_open_queue(ptl_cuda_ctx *ctx);
+void ptl_cuda_ctx_close_queue(ptl_cuda_ctx *ctx);
 
 /* Error reporting: each returns -1 after setting a PTL_ERR_CUDA error naming `call` and the status. */
 int ptl_cuda_fail(const char *call, cudaError_t status);

@@ -15,28 +15,12 @@ typedef struct {
 static void side_destroy(void *p)
 {
     side_stream *s = (side_stream *)p;
-    ptl_cuda_ctx *c = &s->ctx;
-    cudaSetDevice(c->device);
-    if (c->stream)
-        cudaStreamSynchronize(c->stream);
-    for (int i = 0; i < PTL_CTX_NUM_EXT; i++)
-        if (c->ext[i].ptr && c->ext[i].destroy)
-            c->ext[i].destroy(c->ext[i].ptr);
+    ptl_cuda_ctx_close_queue(&s->ctx);
     if (s->fork)
         cudaEventDestroy(s->fork);
     for (int k = 0; k < PTL_NET_SIDE_MAX_LAG; k++)
         if (s->mark[k])
             cudaEventDestroy(s->mark[k]);
-    if (c->cudnn)
-        cudnnDestroy(c->cudnn);
-    if (c->cublaslt)
-        cublasLtDestroy(c->cublaslt);
-    if (c->cublas)
-        cublasDestroy(c->cublas);
-    if (c->stream)
-        cudaStreamDestroy(c->stream);
-    pthread_mutex_destroy(&c->staging_lock);
-    pthread_mutex_destroy(&c->ext_lock);
     free(s);
 }
 
@@ -51,16 +35,10 @@ static int side_create(ptl_cuda_ctx *ctx, side_stream **out)
     c->alloc = ctx->alloc; /* borrowed: it never allocates on a step */
     pthread_mutex_init(&c->staging_lock, NULL);
     pthread_mutex_init(&c->ext_lock, NULL);
-    PTL_CUDA_TRY(cudaSetDevice(ctx->device));
-    PTL_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    PTL_CHECK(ptl_cuda_ctx_open_queue(c));
     PTL_CUDA_TRY(cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming));
     for (int k = 0; k < PTL_NET_SIDE_MAX_LAG; k++)
         PTL_CUDA_TRY(cudaEventCreateWithFlags(&s->mark[k], cudaEventDisableTiming));
-    PTL_CUBLAS_TRY(cublasCreate(&c->cublas));
-    PTL_CUBLAS_TRY(cublasSetStream(c->cublas, c->stream));
-    PTL_CUBLAS_TRY(cublasLtCreate(&c->cublaslt));
-    PTL_CUDNN_TRY(cudnnCreate(&c->cudnn));
-    PTL_CUDNN_TRY(cudnnSetStream(c->cudnn, c->stream));
     *out = s;
     return 0;
 fail:

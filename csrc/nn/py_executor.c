@@ -339,6 +339,17 @@ static PyObject *py_use_weights(PyObject *self, PyObject *args)
  * share_activations=None, grad=None, side_lag=None, branches=None): sets what is given. The conv options (CUDA
  * algorithm choice), memory sharing, the side lag and the branches apply at the next prepare of each shape;
  * grad=False makes the next forwards forward-only. */
+/* set(x, v) for an int v given (not None); -1 with an exception set on failure. */
+static int set_int(PyObject *self, ptl_net_exec *x, PyObject *v, int (*set)(ptl_net_exec *, int))
+{
+    if (v == Py_None)
+        return 0;
+    const long n = PyLong_AsLong(v);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    return set(x, n < INT_MIN || n > INT_MAX ? -1 : (int)n) ? ptl_raise_int(self) : 0;
+}
+
 static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"net",  "training",          "share_gradients", "deterministic", "allow_tf32",
@@ -352,20 +363,8 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
     ptl_net_exec *x = ptl_py_executor(cap);
     if (!x)
         return NULL;
-    if (lag != Py_None) {
-        const long n = PyLong_AsLong(lag);
-        if (n == -1 && PyErr_Occurred())
-            return NULL;
-        if (ptl_net_exec_set_side_lag(x, n < INT_MIN || n > INT_MAX ? -1 : (int)n))
-            return ptl_raise(self);
-    }
-    if (branches != Py_None) {
-        const long on = PyLong_AsLong(branches);
-        if (on == -1 && PyErr_Occurred())
-            return NULL;
-        if (ptl_net_exec_set_branches(x, on < INT_MIN || on > INT_MAX ? -1 : (int)on))
-            return ptl_raise(self);
-    }
+    if (set_int(self, x, lag, ptl_net_exec_set_side_lag) || set_int(self, x, branches, ptl_net_exec_set_branches))
+        return NULL;
     int f[7];
     for (int i = 0; i < 7; i++)
         if (v[i] != Py_None && (f[i] = PyObject_IsTrue(v[i])) < 0)
