@@ -426,10 +426,10 @@ def test_side_streams_are_bitwise_neutral(dtype):
     B, H, W = 2, 256, 192
     sd = _state(seed=4)
     x = np.random.default_rng(9).random((B, H, W, 3)).astype(np.float32)
-    lag, most = ptl._C.NET_SIDE_LAG, ptl._C.NET_SIDE_MAX_LAG
+    default, most = ptl._C.NET_SIDE_LAG, ptl._C.NET_SIDE_MAX_LAG
     runs = []
-    for lag, branches, replay in ((0, 0, False), (lag, 0, False), (most, 1, False), (0, 1, False), (lag, 1, True),
-                                  (most, 1, True)):
+    for lag, branches, replay in ((0, 0, False), (default, 0, False), (most, 1, False), (0, 1, False),
+                                  (default, 1, True), (most, 1, True)):
         net = _detector(sd, True).to("cuda", dtype=dtype)
         ptl._C.executor_configure(net._exec, side_lag=lag, branches=branches)
         info = ptl._C.executor_info(net._exec)

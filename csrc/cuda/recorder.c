@@ -1,6 +1,6 @@
 /* The graph recorder of the CUDA executor (recorder.h): captures of what ptl_net_exec_forward and
- * ptl_net_exec_backward (and a caller's tail after it) queue on the device's stream, kept in the shape's
- * slot. */
+ * ptl_net_exec_backward (and a caller's tail after it) queue on the device's stream, and on the side
+ * streams forked from it and joined to it, kept in the shape's slot. */
 #include "recorder.h"
 
 #include <stdlib.h>

@@ -54,6 +54,11 @@
  * backend, so the CPU backend computes exactly what the CUDA executor's host logic prescribes, and a
  * CPU run is bitwise reproducible whatever the slot sharing or the shape history.
  *
+ * Concurrency: on a backend with side queues (CUDA streams) the backward's conv weight gradients and the
+ * detached branches run beside the rest (PTL_NET_SIDE_LAG, PTL_NET_SIDE_BRANCH below); the layout keeps
+ * what they touch alive while they may run (net_plan.h's ptl_net_concurrency), so the bits are those of
+ * one queue.
+ *
  * Hot path: forward and backward call backend kernels on preallocated memory only; every allocation
  * and every conv plan is made by ptl_net_exec_prepare (a no-op for a shape held in a slot), so the
  * work of a step keeps its addresses and can be captured. */
