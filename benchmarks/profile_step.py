@@ -12,7 +12,7 @@ calls, and the peak allocated and reserved device memory of ptl's allocator (for
 network's own share). ``--trace FILE`` keeps the Chrome trace.
 
     python benchmarks/profile_step.py [--what network|step] [--capture] [--batch 4] [--dtype bfloat16]
-                                      [--tf32] [--comm none|after|graph] [--accumulate N]
+                                      [--tf32] [--find] [--comm none|after|graph] [--accumulate N]
                                       [--iters 20] [--no-profile]
 """
 import argparse
@@ -56,6 +56,8 @@ def train_step(args):
     trainer.capture_network = args.capture
     eng = _Engine(trainer, model, data)
     trainer._engine = eng
+    if args.find:  # the engine set the conv options; the plans are made at the first step's shape
+        model.set_conv_options(allow_tf32=args.tf32, find=True)
     if args.comm != "none":  # a one-rank job's communication: what a rank adds to its step, less the wire
         eng.comm = ptl._C.nccl_comm(ptl._C.nccl_unique_id(), 1, 0, 0, 60.0)
     def batches():
@@ -119,6 +121,8 @@ def main():
     ap.add_argument("--no-profile", action="store_true", help="timings only")
     ap.add_argument("--capture", action="store_true", help="step: replay the recorded network (capture_network)")
     ap.add_argument("--tf32", action="store_true", help="step, float32: float32_matmul_precision='high' (TF32 convs)")
+    ap.add_argument("--find", action="store_true",
+                    help="step: conv plans pick the fastest of cuDNN's deterministic candidates by timing them")
     ap.add_argument("--comm", choices=["none", "after", "graph"], default="none",
                     help="step: a one-rank NCCL communicator; all-reduce after the replayed backward or in its graph")
     ap.add_argument("--accumulate", type=int, default=None,
@@ -158,7 +162,8 @@ def main():
         info = step.model.info()
         print(f"the network's share: fixed {info['fixed_bytes'] / mib:.0f} MiB; per training shape "
               f"{info['shape_bytes'] / mib:.0f} MiB, of which the arena of activations, gradients and scratch "
-              f"{info['arena_bytes'] / mib:.0f} MiB")
+              f"{info['arena_bytes'] / mib:.0f} MiB; conv workspaces (main, weight-gradient, branch queue) "
+              f"{', '.join(f'{b / mib:.1f}' for b in info['workspace_bytes'])} MiB")
     if args.no_profile:
         return
     try:

@@ -387,6 +387,11 @@ def test_replay_equals_eager(dtype):
         net = _detector(sd, True).to("cuda", dtype=dtype)
         img = ptl.tensor(x, device="cuda").to(dtype=dtype)
         out = net.forward(img)
+        ws = ptl._C.executor_info(net._exec)["workspace_bytes"]
+        if not runs:
+            one_queue = ws[0]
+            assert ws[1:] == (0, 0)
+        assert max(ws) <= one_queue and (ws[1] > 0) == (lag > 0), (lag, branches, ws, one_queue)
         R = _dev(_functional(_np_out(out), seed=6))
         net.zero_grad()
         net.backward(R)  # the warm-up step, eager in both
@@ -422,7 +427,8 @@ def test_side_streams_are_bitwise_neutral(dtype):
     """The side streams (csrc/cuda/side_stream.h), eager and replayed: the backward's conv weight and bias
     gradients awaited up to the side lag's steps later, the detached branches (the one-to-one head) beside
     the rest of the forward and the backward. They give the bits of everything in order on one stream:
-    outputs, parameter gradients, BN running statistics."""
+    outputs, parameter gradients, BN running statistics. No queue's conv workspace is larger than the one
+    queue's: each is sized by the calls it runs."""
     B, H, W = 2, 256, 192
     sd = _state(seed=4)
     x = np.random.default_rng(9).random((B, H, W, 3)).astype(np.float32)
@@ -437,6 +443,11 @@ def test_side_streams_are_bitwise_neutral(dtype):
         assert info["branches"] == branches and (info["branch_stream"] or not branches)
         img = ptl.tensor(x, device="cuda").to(dtype=dtype)
         out = net.forward(img)
+        ws = ptl._C.executor_info(net._exec)["workspace_bytes"]
+        if not runs:
+            one_queue = ws[0]
+            assert ws[1:] == (0, 0)
+        assert max(ws) <= one_queue and (ws[1] > 0) == (lag > 0), (lag, branches, ws, one_queue)
         R = _dev(_functional(_np_out(out), seed=6))
         net.zero_grad()
         net.backward(R)

@@ -141,9 +141,9 @@ static int fast_conv_plans(ptl_exec_ctx *ctx, int n, const ptl_conv2d_desc *d, p
     return ptl_net_conv_plans_each(fast_conv_plan, fast_conv_plan_free, ctx, n, d, dt, o, bias, plans);
 }
 
-static size_t fast_conv_workspace(const void *plan, int param_grads)
+static size_t fast_conv_workspace(const void *plan, ptl_conv_ws_part part)
 {
-    (void)param_grads; /* every direction sizes its oneDNN scratch within the one workspace */
+    (void)part; /* every direction sizes its oneDNN scratch within the one workspace */
     return ptl_cpu_conv2d_plan_workspace(plan);
 }
 

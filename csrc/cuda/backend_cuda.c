@@ -123,10 +123,12 @@ static int cuda_conv_plans(ptl_cuda_ctx *ctx, int n, const ptl_conv2d_desc *d, p
 
 static void cuda_conv_plan_free(void *plan) { ptl_conv2d_plan_destroy((ptl_conv2d_plan *)plan); }
 
-static size_t cuda_conv_workspace(const void *plan, int param_grads)
+static size_t cuda_conv_workspace(const void *plan, ptl_conv_ws_part part)
 {
     const ptl_conv2d_plan *p = (const ptl_conv2d_plan *)plan;
-    return param_grads ? ptl_conv2d_plan_param_grads_workspace(p) : ptl_conv2d_plan_workspace(p);
+    return part == PTL_CONV_WS_PARAM_GRADS ? ptl_conv2d_plan_param_grads_workspace(p)
+           : part == PTL_CONV_WS_DATA      ? ptl_conv2d_plan_data_workspace(p)
+                                           : ptl_conv2d_plan_workspace(p);
 }
 
 static int cuda_conv_forward(ptl_cuda_ctx *ctx, const void *plan, const void *x, const void *w, const void *bias,

@@ -414,6 +414,11 @@ extern "C" size_t ptl_conv2d_plan_param_grads_workspace(const ptl_conv2d_plan *p
     return p->ws_bf > p->ws_bias ? p->ws_bf : p->ws_bias;
 }
 
+extern "C" size_t ptl_conv2d_plan_data_workspace(const ptl_conv2d_plan *p)
+{
+    return p->ws_f > p->ws_bd ? p->ws_f : p->ws_bd;
+}
+
 extern "C" const char *ptl_conv2d_plan_path(const ptl_conv2d_plan *p)
 {
     return p->gemm ? "cublas" : p->depthwise ? "direct" : p->exec[0] ? "cudnn-graph" : "cudnn-legacy";

@@ -88,6 +88,9 @@ size_t ptl_conv2d_plan_workspace(const ptl_conv2d_plan *p);
 /* Workspace bytes the weight and bias gradients need (at most the above): a second stream running them
  * beside the rest needs no more. */
 size_t ptl_conv2d_plan_param_grads_workspace(const ptl_conv2d_plan *p);
+/* Workspace bytes the forward and the input gradient need: what stays on a stream whose weight and bias
+ * gradients run on another. */
+size_t ptl_conv2d_plan_data_workspace(const ptl_conv2d_plan *p);
 /* The chosen cuDNN algorithm numbers (cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t, or the graph API's
  * engine indices; -1 for the GEMM and direct paths) and whether each may run on tensor cores, for logs and
  * tests. */

@@ -82,10 +82,10 @@ static int cpu_conv_plans(ptl_exec_ctx *ctx, int n, const ptl_conv2d_desc *d, pt
 
 const ptl_conv2d_desc *ptl_net_cpu_plan_desc(const void *plan) { return &((const cpu_plan *)plan)->d; }
 
-static size_t cpu_conv_workspace(const void *plan, int param_grads)
+static size_t cpu_conv_workspace(const void *plan, ptl_conv_ws_part part)
 {
     (void)plan;
-    (void)param_grads;
+    (void)part;
     return 0;
 }
 

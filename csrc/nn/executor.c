@@ -202,6 +202,7 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
     /* the main queue's needs; the weight-gradient queue's; the branch queue's (its ops') */
     size_t layer_scratch = 0, ws = 0, ws_side = 0, branch_scratch = 0, ws_branch = 0;
     const int branches = x->branches && x->side[PTL_NET_SIDE_BRANCH];
+    const int wgrad_side = x->side_lag && x->side[PTL_NET_SIDE_WGRAD] && !L->forward_only;
     const int bhw[3] = {L->B, L->H, L->W};
     PTL_CHECK(plan_shapes(x, 1, bhw, L->forward_only, s));
     PTL_CHECK(balloc(x, (size_t)L->arena_numel * x->csz, &s->arena));
@@ -210,11 +211,14 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
         const ptl_net_op *op = &net->ops[i];
         size_t b = 0;
         if (is_conv(op)) {
-            const size_t w = x->be->conv_workspace(s->plans[i], 0), wp = x->be->conv_workspace(s->plans[i], 1);
-            ws = w > ws ? w : ws;
-            ws_side = wp > ws_side ? wp : ws_side;
-            if (branches && x->branch_op[i])
-                ws_branch = w > ws_branch ? w : ws_branch;
+            /* a branch op's calls all run on its queue (its parameter gradients in order: conv_backward);
+             * any other's parameter gradients run on the weight-gradient queue when there is one */
+            size_t *own = branches && x->branch_op[i] ? &ws_branch : &ws;
+            size_t *pg = wgrad_side && !(x->branches && x->branch_op[i]) ? &ws_side : own;
+            const size_t w = x->be->conv_workspace(s->plans[i], PTL_CONV_WS_DATA),
+                         wp = x->be->conv_workspace(s->plans[i], PTL_CONV_WS_PARAM_GRADS);
+            *own = w > *own ? w : *own;
+            *pg = wp > *pg ? wp : *pg;
             if (op->kind == PTL_OP_CONV && x->be->bn_scratch_bytes)
                 b = x->be->bn_scratch_bytes(ptl_net_value_dims(net, L, op->out).m, op->cout);
         } else if (!has_own_case(op->kind) && x->be->layer[op->kind].scratch_bytes) {
@@ -232,7 +236,7 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
         PTL_CHECK(x->be->reserve_scratch(x->side[PTL_NET_SIDE_BRANCH], branch_scratch));
     PTL_CHECK(balloc(x, ws, &s->ws));
     s->ws_bytes = ws;
-    if (x->side_lag && x->side[PTL_NET_SIDE_WGRAD] && !L->forward_only) {
+    if (wgrad_side) {
         PTL_CHECK(balloc(x, ws_side, &s->ws_side));
         s->ws_side_bytes = ws_side;
     }

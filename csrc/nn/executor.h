@@ -157,6 +157,10 @@ static inline int64_t ptl_net_arg_rows(const ptl_net_call *c, const ptl_net_arg 
 /* Output k's data or grad, NULL where the op has no output k. */
 #define PTL_NET_CALL_OUT(c, k, field) ((c)->nout > (k) ? (c)->out[k].field : NULL)
 
+/* Which calls of a conv plan a workspace serves: all of them; the weight and bias gradients (a side queue's);
+ * the forward and the input gradient (the queue whose weight and bias gradients run on a side queue). */
+typedef enum { PTL_CONV_WS_ALL, PTL_CONV_WS_PARAM_GRADS, PTL_CONV_WS_DATA } ptl_conv_ws_part;
+
 /* The backend table. Activations are in the compute dtype `dt`; BatchNorm parameters, running and
  * saved statistics, head outputs and output gradients in the master dtype. accumulate: 0 overwrites
  * (the first writer of a gradient), 1 adds. */
@@ -181,7 +185,7 @@ typedef struct ptl_net_backend {
     int (*conv_plans)(ptl_exec_ctx *ctx, int n, const ptl_conv2d_desc *d, ptl_dtype dt, const ptl_net_conv_opts *o,
                       const uint8_t *bias, void **plans);
     void (*conv_plan_free)(void *plan);
-    size_t (*conv_workspace)(const void *plan, int param_grads); /* 1: the weight and bias gradients' alone */
+    size_t (*conv_workspace)(const void *plan, ptl_conv_ws_part part);
     size_t (*bn_scratch_bytes)(int64_t m, int c);                    /* NULL: none */
     int (*reserve_scratch)(ptl_exec_ctx *ctx, size_t bytes);         /* NULL: nothing to reserve */
 

@@ -449,7 +449,7 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
     if (!dev)
         return NULL;
     return Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:O,s:(LLL),s:i,s:i,s:i,s:i,"
-                         "s:i,s:O,s:i,s:i,s:O,s:{s:O,s:O,s:O}}",
+                         "s:i,s:O,s:i,s:i,s:O,s:(LLL),s:{s:O,s:O,s:O}}",
                          "device", dev, "backend", x->be->name, "dtype", ptl_dtype_name(x->cdt), "master_dtype",
                          ptl_dtype_name(x->mdt), "training", x->training, "num_parameters", (long long)x->net->nparams,
                          "batch_shape", L->B, L->H, L->W, "anchors", (long long)L->A, "fixed_bytes", (long long)fixed,
@@ -460,7 +460,9 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
                          x->nfrozen, "backward_ops", x->backward_ops, "ops", x->net->nops, "side_lag", x->side_lag,
                          "side_stream", x->side[PTL_NET_SIDE_WGRAD] ? Py_True : Py_False, "branches", x->branches,
                          "branch_ops", branch_ops, "branch_stream",
-                         x->side[PTL_NET_SIDE_BRANCH] ? Py_True : Py_False, "conv_options",
+                         x->side[PTL_NET_SIDE_BRANCH] ? Py_True : Py_False, "workspace_bytes",
+                         (long long)x->cur->ws_bytes, (long long)x->cur->ws_side_bytes,
+                         (long long)x->cur->ws_branch_bytes, "conv_options",
                          "deterministic", x->opts.deterministic ? Py_True : Py_False, "allow_tf32",
                          x->opts.allow_tf32 ? Py_True : Py_False, "find", x->opts.find ? Py_True : Py_False);
 }

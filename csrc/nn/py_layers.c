@@ -195,7 +195,7 @@ PyObject *ptl_py_conv_plan_new(const ptl_py_conv_plan *plan)
     *p = *plan;
     /* A CPU plan holds the workspace of its backend (the fast one's weight reorders and oneDNN scratchpad;
      * the reference asks for none), as the executor holds it; CUDA calls are handed theirs. */
-    p->ws_bytes = p->device.type == PTL_CPU ? p->be->conv_workspace(p->plan, 0) : 0;
+    p->ws_bytes = p->device.type == PTL_CPU ? p->be->conv_workspace(p->plan, PTL_CONV_WS_ALL) : 0;
     p->ws = NULL;
     if (p->ws_bytes && !(p->ws = malloc(p->ws_bytes))) {
         PyErr_NoMemory();
