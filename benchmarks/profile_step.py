@@ -162,7 +162,7 @@ def main():
         info = step.model.info()
         print(f"the network's share: fixed {info['fixed_bytes'] / mib:.0f} MiB; per training shape "
               f"{info['shape_bytes'] / mib:.0f} MiB, of which the arena of activations, gradients and scratch "
-              f"{info['arena_bytes'] / mib:.0f} MiB; conv workspaces (main, weight-gradient, branch queue) "
+              f"{info['arena_bytes'] / mib:.0f} MiB; conv workspaces (main, weight-gradient, detached and attached branch queues) "
               f"{', '.join(f'{b / mib:.1f}' for b in info['workspace_bytes'])} MiB")
     if args.no_profile:
         return

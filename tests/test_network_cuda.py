@@ -387,11 +387,6 @@ def test_replay_equals_eager(dtype):
         net = _detector(sd, True).to("cuda", dtype=dtype)
         img = ptl.tensor(x, device="cuda").to(dtype=dtype)
         out = net.forward(img)
-        ws = ptl._C.executor_info(net._exec)["workspace_bytes"]
-        if not runs:
-            one_queue = ws[0]
-            assert ws[1:] == (0, 0)
-        assert max(ws) <= one_queue and (ws[1] > 0) == (lag > 0), (lag, branches, ws, one_queue)
         R = _dev(_functional(_np_out(out), seed=6))
         net.zero_grad()
         net.backward(R)  # the warm-up step, eager in both
@@ -425,28 +420,31 @@ def test_replay_equals_eager(dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_side_streams_are_bitwise_neutral(dtype):
     """The side streams (csrc/cuda/side_stream.h), eager and replayed: the backward's conv weight and bias
-    gradients awaited up to the side lag's steps later, the detached branches (the one-to-one head) beside
-    the rest of the forward and the backward. They give the bits of everything in order on one stream:
-    outputs, parameter gradients, BN running statistics. No queue's conv workspace is larger than the one
-    queue's: each is sized by the calls it runs."""
+    gradients awaited up to the side lag's steps later, the branches (the head's chains of each level: the
+    one-to-one's detached ones on one stream, the one-to-many's, which add into the neck's gradients, on
+    another) beside the rest of the forward and the backward. They give the bits of everything in order on
+    one stream: outputs, parameter gradients, BN running statistics. No queue's conv workspace is larger than
+    the one queue's: each is sized by the calls it runs."""
     B, H, W = 2, 256, 192
     sd = _state(seed=4)
     x = np.random.default_rng(9).random((B, H, W, 3)).astype(np.float32)
     default, most = ptl._C.NET_SIDE_LAG, ptl._C.NET_SIDE_MAX_LAG
     runs = []
-    for lag, branches, replay in ((0, 0, False), (default, 0, False), (most, 1, False), (0, 1, False),
-                                  (default, 1, True), (most, 1, True)):
+    for lag, branches, attached, replay in ((0, 0, 0, False), (default, 0, 0, False), (most, 1, 1, False),
+                                            (0, 1, 0, False), (0, 1, 1, False), (default, 1, 0, True),
+                                            (default, 1, 1, True), (most, 1, 1, True)):
         net = _detector(sd, True).to("cuda", dtype=dtype)
-        ptl._C.executor_configure(net._exec, side_lag=lag, branches=branches)
+        ptl._C.executor_configure(net._exec, side_lag=lag, branches=branches, attached=attached)
         info = ptl._C.executor_info(net._exec)
         assert info["side_lag"] == lag and (info["side_stream"] or lag == 0)
         assert info["branches"] == branches and (info["branch_stream"] or not branches)
+        assert info["attached"] == attached and (info["attached_stream"] or not branches)
         img = ptl.tensor(x, device="cuda").to(dtype=dtype)
         out = net.forward(img)
         ws = ptl._C.executor_info(net._exec)["workspace_bytes"]
         if not runs:
             one_queue = ws[0]
-            assert ws[1:] == (0, 0)
+            assert ws[1:] == (0, 0, 0)
         assert max(ws) <= one_queue and (ws[1] > 0) == (lag > 0), (lag, branches, ws, one_queue)
         R = _dev(_functional(_np_out(out), seed=6))
         net.zero_grad()
@@ -472,18 +470,19 @@ def test_side_streams_are_bitwise_neutral(dtype):
 
 @pytest.mark.cuda
 def test_side_streams_forward_only():
-    """Validation's forward-only layouts with the branches on their stream give the in-order outputs."""
+    """Validation's forward-only layouts with the branches on their streams give the in-order outputs."""
     sd = _state(seed=4)
     x = np.random.default_rng(9).random((2, 256, 192, 3)).astype(np.float32)
     outs = []
-    for branches in (0, 1):
+    for branches, attached in ((0, 0), (1, 0), (1, 1)):
         net = _detector(sd, False).to("cuda", dtype="bfloat16")
-        ptl._C.executor_configure(net._exec, branches=branches)
+        ptl._C.executor_configure(net._exec, branches=branches, attached=attached)
         with net.no_grad():
             outs.append(_np_out(net.forward(ptl.tensor(x, device="cuda").to(dtype="bfloat16"))))
-    for br in outs[0]:
-        for a, c in zip(outs[0][br], outs[1][br]):
-            assert np.array_equal(_bits(a), _bits(c)), br
+    for out in outs[1:]:
+        for br in outs[0]:
+            for a, c in zip(outs[0][br], out[br]):
+                assert np.array_equal(_bits(a), _bits(c)), br
 
 
 @pytest.mark.cuda

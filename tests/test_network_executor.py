@@ -91,29 +91,31 @@ def test_slot_sharing_is_bitwise_neutral(training, what, ratio):
 
 
 @pytest.mark.parametrize("training", [True, False])
-@pytest.mark.parametrize("lag,branches", [(1, 0), (2, 0), (_C.NET_SIDE_MAX_LAG, 0), (0, 1), (0, 2),
-                                          (_C.NET_SIDE_LAG, 1), (_C.NET_SIDE_LAG, 2)])
-def test_side_queues_are_bitwise_neutral(training, lag, branches):
+@pytest.mark.parametrize("lag,branches,attached", [(1, 0, 1), (2, 0, 1), (_C.NET_SIDE_MAX_LAG, 0, 1), (0, 1, 0),
+                                                   (0, 2, 0), (0, 1, 1), (0, 2, 1), (_C.NET_SIDE_LAG, 1, 1),
+                                                   (_C.NET_SIDE_LAG, 2, 1)])
+def test_side_queues_are_bitwise_neutral(training, lag, branches, attached):
     """What the CUDA backend runs on side streams, run here on the CPU's one queue as late as it may run (the
     stand-in of those streams): with a side lag each conv's weight and bias gradients `lag` steps late; with
-    branches=1 the detached branches (the one-to-one head's chains) at the end of the forward and where the
-    ops before them begin in the backward, with branches=2 as early as may be (at their fork in the forward,
-    at the backward's start), the two ends of where the branch stream may run them. The layout keeps what they touch alive until then, so the step
-    gives the bits of the in-order one; a slot reused too early would show, as would the NaN-filled fresh
-    memory. The arena grows by those longer lives only."""
+    branches=1 each branch (the head's chains of one level, the one-to-one's detached, and with attached=1 the
+    one-to-many's, which add into the neck's gradients) at the end of the forward and before its join op's
+    step in the backward, with branches=2 as early as may be (at its fork in the forward, at the backward's
+    start), the two ends of where a branch stream may run it. The layout keeps what they touch alive until
+    then, so the step gives the bits of the in-order one; a slot reused too early would show, as would the
+    NaN-filled fresh memory. The arena grows by those longer lives only."""
     sd = _state()
     x, grads = _inputs(2, 96, 128)
     ref, late = Net(sd, training), Net(sd, training)
     _C.executor_configure(ref.x, side_lag=0, branches=0)
-    _C.executor_configure(late.x, side_lag=lag, branches=branches)
+    _C.executor_configure(late.x, side_lag=lag, branches=branches, attached=attached)
     for input_grad in (True, False):
         r1, r2 = ref.step(x, grads, input_grad), late.step(x, grads, input_grad)
         _same(r1, r2)
         assert np.count_nonzero(r1[1]) > 0.9 * r1[1].size
     info, base = _C.executor_info(late.x), _C.executor_info(ref.x)
-    assert info["side_lag"] == lag and info["branches"] == branches
-    assert not info["side_stream"] and not info["branch_stream"]
-    assert info["branch_ops"] == 30  # yolo26n's one-to-one head: 6 chains of 5 ops, their inputs detached
+    assert info["side_lag"] == lag and info["branches"] == branches and info["attached"] == attached
+    assert not info["side_stream"] and not info["branch_stream"] and not info["attached_stream"]
+    assert info["branch_ops"] == (30, 30)  # yolo26n's head: 6 chains of 5 ops, one-to-one and one-to-many
     assert base["arena_bytes"] <= info["arena_bytes"] <= 1.1 * base["arena_bytes"]
     if lag == 1 and not branches:  # awaited at the next step's start: no life is longer
         assert info["arena_bytes"] == base["arena_bytes"]

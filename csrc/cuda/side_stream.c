@@ -7,9 +7,11 @@
 
 #include "../nn/executor.h"
 
+_Static_assert(PTL_CTX_NUM_EXT - PTL_CTX_SIDE_STREAM == PTL_NET_SIDE_STREAMS, "one context slot per side stream");
+
 typedef struct {
     ptl_cuda_ctx ctx; /* first: the side context is the struct's address */
-    cudaEvent_t fork, mark[PTL_NET_SIDE_MAX_LAG];
+    cudaEvent_t fork, mark[PTL_NET_SIDE_MARKS];
 } side_stream;
 
 static void side_destroy(void *p)
@@ -18,7 +20,7 @@ static void side_destroy(void *p)
     ptl_cuda_ctx_close_queue(&s->ctx);
     if (s->fork)
         cudaEventDestroy(s->fork);
-    for (int k = 0; k < PTL_NET_SIDE_MAX_LAG; k++)
+    for (int k = 0; k < PTL_NET_SIDE_MARKS; k++)
         if (s->mark[k])
             cudaEventDestroy(s->mark[k]);
     free(s);
@@ -37,7 +39,7 @@ static int side_create(ptl_cuda_ctx *ctx, side_stream **out)
     pthread_mutex_init(&c->ext_lock, NULL);
     PTL_CHECK(ptl_cuda_ctx_open_queue(c));
     PTL_CUDA_TRY(cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming));
-    for (int k = 0; k < PTL_NET_SIDE_MAX_LAG; k++)
+    for (int k = 0; k < PTL_NET_SIDE_MARKS; k++)
         PTL_CUDA_TRY(cudaEventCreateWithFlags(&s->mark[k], cudaEventDisableTiming));
     *out = s;
     return 0;

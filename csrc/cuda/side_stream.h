@@ -1,5 +1,5 @@
 /* The side streams of a device context (the CUDA backend's side_open, side_fork, side_mark and side_await
- * of ../nn/executor.h; k: PTL_NET_SIDE_WGRAD or PTL_NET_SIDE_BRANCH): each a second context on the same
+ * of ../nn/executor.h; k < PTL_NET_SIDE_STREAMS): each a second context on the same
  * device, with its own stream, cuBLAS / cuDNN handles bound to it and layer scratch, and the device's
  * allocator, kept in the main context's ext slots. */
 #ifndef PTL_CUDA_SIDE_STREAM_H
@@ -15,7 +15,7 @@ extern "C" {
 int ptl_cuda_side_open(ptl_cuda_ctx *ctx, int k, ptl_cuda_ctx **side);
 /* Side stream k waits for everything queued on ctx's stream so far. */
 int ptl_cuda_side_fork(ptl_cuda_ctx *ctx, int k);
-/* Mark m (< PTL_NET_SIDE_MAX_LAG) of side stream k: what it has queued so far. */
+/* Mark m (< PTL_NET_SIDE_MARKS) of side stream k: what it has queued so far. */
 int ptl_cuda_side_mark(ptl_cuda_ctx *ctx, int k, int m);
 /* ctx's stream waits for mark m of side stream k. */
 int ptl_cuda_side_await(ptl_cuda_ctx *ctx, int k, int m);

@@ -84,13 +84,13 @@ static void free_slot(ptl_net_exec *x, ptl_net_slot *s)
         }
     bfree(x, &s->arena);
     bfree(x, &s->saved);
-    bfree(x, &s->ws);
-    bfree(x, &s->ws_side);
-    bfree(x, &s->ws_branch);
+    for (int k = 0; k < PTL_NET_QUEUES; k++) {
+        bfree(x, &s->ws[k]);
+        s->ws_bytes[k] = 0;
+    }
     for (int b = 0; b < 2; b++)
         for (int j = 0; j < 2; j++)
             bfree(x, &s->out[b][j]);
-    s->ws_bytes = s->ws_side_bytes = s->ws_branch_bytes = 0;
     s->warm = 0;
     s->L.B = s->L.H = s->L.W = 0;
     s->L.A = 0;
@@ -194,31 +194,48 @@ int ptl_net_exec_plan(ptl_net_exec *x, int count, const int *bhw, int forward_on
 
 static void make_call(ptl_net_exec *x, int i, int backward, int want_input_grad, ptl_net_call *c);
 
+/* What runs beside the rest, as the layout sees it. */
+static ptl_net_concurrency concurrency(const ptl_net_exec *x)
+{
+    const ptl_net_concurrency cc = {x->side_lag, x->branches ? &x->br : NULL, x->attached};
+    return cc;
+}
+
+/* The branch op i runs in beside the rest (-1: none). */
+static int branch_of(const ptl_net_exec *x, int i)
+{
+    const ptl_net_concurrency cc = concurrency(x);
+    return ptl_net_branch_of(&cc, i);
+}
+
+/* The side queue of branch b. */
+static int branch_queue(const ptl_net_exec *x, int b) { return PTL_NET_SIDE_DETACHED + x->br.b[b].attached; }
+
 /* Allocates slot s (the current one) buffers and plans for its layout. */
 static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
 {
     const ptl_network *net = x->net;
     const ptl_net_layout *L = &s->L;
-    /* the main queue's needs; the weight-gradient queue's; the branch queue's (its ops') */
-    size_t layer_scratch = 0, ws = 0, ws_side = 0, branch_scratch = 0, ws_branch = 0;
-    const int branches = x->branches && x->side[PTL_NET_SIDE_BRANCH];
-    const int wgrad_side = x->side_lag && x->side[PTL_NET_SIDE_WGRAD] && !L->forward_only;
+    /* each queue's needs (0 main, 1 + k side queue k): conv workspace, layer scratch */
+    size_t ws[PTL_NET_QUEUES] = {0}, layer_scratch[PTL_NET_QUEUES] = {0};
+    const int wgrad = x->side_lag && x->side[PTL_NET_SIDE_WGRAD] && !L->forward_only;
     const int bhw[3] = {L->B, L->H, L->W};
     PTL_CHECK(plan_shapes(x, 1, bhw, L->forward_only, s));
     PTL_CHECK(balloc(x, (size_t)L->arena_numel * x->csz, &s->arena));
     PTL_CHECK(balloc(x, (size_t)L->saved_numel * x->csz, &s->saved));
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
+        /* a branch op's calls all run on its queue (its parameter gradients in order: conv_backward); any
+         * other's parameter gradients run on the weight-gradient queue when there is one */
+        const int br = branch_of(x, i), k = br < 0 ? -1 : branch_queue(x, br);
+        const int own = k >= 0 && x->side[k] ? 1 + k : 0;
         size_t b = 0;
         if (is_conv(op)) {
-            /* a branch op's calls all run on its queue (its parameter gradients in order: conv_backward);
-             * any other's parameter gradients run on the weight-gradient queue when there is one */
-            size_t *own = branches && x->branch_op[i] ? &ws_branch : &ws;
-            size_t *pg = wgrad_side && !(x->branches && x->branch_op[i]) ? &ws_side : own;
+            const int pg = wgrad && br < 0 ? 1 + PTL_NET_SIDE_WGRAD : own;
             const size_t w = x->be->conv_workspace(s->plans[i], PTL_CONV_WS_DATA),
                          wp = x->be->conv_workspace(s->plans[i], PTL_CONV_WS_PARAM_GRADS);
-            *own = w > *own ? w : *own;
-            *pg = wp > *pg ? wp : *pg;
+            ws[own] = w > ws[own] ? w : ws[own];
+            ws[pg] = wp > ws[pg] ? wp : ws[pg];
             if (op->kind == PTL_OP_CONV && x->be->bn_scratch_bytes)
                 b = x->be->bn_scratch_bytes(ptl_net_value_dims(net, L, op->out).m, op->cout);
         } else if (!has_own_case(op->kind) && x->be->layer[op->kind].scratch_bytes) {
@@ -226,23 +243,16 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
             make_call(x, i, 0, 0, &c);
             b = x->be->layer[op->kind].scratch_bytes(&c);
         }
-        layer_scratch = b > layer_scratch ? b : layer_scratch;
-        if (branches && x->branch_op[i])
-            branch_scratch = b > branch_scratch ? b : branch_scratch;
+        layer_scratch[own] = b > layer_scratch[own] ? b : layer_scratch[own];
     }
-    if (x->be->reserve_scratch)
-        PTL_CHECK(x->be->reserve_scratch(x->ctx, layer_scratch));
-    if (x->be->reserve_scratch && branches)
-        PTL_CHECK(x->be->reserve_scratch(x->side[PTL_NET_SIDE_BRANCH], branch_scratch));
-    PTL_CHECK(balloc(x, ws, &s->ws));
-    s->ws_bytes = ws;
-    if (wgrad_side) {
-        PTL_CHECK(balloc(x, ws_side, &s->ws_side));
-        s->ws_side_bytes = ws_side;
-    }
-    if (branches) {
-        PTL_CHECK(balloc(x, ws_branch, &s->ws_branch));
-        s->ws_branch_bytes = ws_branch;
+    for (int k = 0; k < PTL_NET_QUEUES; k++) {
+        ptl_exec_ctx *c = k ? x->side[k - 1] : x->ctx;
+        if (x->be->reserve_scratch && c && k != 1 + PTL_NET_SIDE_WGRAD)
+            PTL_CHECK(x->be->reserve_scratch(c, layer_scratch[k]));
+        if (k == 0 || ws[k]) {
+            PTL_CHECK(balloc(x, ws[k], &s->ws[k]));
+            s->ws_bytes[k] = ws[k];
+        }
     }
     for (int b = 0; b < 2; b++) {
         PTL_CHECK(balloc(x, (size_t)L->B * L->A * 4 * x->msz, &s->out[b][0]));
@@ -282,7 +292,7 @@ int ptl_net_exec_prepare(ptl_net_exec *x, int B, int H, int W)
     x->cur = victim;
     victim->last_use = ++x->clock;
     const int flags = x->share | (x->grad ? 0 : PTL_NET_FORWARD_ONLY);
-    const ptl_net_concurrency cc = {x->side_lag, x->branches ? x->branch_op : NULL, x->branch_fork};
+    const ptl_net_concurrency cc = concurrency(x);
     if (ptl_net_layout_build(x->net, &x->gp, B, H, W, flags, &cc, &victim->L) || fill_slot(x, victim)) {
         free_slot(x, victim);
         return -1;
@@ -312,7 +322,7 @@ void ptl_net_exec_free(ptl_net_exec *x)
     free(x->op_frozen);
     free(x->op_needed);
     free(x->grad_needed);
-    free(x->branch_op);
+    ptl_net_branches_free(&x->br);
     free(x);
 }
 
@@ -416,15 +426,11 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     /* padding stays zero in both, so no stale bits are ever read as weights */
     PTL_CHECK(be->zero(ctx, x->wc.ptr, (size_t)x->wt.total * x->csz));
     PTL_CHECK(be->zero(ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz));
-    if (!(x->branch_op = calloc((size_t)net->nops, 1))) {
-        oom();
-        goto fail;
-    }
-    if ((x->branch_fork = ptl_net_branches(net, &x->gp, x->branch_op)) < 0)
-        goto fail;
+    PTL_CHECK(ptl_net_branches_find(net, &x->br));
+    x->attached = 1;
     if (be->side_open) {
         PTL_CHECK(ptl_net_exec_set_side_lag(x, env_digit("PTL_SIDE_LAG", PTL_NET_SIDE_MAX_LAG, PTL_NET_SIDE_LAG)));
-        PTL_CHECK(ptl_net_exec_set_branches(x, env_digit("PTL_SIDE_BRANCHES", 1, 1)));
+        PTL_CHECK(ptl_net_exec_set_branches(x, env_digit("PTL_SIDE_BRANCHES", 1, 1), env_digit("PTL_SIDE_ATTACHED", 1, 1)));
     }
     *out = x;
     return 0;
@@ -583,14 +589,17 @@ int ptl_net_exec_set_side_lag(ptl_net_exec *x, int lag)
     return 0;
 }
 
-int ptl_net_exec_set_branches(ptl_net_exec *x, int on)
+int ptl_net_exec_set_branches(ptl_net_exec *x, int on, int attached)
 {
-    ptl_exec_ctx **side = &x->side[PTL_NET_SIDE_BRANCH];
     if (on < 0 || on > PTL_NET_BRANCHES_EARLY)
         return ptl_set_error(PTL_ERR_VALUE, "branches must be 0, 1 or %d (got %d)", PTL_NET_BRANCHES_EARLY, on);
-    if (on && x->be->side_open && !*side && x->be->side_open(x->ctx, PTL_NET_SIDE_BRANCH, side))
-        return -1;
-    x->branches = x->branch_fork < x->net->nops ? on : 0;
+    if (attached < 0 || attached > 1)
+        return ptl_set_error(PTL_ERR_VALUE, "attached must be 0 or 1 (got %d)", attached);
+    for (int k = PTL_NET_SIDE_DETACHED; on && x->be->side_open && k <= PTL_NET_SIDE_ATTACHED; k++)
+        if (!x->side[k] && x->be->side_open(x->ctx, k, &x->side[k]))
+            return -1;
+    x->branches = x->br.n ? on : 0;
+    x->attached = attached;
     drop_slots(x);
     return 0;
 }
@@ -622,7 +631,9 @@ void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *s
         const ptl_net_slot *s = &x->slot[k];
         if (s->L.B)
             shape += (s->L.arena_numel + s->L.saved_numel) * (int64_t)x->csz +
-                     (int64_t)(s->ws_bytes + s->ws_side_bytes + s->ws_branch_bytes) + 2 * (int64_t)s->L.B * s->L.A * (4 + net->nc) * (int64_t)x->msz;
+                     2 * (int64_t)s->L.B * s->L.A * (4 + net->nc) * (int64_t)x->msz;
+        for (int q = 0; s->L.B && q < PTL_NET_QUEUES; q++)
+            shape += (int64_t)s->ws_bytes[q];
     }
     *fixed_bytes = fixed;
     *shape_bytes = shape;
@@ -757,16 +768,25 @@ fail:
     return -1;
 }
 
-/* Has later ops queued on ctx (the main queue, its workspace) or on a side queue's context. */
-static void use_queue(ptl_net_exec *x, ptl_exec_ctx *ctx, void *ws, size_t ws_bytes, int in_branch)
+/* Has later ops queued on side queue k's context and workspace (k < 0: the main queue's, as also without
+ * side queues); in_branch: 0, or 1 + attached for a branch's ops. */
+static void use_queue(ptl_net_exec *x, int k, int in_branch)
 {
-    x->q = ctx;
-    x->q_ws = ws;
-    x->q_ws_bytes = ws_bytes;
+    const int q = k >= 0 && x->side[k] ? 1 + k : 0;
+    x->q = q ? x->side[k] : x->ctx;
+    x->q_ws = x->cur->ws[q].ptr;
+    x->q_ws_bytes = x->cur->ws_bytes[q];
     x->in_branch = in_branch;
 }
 
-static void use_main_queue(ptl_net_exec *x) { use_queue(x, x->ctx, x->cur->ws.ptr, x->cur->ws_bytes, 0); }
+static void use_main_queue(ptl_net_exec *x) { use_queue(x, -1, 0); }
+
+/* The backward's scratch of the queue now in use. */
+static void *scratch_of(const ptl_net_exec *x)
+{
+    const ptl_net_layout *L = &x->cur->L;
+    return AT(x->cur->arena.ptr, x->in_branch ? L->branch_scratch_off[x->in_branch - 1] : L->scratch_off);
+}
 
 /* The weight-gradient work of mark m (queued side_lag steps ago), at the start of a backward step: awaited
  * on the main queue, or, without side queues, run now. */
@@ -778,50 +798,72 @@ static int side_settle(ptl_net_exec *x, int m)
     x->side_op[m] = -1;
     if (x->side[PTL_NET_SIDE_WGRAD])
         return x->be->side_await(x->ctx, PTL_NET_SIDE_WGRAD, m);
-    return conv_param_grads(x, x->ctx, i, x->cur->ws.ptr, x->cur->ws_bytes);
+    return conv_param_grads(x, x->ctx, i, x->cur->ws[0].ptr, x->cur->ws_bytes[0]);
 }
 
-/* One pass of the detached branches: their forwards in order, or their backwards (each with its zeroing)
- * in reverse, queued on the branch queue between a fork and a mark, or, without side queues, run now. */
+/* The mark of branch b on its queue: one per branch, in order of fork, cycling (an await of a mark recorded
+ * again later waits for more, never less). */
+static int branch_mark(const ptl_net_exec *x, int b)
+{
+    int n = 0;
+    for (int k = 0; k < b; k++)
+        n += branch_of(x, x->br.b[k].first) == k && x->br.b[k].attached == x->br.b[b].attached;
+    return n % PTL_NET_SIDE_MARKS;
+}
+
+/* Whether branch b runs beside the rest (it is a branch and the executor runs branches of its kind apart). */
+static int branch_apart(const ptl_net_exec *x, int b) { return branch_of(x, x->br.b[b].first) == b; }
+
+/* One pass of branch b: its forwards in order, or its backwards (each with its zeroing) in reverse, queued
+ * on its side queue between a fork and its mark, or, without side queues, run now. */
 static int forward_op(ptl_net_exec *x, int i);
 static int backward_step(ptl_net_exec *x, int i, const void *const d_out[2][2], int want);
-static int branch_pass(ptl_net_exec *x, int backward, const void *const d_out[2][2], int want)
+static int branch_pass(ptl_net_exec *x, int b, int backward, const void *const d_out[2][2], int want)
 {
-    ptl_exec_ctx *b = x->side[PTL_NET_SIDE_BRANCH];
-    const int n = x->net->nops;
-    if (b) {
-        PTL_CHECK(x->be->side_fork(x->ctx, PTL_NET_SIDE_BRANCH));
-        use_queue(x, b, x->cur->ws_branch.ptr, x->cur->ws_branch_bytes, 1);
-    } else {
-        use_queue(x, x->ctx, x->cur->ws.ptr, x->cur->ws_bytes, 1);
-    }
-    for (int k = 0; k < n; k++) {
-        const int i = backward ? n - 1 - k : k;
-        if (x->branch_op[i])
+    const ptl_net_branch *B = &x->br.b[b];
+    const int k = branch_queue(x, b);
+    if (x->side[k])
+        PTL_CHECK(x->be->side_fork(x->ctx, k));
+    use_queue(x, k, 1 + B->attached);
+    for (int n = 0; n <= B->last - B->first; n++) {
+        const int i = backward ? B->last - n : B->first + n;
+        if (x->br.op[i] == b + 1)
             PTL_CHECK(backward ? backward_step(x, i, d_out, want) : forward_op(x, i));
     }
     use_main_queue(x);
-    return b ? x->be->side_mark(x->ctx, PTL_NET_SIDE_BRANCH, 0) : 0;
+    return x->side[k] ? x->be->side_mark(x->ctx, k, branch_mark(x, b)) : 0;
 fail:
     use_main_queue(x);
     return -1;
 }
 
-/* Whether the branches' pass starts at their fork: on the branch queue, or, without side queues, when asked
- * (PTL_NET_BRANCHES_EARLY), on the main queue. */
+/* Whether the branches' passes start at their forks: on their side queues, or, without side queues, when
+ * asked (PTL_NET_BRANCHES_EARLY), on the main queue. */
 static int branch_early(const ptl_net_exec *x)
 {
-    return x->branches && (x->side[PTL_NET_SIDE_BRANCH] || x->branches == PTL_NET_BRANCHES_EARLY);
+    return x->branches && (x->side[PTL_NET_SIDE_DETACHED] || x->branches == PTL_NET_BRANCHES_EARLY);
 }
 
-/* The join of the branches' pass: the main queue waits for the branch queue's, or, without side queues, the
- * pass runs now unless it ran at the fork (the latest and the earliest points it may run, which the CPU tests
- * use). */
-static int branch_join(ptl_net_exec *x, int backward, const void *const d_out[2][2], int want)
+/* The join of branch b's pass: the main queue waits for its mark, or, without side queues, the pass runs
+ * now unless it ran at the fork (the latest and the earliest points it may run, which the CPU tests use). */
+static int branch_join(ptl_net_exec *x, int b, int backward, const void *const d_out[2][2], int want)
 {
-    if (x->side[PTL_NET_SIDE_BRANCH])
-        return x->be->side_await(x->ctx, PTL_NET_SIDE_BRANCH, 0);
-    return branch_early(x) ? 0 : branch_pass(x, backward, d_out, want);
+    const int k = branch_queue(x, b);
+    if (x->side[k])
+        return x->be->side_await(x->ctx, k, branch_mark(x, b));
+    return branch_early(x) ? 0 : branch_pass(x, b, backward, d_out, want);
+}
+
+/* The backward joins of the branches that join before op i's step (-1: at the backward's end), in reverse
+ * order of fork. */
+static int branch_joins(ptl_net_exec *x, int i, const void *const d_out[2][2], int want)
+{
+    for (int b = x->br.n - 1; b >= 0; b--)
+        if (x->br.b[b].join == i && branch_apart(x, b))
+            PTL_CHECK(branch_join(x, b, 1, d_out, want));
+    return 0;
+fail:
+    return -1;
 }
 
 /* After a failure: nothing is left pending, and the side queues' work joins the main queue's (a graph
@@ -858,7 +900,8 @@ static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_
         const int m = (x->net->nops - 1 - i) % x->side_lag;
         if (x->side[PTL_NET_SIDE_WGRAD]) {
             PTL_CHECK(be->side_fork(x->ctx, PTL_NET_SIDE_WGRAD));
-            PTL_CHECK(conv_param_grads(x, x->side[PTL_NET_SIDE_WGRAD], i, S->ws_side.ptr, S->ws_side_bytes));
+            PTL_CHECK(conv_param_grads(x, x->side[PTL_NET_SIDE_WGRAD], i, S->ws[1 + PTL_NET_SIDE_WGRAD].ptr,
+                                      S->ws_bytes[1 + PTL_NET_SIDE_WGRAD]));
             PTL_CHECK(be->side_mark(x->ctx, PTL_NET_SIDE_WGRAD, m));
         }
         x->side_op[m] = i;
@@ -869,7 +912,7 @@ static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_
     const void *w = AT(x->wc.ptr, x->wt.op_w[i]);
     if (x->gp.first[i] & 1u)
         return be->conv_backward_input(x->q, p, dy, w, gin, x->q_ws, x->q_ws_bytes);
-    void *scratch = AT(S->arena.ptr, S->L.scratch_off);
+    void *scratch = scratch_of(x);
     PTL_CHECK(be->conv_backward_input(x->q, p, dy, w, scratch, x->q_ws, x->q_ws_bytes));
     return be->accumulate(x->q, x->cdt, dims(x, in).m * op->cin, scratch, gin);
 fail:
@@ -886,7 +929,7 @@ static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], in
     const ptl_dtype dt = x->cdt;
     const uint32_t first = x->gp.first[i];
     void *const arena = S->arena.ptr; /* activations at vo, gradients at go */
-    void *const scratch = AT(arena, S->L.scratch_off);
+    void *const scratch = scratch_of(x);
     const uint8_t fz = x->op_frozen[i];
     switch (op->kind) {
     case PTL_OP_CONV:
@@ -939,13 +982,15 @@ int ptl_net_exec_forward(ptl_net_exec *x, const void *images, int B, int H, int 
     PTL_CHECK(x->be->copy(x->ctx, AT(x->cur->arena.ptr, x->cur->L.voff[x->net->input]), images,
                           (size_t)B * H * W * 3 * x->csz));
     for (int i = 0; i < x->net->nops; i++) {
-        if (i == x->branch_fork && branch_early(x))
-            PTL_CHECK(branch_pass(x, 0, NULL, 0));
-        if (!x->branches || !x->branch_op[i])
+        for (int b = 0; branch_early(x) && b < x->br.n; b++)
+            if (x->br.b[b].fork == i && branch_apart(x, b))
+                PTL_CHECK(branch_pass(x, b, 0, NULL, 0));
+        if (branch_of(x, i) < 0)
             PTL_CHECK(forward_op(x, i));
     }
-    if (x->branches)
-        PTL_CHECK(branch_join(x, 0, NULL, 0));
+    for (int b = 0; b < x->br.n; b++)
+        if (branch_apart(x, b))
+            PTL_CHECK(branch_join(x, b, 0, NULL, 0));
     x->have_forward = 1;
     return 0;
 fail:
@@ -986,21 +1031,21 @@ int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *
     use_main_queue(x);
     PTL_CHECK(x->be->zero(x->ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz));
     const int want = d_images != NULL;
-    if (branch_early(x))
-        PTL_CHECK(branch_pass(x, 1, d_out, want));
-    /* backward step t runs op nops-1-t; the branches join where the ops before their fork begin */
+    /* the branches' backwards in reverse order of fork: on each queue the one joined first comes first */
+    for (int b = x->br.n - 1; branch_early(x) && b >= 0; b--)
+        if (branch_apart(x, b))
+            PTL_CHECK(branch_pass(x, b, 1, d_out, want));
+    /* backward step t runs op nops-1-t; a branch joins before its join op's step (-1: at the end) */
     for (int i = x->net->nops - 1; i >= 0; i--) {
         if (x->side_lag)
             PTL_CHECK(side_settle(x, (x->net->nops - 1 - i) % x->side_lag));
-        if (x->branches && i == x->branch_fork - 1)
-            PTL_CHECK(branch_join(x, 1, d_out, want));
-        if (!x->branches || !x->branch_op[i])
+        PTL_CHECK(branch_joins(x, i, d_out, want));
+        if (branch_of(x, i) < 0)
             PTL_CHECK(backward_step(x, i, d_out, want));
     }
     for (int t = x->net->nops; t < x->net->nops + x->side_lag; t++)
         PTL_CHECK(side_settle(x, t % x->side_lag));
-    if (x->branches && x->branch_fork == 0)
-        PTL_CHECK(branch_join(x, 1, d_out, want));
+    PTL_CHECK(branch_joins(x, -1, d_out, want));
     PTL_CHECK(x->be->weight_grad(x->ctx, x->cdt, x->wtab.ptr, x->wt.n, x->wt.total, x->wgc.ptr, x->grads));
     if (d_images)
         PTL_CHECK(x->be->copy(x->ctx, d_images, AT(S->arena.ptr, S->L.goff[x->net->input]),

@@ -55,7 +55,7 @@
  * CPU run is bitwise reproducible whatever the slot sharing or the shape history.
  *
  * Concurrency: on a backend with side queues (CUDA streams) the backward's conv weight gradients and the
- * detached branches run beside the rest (PTL_NET_SIDE_LAG, PTL_NET_SIDE_BRANCH below); the layout keeps
+ * branches run beside the rest (PTL_NET_SIDE_LAG, PTL_NET_SIDE_DETACHED below); the layout keeps
  * what they touch alive while they may run (net_plan.h's ptl_net_concurrency), so the bits are those of
  * one queue.
  *
@@ -223,11 +223,11 @@ typedef struct ptl_net_backend {
     int (*head_grad)(ptl_exec_ctx *ctx, ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0,
                      const void *d_out, void *gmap, int accumulate);
 
-    /* side queues (PTL_NET_SIDE_WGRAD, PTL_NET_SIDE_BRANCH; NULL: the backend has one queue, and the
+    /* side queues (PTL_NET_SIDE_WGRAD, _DETACHED, _ATTACHED; NULL: the backend has one queue, and the
      * executor runs that work in order, or defers it as late as it may run: the CPU stand-in of the
      * queues). side_open gives the context of side queue k, which runs beside ctx's (made on first use,
      * owned by ctx); side_fork has it wait for everything queued on ctx so far; side_mark(k, m) marks what
-     * it has queued so far as its mark m (< PTL_NET_SIDE_MAX_LAG); side_await(k, m) has ctx's queue wait
+     * it has queued so far as its mark m (< PTL_NET_SIDE_MARKS); side_await(k, m) has ctx's queue wait
      * for that mark. */
     int (*side_open)(ptl_exec_ctx *ctx, int k, ptl_exec_ctx **side);
     int (*side_fork)(ptl_exec_ctx *ctx, int k);
@@ -267,12 +267,18 @@ extern const ptl_net_backend ptl_net_backend_cuda;
 #define PTL_NET_SIDE_LAG 3
 #define PTL_NET_SIDE_MAX_LAG 4
 
-/* A network's detached branches (net_plan.h's ptl_net_branches: in YOLO26 the one-to-one head's twelve
- * chains, whose inputs are detached) run forward and backward on a second side queue, beside the rest: the
- * forward forks before the first op after their inputs' producers and joins at its end, the backward forks
- * at its start and joins before the weight gradients' pass. On by default on the CUDA backend (the
- * environment variable PTL_SIDE_BRANCHES=0 turns it off when an executor is made). */
-enum { PTL_NET_SIDE_WGRAD = 0, PTL_NET_SIDE_BRANCH = 1, PTL_NET_SIDE_STREAMS = 2 };
+/* A network's branches (net_plan.h's ptl_net_branches: in YOLO26 the one-to-one head's chains of each level,
+ * whose inputs are detached, and the one-to-many head's, which add into the neck's gradients) run forward
+ * and backward on side queues beside the rest, the detached ones on one, the attached ones on another: the
+ * forward forks each before the first op after its inputs' producers, in order of fork, and joins them at
+ * its end; the backward forks them all at its start, in reverse, and joins each before its join op's step.
+ * On by default on the CUDA backend (the environment variables PTL_SIDE_BRANCHES=0 turn them all off and
+ * PTL_SIDE_ATTACHED=0 the attached ones, when an executor is made). Each queue has PTL_NET_SIDE_MARKS marks
+ * (the weight-gradient queue one per lag step; a branch queue one per branch, cycling). */
+enum { PTL_NET_SIDE_WGRAD = 0, PTL_NET_SIDE_DETACHED = 1, PTL_NET_SIDE_ATTACHED = 2, PTL_NET_SIDE_STREAMS = 3 };
+#define PTL_NET_SIDE_MARKS PTL_NET_SIDE_MAX_LAG
+/* Where calls are queued: the main queue (0) or side queue k's (1 + k). */
+#define PTL_NET_QUEUES (1 + PTL_NET_SIDE_STREAMS)
 
 /* Shape slots: PTL_NET_TRAIN_SHAPES for training-mode forwards (a fit's full batches and its partial
  * last batch), the rest for eval mode (validation's many shapes, prediction), so that validating never
@@ -283,9 +289,9 @@ enum { PTL_NET_SIDE_WGRAD = 0, PTL_NET_SIDE_BRANCH = 1, PTL_NET_SIDE_STREAMS = 2
 /* The per-shape state of one slot. */
 typedef struct {
     ptl_net_layout L;            /* B == 0: empty */
-    ptl_net_buf arena, saved, ws, out[2][2]; /* arena: activations, gradients, scratch (layout L) */
-    ptl_net_buf ws_side, ws_branch; /* the side queues' conv workspaces, when they have them */
-    size_t ws_bytes, ws_side_bytes, ws_branch_bytes;
+    ptl_net_buf arena, saved, out[2][2]; /* arena: activations, gradients, scratch (layout L) */
+    ptl_net_buf ws[PTL_NET_QUEUES];     /* each queue's conv workspace, when it has one */
+    size_t ws_bytes[PTL_NET_QUEUES];
     void **plans;                /* per op (convs only) */
     int warm;                    /* an eager forward and backward ran on these buffers (before recording) */
     uint64_t last_use;
@@ -321,15 +327,16 @@ typedef struct ptl_net_exec {
     ptl_net_buf wc, wgc, wtab;
 
     /* the backward's weight and bias gradients beside the rest (ptl_net_exec_set_side_lag): the lag, per
-     * mark the op whose side work it waits for (-1: none); the detached branches (ptl_net_exec_set_branches):
-     * on or off, per op whether it is in one, the forward op they fork before (nops: no branch); the side
-     * queues' contexts (NULL: deferred on ctx) */
+     * mark the op whose side work it waits for (-1: none); the branches (ptl_net_exec_set_branches): on, off
+     * or early, the attached ones too or not, the network's branches; the side queues' contexts (NULL:
+     * deferred on ctx) */
     int side_lag;
     int side_op[PTL_NET_SIDE_MAX_LAG];
-    int branches, branch_fork;
-    uint8_t *branch_op;
+    int branches, attached;
+    ptl_net_branches br;
     ptl_exec_ctx *side[PTL_NET_SIDE_STREAMS];
-    /* where the ops now running are queued: the context, its conv workspace, in a branch or not */
+    /* where the ops now running are queued: the context and its conv workspace; in_branch: 0, or 1 +
+     * attached for a branch's ops (their queue's own scratch, weight gradients in order) */
     ptl_exec_ctx *q;
     void *q_ws;
     size_t q_ws_bytes;
@@ -400,11 +407,12 @@ void ptl_net_exec_use_weights(ptl_net_exec *x, void *params, void *buffers);
  * weight and bias gradients as late as it allows, which checks the layout's lives on the CPU. Slots are
  * remade. */
 int ptl_net_exec_set_side_lag(ptl_net_exec *x, int lag);
-/* The detached branches on the side queue (1) or in order (0); on a backend without side queues 1 defers
- * them to the latest point they may run (their join) and PTL_NET_BRANCHES_EARLY runs them at the earliest
- * (their fork), the two ends of where a side queue may run them. Slots are remade. */
+/* The branches on their side queues (1) or in order (0); on a backend without side queues 1 defers them to
+ * the latest point each may run (its join) and PTL_NET_BRANCHES_EARLY runs them at the earliest (its fork,
+ * the backward's start), the two ends of where a side queue may run them. attached: 0 keeps the attached
+ * branches in order with the rest. Slots are remade. */
 #define PTL_NET_BRANCHES_EARLY 2
-int ptl_net_exec_set_branches(ptl_net_exec *x, int on);
+int ptl_net_exec_set_branches(ptl_net_exec *x, int on, int attached);
 /* Applies at the next prepare of each shape (slots are remade). */
 void ptl_net_exec_set_conv_options(ptl_net_exec *x, const ptl_net_conv_opts *o);
 /* What shares memory (PTL_NET_SHARE_* flags, net_plan.h); slots are remade. */

@@ -94,7 +94,7 @@ int ptl_net_grad_plan_build(const ptl_network *net, ptl_net_grad_plan *gp)
     return 0;
 }
 
-/* ------------------------------------------------------------------------------- detached branches */
+/* ------------------------------------------------------------------------------------- branches */
 
 static int root(int *parent, int i)
 {
@@ -103,73 +103,147 @@ static int root(int *parent, int i)
     return i;
 }
 
-int ptl_net_branches(const ptl_network *net, const ptl_net_grad_plan *gp, uint8_t *branch_op)
+static void unite(int *parent, int i, int j) { parent[root(parent, i)] = root(parent, j); }
+
+void ptl_net_branches_free(ptl_net_branches *br)
+{
+    free(br->op);
+    memset(br, 0, sizeof *br);
+}
+
+/* Whether branch candidate r (a root of part[]) writes input j of op i's gradient from outside. */
+static int writes_outside(const ptl_net_op *op, int j, const int *producer, int *part, int r)
+{
+    const int p = producer[op->ins[j].value];
+    return (op->grad_in >> j & 1u) && (p < 0 || root(part, p) != r);
+}
+
+int ptl_net_branches_find(const ptl_network *net, ptl_net_branches *br)
 {
     const int nops = net->nops, nv = net->nvalues;
-    int *producer = malloc((size_t)(nv ? nv : 1) * sizeof(int)), *parent = malloc((size_t)(nops ? nops : 1) * sizeof(int));
-    int *size = calloc((size_t)(nops ? nops : 1), sizeof(int)), *bad = calloc((size_t)(nops ? nops : 1), sizeof(int));
-    if (!producer || !parent || !size || !bad) {
+    memset(br, 0, sizeof *br);
+    int *producer = malloc((size_t)(nv ? nv : 1) * sizeof(int)), *readers = calloc((size_t)(nv ? nv : 1), sizeof(int));
+    int *part = malloc((size_t)(nops ? nops : 1) * sizeof(int)), *state = calloc((size_t)(nops ? nops : 1), sizeof(int));
+    br->op = calloc((size_t)(nops ? nops : 1), 1);
+    if (!producer || !readers || !part || !state || !br->op) {
         free(producer);
-        free(parent);
-        free(size);
-        free(bad);
+        free(readers);
+        free(part);
+        free(state);
+        ptl_net_branches_free(br);
         return oom();
     }
     for (int v = 0; v < nv; v++)
         producer[v] = -1;
     for (int i = 0; i < nops; i++) {
-        parent[i] = i;
-        const int outs[2] = {net->ops[i].out, net->ops[i].out2};
+        part[i] = i;
+        const ptl_net_op *op = &net->ops[i];
+        const int outs[2] = {op->out, op->out2};
         for (int k = 0; k < 2; k++)
             if (outs[k] >= 0)
                 producer[outs[k]] = i;
+        for (int j = 0; j < op->nin; j++)
+            readers[op->ins[j].value]++;
     }
-    /* the gradient graph: an op is joined to the producer of every input whose gradient it writes */
+    /* chains: an op joins the producer of each input that it alone reads */
     for (int i = 0; i < nops; i++) {
         const ptl_net_op *op = &net->ops[i];
         for (int j = 0; j < op->nin; j++) {
-            const int p = producer[op->ins[j].value];
-            if ((op->grad_in >> j & 1u) && p >= 0)
-                parent[root(parent, i)] = root(parent, p);
+            const int v = op->ins[j].value;
+            if (producer[v] >= 0 && readers[v] == 1)
+                unite(part, i, producer[v]);
         }
     }
-    int main_part = 0;
-    for (int i = 0; i < nops; i++) {
-        const int r = root(parent, i);
-        if (++size[r] > size[main_part])
-            main_part = r;
-    }
-    /* a part is no branch if anything outside it reads what it produces, or it writes a gradient not first */
+    /* state per chain root: 1 read from outside (no branch), 2 writes a gradient outside (attached) */
     for (int i = 0; i < nops; i++) {
         const ptl_net_op *op = &net->ops[i];
-        const int r = root(parent, i);
+        const int r = root(part, i);
         for (int j = 0; j < op->nin; j++) {
             const int p = producer[op->ins[j].value];
-            if (p >= 0 && root(parent, p) != r)
-                bad[root(parent, p)] = 1;
-            if ((op->grad_in >> j & 1u) && !(gp->first[i] >> j & 1u))
-                bad[r] = 1;
+            if (p >= 0 && root(part, p) != r)
+                state[root(part, p)] |= 1;
+            if (writes_outside(op, j, producer, part, r))
+                state[r] |= 2;
         }
     }
-    int fork = 0, any = 0;
-    for (int i = 0; i < nops; i++) {
-        const int r = root(parent, i);
-        branch_op[i] = (uint8_t)(r != main_part && !bad[r]);
-        if (!branch_op[i])
+    /* chains of one kind that read a value from outside in common are one branch */
+    for (int v = 0; v < nv; v++) {
+        int kin[2] = {-1, -1};
+        for (int i = 0; i < nops; i++) {
+            const ptl_net_op *op = &net->ops[i];
+            const int r = root(part, i);
+            if (state[r] & 1)
+                continue;
+            for (int j = 0; j < op->nin; j++)
+                if (op->ins[j].value == v && (producer[v] < 0 || root(part, producer[v]) != r)) {
+                    const int a = state[r] >> 1 & 1;
+                    if (kin[a] >= 0 && root(part, kin[a]) != r)
+                        unite(part, r, kin[a]);
+                    kin[a] = root(part, r);
+                }
+        }
+    }
+    /* A branch's fork, its join and whether its writes outside all come first, op by op; state of a root:
+     * 1 no branch, 2 attached, and (bit 2) seen */
+    for (int i = 0; i < nops && br->n < PTL_NET_MAX_BRANCHES; i++) {
+        const int r = root(part, i);
+        if (state[r] & 5)
             continue;
-        any = 1;
-        const ptl_net_op *op = &net->ops[i];
-        for (int j = 0; j < op->nin; j++) {
-            const int p = producer[op->ins[j].value];
-            if (p >= 0 && !branch_op[p] && p + 1 > fork)
-                fork = p + 1;
+        state[r] |= 4;
+        ptl_net_branch B = {0, -1, state[r] >> 1 & 1, i, i};
+        int ok = 1;
+        for (int k = i; k < nops; k++) {
+            const ptl_net_op *op = &net->ops[k];
+            if (root(part, k) != r)
+                continue;
+            B.last = k;
+            for (int j = 0; j < op->nin; j++) {
+                const int v = op->ins[j].value, p = producer[v];
+                if (p >= 0 && root(part, p) == r)
+                    continue;
+                if (p + 1 > B.fork)
+                    B.fork = p + 1;
+                if (!writes_outside(op, j, producer, part, r))
+                    continue;
+                /* every writer of grad(v) outside comes later in the backward (has a lower index) */
+                for (int u = 0; u < nops; u++) {
+                    const ptl_net_op *w = &net->ops[u];
+                    if (root(part, u) == r)
+                        continue;
+                    for (int jj = 0; jj < w->nin; jj++)
+                        if (w->ins[jj].value == v && (w->grad_in >> jj & 1u)) {
+                            ok &= u < k;
+                            B.join = u > B.join ? u : B.join;
+                        }
+                }
+                B.join = p > B.join ? p : B.join;
+            }
         }
+        if (!ok)
+            continue;
+        if (!B.attached)
+            B.join = B.fork - 1;
+        br->b[br->n++] = B;
     }
+    /* order of fork, then of first op (insertion: a few entries) */
+    for (int k = 1; k < br->n; k++)
+        for (int m = k; m > 0; m--) {
+            ptl_net_branch *x = &br->b[m - 1], *y = &br->b[m];
+            if (x->fork < y->fork || (x->fork == y->fork && x->first < y->first))
+                break;
+            const ptl_net_branch t = *x;
+            *x = *y;
+            *y = t;
+        }
+    for (int k = 0; k < br->n; k++)
+        for (int i = br->b[k].first; i <= br->b[k].last; i++)
+            if (root(part, i) == root(part, br->b[k].first))
+                br->op[i] = (uint8_t)(k + 1);
     free(producer);
-    free(parent);
-    free(size);
-    free(bad);
-    return any ? fork : nops;
+    free(readers);
+    free(part);
+    free(state);
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------- weight-cast table */
@@ -243,11 +317,11 @@ int ptl_net_layout_alloc(const ptl_network *net, ptl_net_layout *L)
 }
 
 /* Whether slots u and v may not share memory: their lives overlap, or, both in one side queue's serial
- * order (own[] set; NULL: none), their lives on the plain clock (nat_*) do. */
+ * order (own[] the same queue; NULL: none), their lives on the plain clock (nat_*) do. */
 static int conflict(int u, int v, const int *born, const int *dies, const uint8_t *own, const int *nat_born,
                     const int *nat_dies)
 {
-    if (own && own[u] && own[v])
+    if (own && own[u] && own[u] == own[v])
         return !(nat_dies[u] < nat_born[v] || nat_dies[v] < nat_born[u]);
     return !(dies[u] < born[v] || dies[v] < born[u]);
 }
@@ -314,26 +388,32 @@ static void cover(int t0, int t1, int *born, int *dies)
         *dies = t1;
 }
 
+/* The time by whose end branch b's backward is done: the step before its join op's (-1: the end). */
+static int branch_end(const ptl_network *net, const ptl_net_branch *b)
+{
+    return b->join >= 0 ? bwd_time(net, net->nops - 2 - b->join) : end_time(net);
+}
+
 /* The lives of what runs beside the rest (ptl_net_concurrency); slots born < 0 are never placed. */
 static void concurrent_lives(const ptl_network *net, const ptl_net_concurrency *cc, int fwd_only, int *born, int *dies)
 {
     const int nv = net->nvalues, end = end_time(net), fend = fwd_time(net->nops - 1), b0 = bwd_time(net, 0);
-    const int bend = bwd_time(net, net->nops - cc->branch_fork - 1); /* the backward joins after this step */
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
-        const int step = net->nops - 1 - i;
-        const int in_branch = cc->branch_op && cc->branch_op[i]; /* its weight gradients run in its branch */
-        if (!fwd_only && cc->side_lag > 1 && !in_branch && (op->kind == PTL_OP_CONV || op->kind == PTL_OP_CONV_BIAS)) {
+        const int step = net->nops - 1 - i, b = ptl_net_branch_of(cc, i);
+        /* a branch op's weight gradients run in its branch */
+        if (!fwd_only && cc->side_lag > 1 && b < 0 && (op->kind == PTL_OP_CONV || op->kind == PTL_OP_CONV_BIAS)) {
             const int t = bwd_time(net, step + cc->side_lag - 1), last = t < end ? t : end;
             const int dy = nv + (op->kind == PTL_OP_CONV ? op->z : op->out);
             cover(born[op->ins[0].value], last, &born[op->ins[0].value], &dies[op->ins[0].value]);
             if (born[dy] >= 0)
                 cover(born[dy], last, &born[dy], &dies[dy]);
         }
-        if (!in_branch)
+        if (b < 0)
             continue;
-        /* activations: to the forward's end, or the backward's if the op's backward reads them */
-        const int f0 = fwd_time(cc->branch_fork), kept = fwd_only ? fend : bend;
+        /* activations: to the forward's end, or the branch's backward end if the op's backward reads them */
+        const int f0 = fwd_time(cc->br->b[b].fork), bend = branch_end(net, &cc->br->b[b]);
+        const int kept = fwd_only ? fend : bend;
         const int outs[3] = {op->out, op->z, op->out2};
         for (int j = 0; j < op->nin; j++) {
             const int v = op->ins[j].value;
@@ -347,6 +427,46 @@ static void concurrent_lives(const ptl_network *net, const ptl_net_concurrency *
                 if (!fwd_only && born[nv + outs[j]] >= 0)
                     cover(b0, bend, &born[nv + outs[j]], &dies[nv + outs[j]]);
             }
+    }
+}
+
+/* Which slots only one branch queue touches (own[], 1 + attached: the values its ops produce, and their
+ * gradients), where that queue runs its branches in the ops' order (forward: in order of fork, backward: in
+ * reverse, as the executor queues them), so that their lives on the plain clock order them; and each branch
+ * queue's scratch (slot 2 nv + 1 + attached), for its ops' gradient writes that add, over its backward. */
+static void branch_slots(const ptl_network *net, const ptl_net_grad_plan *gp, const ptl_net_concurrency *cc,
+                         int fwd_only, const int64_t *size, uint8_t *own, int64_t *scratch, int *born, int *dies)
+{
+    const int nv = net->nvalues;
+    int ordered[2] = {1, 1}, prev_last[2] = {-1, -1}, bend[2] = {-1, -1};
+    for (int k = 0; k < cc->br->n; k++) {
+        const ptl_net_branch *b = &cc->br->b[k];
+        if (b->attached && !cc->attached)
+            continue;
+        ordered[b->attached] &= prev_last[b->attached] < b->first;
+        prev_last[b->attached] = b->last;
+        const int e = branch_end(net, b);
+        bend[b->attached] = e > bend[b->attached] ? e : bend[b->attached];
+    }
+    for (int i = 0; i < net->nops; i++) {
+        const int b = ptl_net_branch_of(cc, i);
+        if (b < 0)
+            continue;
+        const ptl_net_op *op = &net->ops[i];
+        const int a = cc->br->b[b].attached;
+        const int outs[3] = {op->out, op->z, op->out2};
+        for (int j = 0; j < 3; j++)
+            if (ordered[a] && outs[j] >= 0)
+                own[outs[j]] = own[nv + outs[j]] = (uint8_t)(1 + a);
+        for (int j = 0; j < op->nin; j++)
+            if ((op->grad_in & ~gp->first[i]) >> j & 1u && size[op->ins[j].value] > scratch[a])
+                scratch[a] = size[op->ins[j].value];
+    }
+    for (int a = 0; a < 2; a++) {
+        const int s = 2 * nv + 1 + a;
+        born[s] = dies[s] = -1;
+        if (!fwd_only && scratch[a] > 0)
+            born[s] = bwd_time(net, 0), dies[s] = bend[a];
     }
 }
 
@@ -383,8 +503,9 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     if (H < 32 || W < 32 || H % 32 || W % 32)
         return ptl_set_error(PTL_ERR_VALUE, "images: height and width must be positive multiples of 32 (got %dx%d)",
                              H, W);
-    /* the arena's slots: activations [0, nv), gradients [nv, 2 nv), the backward's scratch 2 nv */
-    const int nv = net->nvalues, ns = 2 * nv + 1, end = end_time(net);
+    /* the arena's slots: activations [0, nv), gradients [nv, 2 nv), the backward's scratch 2 nv, the branch
+     * queues' scratch 2 nv + 1 (detached) and 2 nv + 2 (attached) */
+    const int nv = net->nvalues, ns = 2 * nv + 3, end = end_time(net);
     int64_t *size = malloc((size_t)ns * sizeof(int64_t)), *off = malloc((size_t)ns * sizeof(int64_t));
     int *born = malloc((size_t)ns * sizeof(int)), *dies = malloc((size_t)ns * sizeof(int));
     /* the lives on the plain clock, and which slots only the branch queue touches (values its ops produce) */
@@ -419,16 +540,17 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     }
     born[2 * nv] = fwd_only ? -1 : bwd_time(net, 0);
     dies[2 * nv] = fwd_only ? -1 : end;
+    int64_t bscratch[2] = {0, 0};
+    for (int s = 2 * nv + 1; s < ns; s++)
+        born[s] = dies[s] = -1;
     memcpy(nat, born, (size_t)ns * sizeof(int));
     memcpy(nat + ns, dies, (size_t)ns * sizeof(int));
     if (cc)
         concurrent_lives(net, cc, fwd_only, born, dies);
-    for (int i = 0; cc && cc->branch_op && i < net->nops; i++) {
-        const int outs[3] = {net->ops[i].out, net->ops[i].z, net->ops[i].out2};
-        for (int j = 0; j < 3; j++)
-            if (cc->branch_op[i] && outs[j] >= 0)
-                own[outs[j]] = own[nv + outs[j]] = 1;
-    }
+    if (cc && cc->br)
+        branch_slots(net, gp, cc, fwd_only, size, own, bscratch, born, dies);
+    size[2 * nv + 1] = bscratch[0];
+    size[2 * nv + 2] = bscratch[1];
     if ((L->arena_numel = place_slots(ns, born, dies, own, nat, nat + ns, size, off)) < 0)
         goto fail;
     for (int v = 0; v < nv; v++) {
@@ -436,6 +558,8 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
         L->goff[v] = born[nv + v] >= 0 ? off[nv + v] : 0;
     }
     L->scratch_off = fwd_only ? 0 : off[2 * nv];
+    for (int a = 0; a < 2; a++)
+        L->branch_scratch_off[a] = born[2 * nv + 1 + a] >= 0 ? off[2 * nv + 1 + a] : 0;
     L->forward_only = fwd_only;
     free(size);
     free(off);

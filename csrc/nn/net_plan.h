@@ -29,12 +29,30 @@ typedef struct {
 int ptl_net_grad_plan_build(const ptl_network *net, ptl_net_grad_plan *gp);
 void ptl_net_grad_plan_free(ptl_net_grad_plan *gp);
 
-/* The detached branches: the ops that no gradient connects to the rest of the network (the parts of the
- * backward's gradient graph other than its largest), which nothing outside them reads in the forward and
- * whose gradient writes are all first writes (so they need no scratch). Sets branch_op[i] (nops entries)
- * and returns the forward op they can fork before: the first after the producers of every value they
- * read from outside (nops: there is no branch). */
-int ptl_net_branches(const ptl_network *net, const ptl_net_grad_plan *gp, uint8_t *branch_op);
+/* Branches: groups of ops whose results only the network's outputs read, so that they may run beside the
+ * rest (executor.h). A branch is made of chains (ops joined through values that have one reader) that
+ * nothing outside them reads, grouped by the values they read from outside. Detached: it writes no
+ * gradient outside itself (YOLO26's one-to-one head, one branch per level: its inputs are detached).
+ * Attached: it does (the one-to-many head, one branch per level, adds into the neck's gradients), and each
+ * such write of it comes before the others of that gradient in the backward's order.
+ * In the forward a branch may run from forward op `fork` (its inputs are ready) to the forward's end; in
+ * the backward from its start to the start of op `join`'s backward step (-1: the backward's end): for an
+ * attached branch the first step outside it that writes or reads a gradient it writes, for a detached one
+ * the step of op fork - 1, where the ops before it begin. */
+typedef struct {
+    int fork, join, attached;
+    int first, last; /* its first and last op */
+} ptl_net_branch;
+
+#define PTL_NET_MAX_BRANCHES 64
+typedef struct {
+    int n;
+    uint8_t *op; /* per op: 0, or 1 + the index of its branch */
+    ptl_net_branch b[PTL_NET_MAX_BRANCHES]; /* in order of fork, then of first op */
+} ptl_net_branches;
+
+int ptl_net_branches_find(const ptl_network *net, ptl_net_branches *br);
+void ptl_net_branches_free(ptl_net_branches *br);
 
 /* Where each conv's weight (and bias, with cast_biases) sits in the compute-dtype copy. */
 typedef struct {
@@ -56,6 +74,7 @@ typedef struct {
     int64_t *voff;       /* per value: offset of its activation in the arena */
     int64_t *goff;       /* per value: offset of its gradient in the arena */
     int64_t scratch_off; /* the backward's scratch (as large as the largest value) in the arena */
+    int64_t branch_scratch_off[2]; /* the detached and the attached branches' queues' own scratch */
     int64_t *saved_off;  /* per op: offset of what it saves for its backward (ptl_net_op_saved_numel) */
     int64_t arena_numel, saved_numel;
     int forward_only; /* built with PTL_NET_FORWARD_ONLY: no backward can follow its forwards */
@@ -71,14 +90,13 @@ enum { PTL_NET_SHARE_GRADIENTS = 1, PTL_NET_SHARE_ACTIVATIONS = 2 };
 /* What runs beside the rest (executor.h), so that a layout keeps alive what it touches while it may run:
  * side_lag > 0: a conv's weight and bias gradients of backward step t may run as late as the start of step
  * t + side_lag, so what they read (the conv's input and its output's gradient) lives until the end of step
- * t + side_lag - 1; branch_op (NULL: none): the detached branches' ops, which may run anywhere from forward
- * op branch_fork to the forward's end, and in the backward anywhere from its start to the start of step
- * nops - branch_fork (where the ops before branch_fork begin), so everything they touch lives over those
- * whole spans. */
+ * t + side_lag - 1; br (NULL: none): the branches, each on the side queue of its kind (the attached ones
+ * only with `attached`), anywhere from its fork to the forward's end and from the backward's start to its
+ * join, so everything they touch lives over those whole spans. */
 typedef struct {
     int side_lag;
-    const uint8_t *branch_op;
-    int branch_fork;
+    const ptl_net_branches *br;
+    int attached;
 } ptl_net_concurrency;
 
 /* Fills L (its arrays allocated by ptl_net_layout_alloc) for (B, H, W). flags: PTL_NET_SHARE_* (0 gives
@@ -88,6 +106,15 @@ int ptl_net_layout_alloc(const ptl_network *net, ptl_net_layout *L);
 int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, int B, int H, int W, int flags,
                          const ptl_net_concurrency *cc, ptl_net_layout *L);
 void ptl_net_layout_free(ptl_net_layout *L);
+
+/* The branch op i runs in beside the rest under cc (-1: none). */
+static inline int ptl_net_branch_of(const ptl_net_concurrency *cc, int i)
+{
+    if (!cc || !cc->br || !cc->br->op[i])
+        return -1;
+    const int b = cc->br->op[i] - 1;
+    return cc->br->b[b].attached && !cc->attached ? -1 : b;
+}
 
 /* Spatial size and row count (B*h*w) of value v in layout L. */
 typedef struct {

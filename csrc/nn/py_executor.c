@@ -336,35 +336,40 @@ static PyObject *py_use_weights(PyObject *self, PyObject *args)
 }
 
 /* executor_configure(x, training=None, share_gradients=None, deterministic=None, allow_tf32=None, find=None,
- * share_activations=None, grad=None, side_lag=None, branches=None): sets what is given. The conv options (CUDA
- * algorithm choice), memory sharing, the side lag and the branches apply at the next prepare of each shape;
- * grad=False makes the next forwards forward-only. */
-/* set(x, v) for an int v given (not None); -1 with an exception set on failure. */
-static int set_int(PyObject *self, ptl_net_exec *x, PyObject *v, int (*set)(ptl_net_exec *, int))
+ * share_activations=None, grad=None, side_lag=None, branches=None, attached=None): sets what is given. The
+ * conv options (CUDA algorithm choice), memory sharing, the side lag and the branches apply at the next
+ * prepare of each shape; grad=False makes the next forwards forward-only. */
+/* *out = v for an int v given (not None; out of int's range: -1); -1 with an exception set on failure. */
+static int int_arg(PyObject *v, int *out)
 {
     if (v == Py_None)
         return 0;
     const long n = PyLong_AsLong(v);
     if (n == -1 && PyErr_Occurred())
         return -1;
-    return set(x, n < INT_MIN || n > INT_MAX ? -1 : (int)n) ? ptl_raise_int(self) : 0;
+    *out = n < INT_MIN || n > INT_MAX ? -1 : (int)n;
+    return 0;
 }
 
 static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"net",  "training",          "share_gradients", "deterministic", "allow_tf32",
                              "find", "share_activations", "grad",            "side_lag",      "branches",
-                             NULL};
+                             "attached", NULL};
     PyObject *cap, *v[7] = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None}, *lag = Py_None,
-                   *branches = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOOOOOO:executor_configure", kwlist, &cap, &v[0], &v[1], &v[2],
-                                     &v[3], &v[4], &v[5], &v[6], &lag, &branches))
+                   *branches = Py_None, *attached = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOOOOOOO:executor_configure", kwlist, &cap, &v[0], &v[1], &v[2],
+                                     &v[3], &v[4], &v[5], &v[6], &lag, &branches, &attached))
         return NULL;
     ptl_net_exec *x = ptl_py_executor(cap);
     if (!x)
         return NULL;
-    if (set_int(self, x, lag, ptl_net_exec_set_side_lag) || set_int(self, x, branches, ptl_net_exec_set_branches))
+    int n = x->side_lag, on = x->branches, att = x->attached;
+    if (int_arg(lag, &n) || int_arg(branches, &on) || int_arg(attached, &att))
         return NULL;
+    if ((lag != Py_None && ptl_net_exec_set_side_lag(x, n)) ||
+        ((branches != Py_None || attached != Py_None) && ptl_net_exec_set_branches(x, on, att)))
+        return ptl_raise(self);
     int f[7];
     for (int i = 0; i < 7; i++)
         if (v[i] != Py_None && (f[i] = PyObject_IsTrue(v[i])) < 0)
@@ -442,14 +447,27 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
     const ptl_net_layout *L = &x->cur->L;
     int64_t nodes[3];
     ptl_net_recording_nodes(x, nodes);
-    int branch_ops = 0;
+    int branch_ops[2] = {0, 0};
     for (int i = 0; i < x->net->nops; i++)
-        branch_ops += x->branch_op[i];
-    PyObject *dev = ptl_device_str(x->device);
-    if (!dev)
+        if (x->br.op[i])
+            branch_ops[x->br.b[x->br.op[i] - 1].attached]++;
+    PyObject *spans = PyList_New(x->br.n);
+    for (int b = 0; spans && b < x->br.n; b++) {
+        const ptl_net_branch *B = &x->br.b[b];
+        PyObject *t = Py_BuildValue("{s:i,s:i,s:O,s:i,s:i}", "fork", B->fork, "join", B->join, "attached",
+                                    B->attached ? Py_True : Py_False, "first", B->first, "last", B->last);
+        if (!t)
+            Py_CLEAR(spans);
+        else
+            PyList_SET_ITEM(spans, b, t);
+    }
+    PyObject *dev = spans ? ptl_device_str(x->device) : NULL;
+    if (!dev) {
+        Py_XDECREF(spans);
         return NULL;
+    }
     return Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:O,s:(LLL),s:i,s:i,s:i,s:i,"
-                         "s:i,s:O,s:i,s:i,s:O,s:(LLL),s:{s:O,s:O,s:O}}",
+                         "s:i,s:O,s:i,s:i,s:N,s:(ii),s:O,s:O,s:(LLLL),s:{s:O,s:O,s:O}}",
                          "device", dev, "backend", x->be->name, "dtype", ptl_dtype_name(x->cdt), "master_dtype",
                          ptl_dtype_name(x->mdt), "training", x->training, "num_parameters", (long long)x->net->nparams,
                          "batch_shape", L->B, L->H, L->W, "anchors", (long long)L->A, "fixed_bytes", (long long)fixed,
@@ -459,10 +477,11 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
                          (long long)nodes[1], (long long)nodes[2], "have_forward", x->have_forward, "frozen_tensors",
                          x->nfrozen, "backward_ops", x->backward_ops, "ops", x->net->nops, "side_lag", x->side_lag,
                          "side_stream", x->side[PTL_NET_SIDE_WGRAD] ? Py_True : Py_False, "branches", x->branches,
-                         "branch_ops", branch_ops, "branch_stream",
-                         x->side[PTL_NET_SIDE_BRANCH] ? Py_True : Py_False, "workspace_bytes",
-                         (long long)x->cur->ws_bytes, (long long)x->cur->ws_side_bytes,
-                         (long long)x->cur->ws_branch_bytes, "conv_options",
+                         "attached", x->attached, "branch_plan", spans, "branch_ops", branch_ops[0],
+                         branch_ops[1], "branch_stream", x->side[PTL_NET_SIDE_DETACHED] ? Py_True : Py_False,
+                         "attached_stream", x->side[PTL_NET_SIDE_ATTACHED] ? Py_True : Py_False,
+                         "workspace_bytes", (long long)x->cur->ws_bytes[0], (long long)x->cur->ws_bytes[1],
+                         (long long)x->cur->ws_bytes[2], (long long)x->cur->ws_bytes[3], "conv_options",
                          "deterministic", x->opts.deterministic ? Py_True : Py_False, "allow_tf32",
                          x->opts.allow_tf32 ? Py_True : Py_False, "find", x->opts.find ? Py_True : Py_False);
 }
@@ -576,7 +595,7 @@ static PyMethodDef methods[] = {
      "executor_use_weights(x, params, buffers): forwards on other weights (None, None: its own)."},
     {"executor_configure", (PyCFunction)(void (*)(void))py_configure, METH_VARARGS | METH_KEYWORDS,
      "executor_configure(x, training=None, share_gradients=None, deterministic=None, allow_tf32=None, find=None, "
-     "share_activations=None, grad=None, side_lag=None, branches=None)."},
+     "share_activations=None, grad=None, side_lag=None, branches=None, attached=None)."},
     {"executor_set_frozen", py_set_frozen, METH_VARARGS,
      "executor_set_frozen(x, flags): freeze the tensors flagged 1 (network_entries order; None: none)."},
     {"executor_info", py_info, METH_O, "executor_info(x) -> dict."},
