@@ -76,10 +76,12 @@ void ptl_cuda_ctx_destroy(ptl_cuda_ctx *ctx)
     free(ctx);
 }
 
-int ptl_cuda_ctx_open_queue(ptl_cuda_ctx *ctx)
+int ptl_cuda_ctx_open_queue(ptl_cuda_ctx *ctx, int first)
 {
+    int least = 0, greatest = 0;
     PTL_CUDA_TRY(cudaSetDevice(ctx->device));
-    PTL_CUDA_TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+    PTL_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    PTL_CUDA_TRY(cudaStreamCreateWithPriority(&ctx->stream, cudaStreamNonBlocking, first ? greatest : least));
     PTL_CUBLAS_TRY(cublasCreate(&ctx->cublas));
     PTL_CUBLAS_TRY(cublasSetStream(ctx->cublas, ctx->stream));
     PTL_CUBLAS_TRY(cublasLtCreate(&ctx->cublaslt));
@@ -122,7 +124,8 @@ static int ctx_create(ptl_runtime *rt, int device, ptl_cuda_ctx **out)
     PTL_CHECK(ptl_cuda_libraries_load()); /* cuBLAS and cuDNN are opened here, on first CUDA use */
     PTL_CUDA_TRY(cudaSetDevice(device));
     PTL_CHECK(ptl_cuda_pdl_setup());
-    PTL_CHECK(ptl_cuda_ctx_open_queue(ctx));
+    const char *prio = getenv("PTL_STREAM_PRIORITY");
+    PTL_CHECK(ptl_cuda_ctx_open_queue(ctx, prio && prio[0] == '1' && prio[1] == '\0'));
     PTL_CHECK(ptl_alloc_create(device, &ctx->alloc));
     *out = ctx;
     return 0;

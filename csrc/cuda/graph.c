@@ -34,7 +34,8 @@ int ptl_cuda_graph_end(cudaStream_t stream, int keep, ptl_cuda_graph **out)
     PTL_CUDA_TRY(st);
     size_t nodes = 0;
     PTL_CUDA_TRY(cudaGraphGetNodes(graph, NULL, &nodes));
-    PTL_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+    /* kernels keep the priority of the stream they were captured on (ptl_cuda_ctx_open_queue) */
+    PTL_CUDA_TRY(cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority));
     if (!(g = (ptl_cuda_graph *)malloc(sizeof *g))) {
         ptl_set_error(PTL_ERR_MEMORY, "graph recorder: out of host memory");
         goto fail;

@@ -30,14 +30,14 @@ static int side_create(ptl_cuda_ctx *ctx, side_stream **out)
 {
     side_stream *s = (side_stream *)calloc(1, sizeof *s);
     if (!s)
-        return ptl_set_error(PTL_ERR_MEMORY, "weight-gradient stream: out of host memory");
+        return ptl_set_error(PTL_ERR_MEMORY, "side stream: out of host memory");
     ptl_cuda_ctx *c = &s->ctx;
     c->rt = ctx->rt;
     c->device = ctx->device;
     c->alloc = ctx->alloc; /* borrowed: it never allocates on a step */
     pthread_mutex_init(&c->staging_lock, NULL);
     pthread_mutex_init(&c->ext_lock, NULL);
-    PTL_CHECK(ptl_cuda_ctx_open_queue(c));
+    PTL_CHECK(ptl_cuda_ctx_open_queue(c, 0));
     PTL_CUDA_TRY(cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming));
     for (int k = 0; k < PTL_NET_SIDE_MARKS; k++)
         PTL_CUDA_TRY(cudaEventCreateWithFlags(&s->mark[k], cudaEventDisableTiming));
