@@ -138,6 +138,34 @@ def test_branches_forward_only(training, branches):
     assert np.array_equal(_bits(ref.det.flat_buffers.numpy()), _bits(late.det.flat_buffers.numpy()))
 
 
+def _inputs_of(op):
+    """The values an op of network_ops reads."""
+    return [p[0] for p in op["parts"]] if "parts" in op else [op[k] for k in ("in", "in2") if k in op]
+
+
+def test_branches_of_yolo26n():
+    """yolo26n's branches are its head's chains, one branch per level and kind: the one-to-one chains
+    (detached inputs) and the one-to-many ones (they add into the neck output's gradient). Each forks
+    after the neck op that makes its input; an attached one joins before the first neck op whose backward
+    touches that input's gradient (the neck's own reader of it, else its producer), a detached one before
+    the producer's step."""
+    d = Detector("yolo26n", num_classes=80)
+    ops = _C.network_ops(d._net)["ops"]
+    plan = _C.executor_info(_C.executor_create(d._net))["branch_plan"]
+    head = [i for i, o in enumerate(ops) if o["layer"] == ops[-1]["layer"]]
+    assert len(plan) == 6 and sorted(b["attached"] for b in plan) == [False] * 3 + [True] * 3
+    producer = {o["out"]: i for i, o in enumerate(ops)}
+    covered = []
+    for b in plan:
+        first = ops[b["first"]]
+        assert first["kind"] == "conv" and b["fork"] == producer[first["in"]] + 1
+        readers = [i for i, o in enumerate(ops) if first["in"] in _inputs_of(o) and i not in head]
+        want = (max(readers) if readers else producer[first["in"]]) if b["attached"] else b["fork"] - 1
+        assert b["join"] == want, b
+        covered += range(b["first"], b["last"] + 1)
+    assert sorted(covered) == head  # each level's chains are consecutive ops of the head
+
+
 def test_side_lag_bounds():
     net = Net(_state(), True)
     for bad in (-1, _C.NET_SIDE_MAX_LAG + 1):
