@@ -174,6 +174,8 @@ def test_side_lag_bounds():
     for bad in (-1, 3):
         with pytest.raises(ValueError, match="branches must be"):
             _C.executor_configure(net.x, branches=bad)
+        with pytest.raises(ValueError, match="attached must be 0 or 1"):
+            _C.executor_configure(net.x, attached=bad - 1)
     info = _C.executor_info(net.x)
     assert info["side_lag"] == 0 and not info["branches"]  # the CPU backend's default: in order
     assert 0 < _C.NET_SIDE_LAG <= _C.NET_SIDE_MAX_LAG
