@@ -247,7 +247,7 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
     }
     for (int k = 0; k < PTL_NET_QUEUES; k++) {
         ptl_exec_ctx *c = k ? x->side[k - 1] : x->ctx;
-        if (x->be->reserve_scratch && c && k != 1 + PTL_NET_SIDE_WGRAD)
+        if (x->be->reserve_scratch && c)
             PTL_CHECK(x->be->reserve_scratch(c, layer_scratch[k]));
         if (k == 0 || ws[k]) {
             PTL_CHECK(balloc(x, ws[k], &s->ws[k]));
@@ -801,18 +801,21 @@ static int side_settle(ptl_net_exec *x, int m)
     return conv_param_grads(x, x->ctx, i, x->cur->ws[0].ptr, x->cur->ws_bytes[0]);
 }
 
+/* Whether branch b runs beside the rest (the executor runs branches of its kind apart). */
+static int branch_apart(const ptl_net_exec *x, int b)
+{
+    return x->branches && (!x->br.b[b].attached || x->attached);
+}
+
 /* The mark of branch b on its queue: one per branch, in order of fork, cycling (an await of a mark recorded
  * again later waits for more, never less). */
 static int branch_mark(const ptl_net_exec *x, int b)
 {
     int n = 0;
     for (int k = 0; k < b; k++)
-        n += branch_of(x, x->br.b[k].first) == k && x->br.b[k].attached == x->br.b[b].attached;
+        n += x->br.b[k].attached == x->br.b[b].attached;
     return n % PTL_NET_SIDE_MARKS;
 }
-
-/* Whether branch b runs beside the rest (it is a branch and the executor runs branches of its kind apart). */
-static int branch_apart(const ptl_net_exec *x, int b) { return branch_of(x, x->br.b[b].first) == b; }
 
 /* One pass of branch b: its forwards in order, or its backwards (each with its zeroing) in reverse, queued
  * on its side queue between a fork and its mark, or, without side queues, run now. */
