@@ -424,7 +424,8 @@ def test_side_streams_are_bitwise_neutral(dtype):
     one-to-one's detached ones on one stream, the one-to-many's, which add into the neck's gradients, on
     another) beside the rest of the forward and the backward. They give the bits of everything in order on
     one stream: outputs, parameter gradients, BN running statistics. No queue's conv workspace is larger than
-    the one queue's: each is sized by the calls it runs."""
+    the one queue's: each is sized by the calls it runs, the weight-gradient queue's within its limit (a conv
+    whose weight gradients need more runs them in order, in the main queue's workspace)."""
     B, H, W = 2, 256, 192
     sd = _state(seed=4)
     x = np.random.default_rng(9).random((B, H, W, 3)).astype(np.float32)
@@ -441,11 +442,15 @@ def test_side_streams_are_bitwise_neutral(dtype):
         assert info["attached"] == attached and (info["attached_stream"] or not branches)
         img = ptl.tensor(x, device="cuda").to(dtype=dtype)
         out = net.forward(img)
-        ws = ptl._C.executor_info(net._exec)["workspace_bytes"]
+        info = ptl._C.executor_info(net._exec)
+        ws, limit = info["workspace_bytes"], info["wgrad_workspace_limit"]
         if not runs:
             one_queue = ws[0]
             assert ws[1:] == (0, 0, 0)
         assert max(ws) <= one_queue and (ws[1] > 0) == (lag > 0), (lag, branches, ws, one_queue)
+        assert limit == ptl._C.NET_WGRAD_WORKSPACE_LIMIT and (limit == 0 or ws[1] <= limit)
+        in_order = [pg for op, _, pg, lags in info["conv_workspaces"] if not lags and op not in _branch_ops(info)]
+        assert ws[0] >= max(in_order, default=0)
         R = _dev(_functional(_np_out(out), seed=6))
         net.zero_grad()
         net.backward(R)
@@ -466,6 +471,10 @@ def test_side_streams_are_bitwise_neutral(dtype):
                 assert np.array_equal(_bits(a), _bits(c)), (dtype, k, br)
         assert np.array_equal(_bits(g0), _bits(g)), (dtype, k)
         assert np.array_equal(_bits(b0), _bits(b)), (dtype, k)
+
+
+def _branch_ops(info):
+    return {i for b in info["branch_plan"] for i in range(b["first"], b["last"] + 1)}
 
 
 @pytest.mark.cuda

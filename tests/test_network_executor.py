@@ -166,6 +166,39 @@ def test_branches_of_yolo26n():
     assert sorted(covered) == head  # each level's chains are consecutive ops of the head
 
 
+def test_wgrad_workspace_limit_keeps_large_weight_gradients_in_order():
+    """With the side lag on, a conv whose weight and bias gradients need more workspace than the
+    weight-gradient queue's limit runs them in order, the others lag (branch ops always run theirs in their
+    branch), and the step's bits are the in-order step's either way; limit 0 lags all, lag 0 none."""
+    sd = _state()
+    x, grads = _inputs(2, 96, 128)
+    ref, lim = Net(sd), Net(sd)
+    _C.executor_configure(ref.x, side_lag=0, branches=0)
+    _C.executor_configure(lim.x, side_lag=_C.NET_SIDE_LAG, branches=1, wgrad_workspace_limit=0)
+    _same(ref.step(x, grads), lim.step(x, grads))
+    info = _C.executor_info(lim.x)
+    in_branch = {i for b in info["branch_plan"] for i in range(b["first"], b["last"] + 1)}
+    convs = info["conv_workspaces"]
+    assert len(convs) == sum(o["kind"] in ("conv", "conv_bias") for o in _C.network_ops(lim.det._net)["ops"])
+    assert all(lag == (op not in in_branch) for op, _, _, lag in convs)
+    sizes = sorted({pg for op, _, pg, _ in convs if op not in in_branch})
+    if len(sizes) < 2:
+        pytest.skip(f"the {info['backend']} backend's weight gradients need no workspace of different sizes")
+    limit = sizes[len(sizes) // 2]
+    _C.executor_configure(lim.x, wgrad_workspace_limit=limit)
+    _same(ref.step(x, grads), lim.step(x, grads))
+    info = _C.executor_info(lim.x)
+    assert info["wgrad_workspace_limit"] == limit
+    lags = {op: lag for op, _, _, lag in info["conv_workspaces"]}
+    assert all(lag == (op not in in_branch and pg <= limit) for op, _, pg, lag in info["conv_workspaces"])
+    assert any(lags.values()) and not all(lags[op] for op in lags if op not in in_branch)
+    _C.executor_configure(lim.x, side_lag=0)
+    _same(ref.step(x, grads), lim.step(x, grads))
+    assert not any(lag for *_, lag in _C.executor_info(lim.x)["conv_workspaces"])
+    with pytest.raises(ValueError, match="wgrad_workspace_limit must be >= 0"):
+        _C.executor_configure(lim.x, wgrad_workspace_limit=-1)
+
+
 def test_side_lag_bounds():
     net = Net(_state(), True)
     for bad in (-1, _C.NET_SIDE_MAX_LAG + 1):

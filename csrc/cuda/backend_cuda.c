@@ -118,6 +118,7 @@ static int cuda_conv_plans(ptl_cuda_ctx *ctx, int n, const ptl_conv2d_desc *d, p
     po.allow_tf32 = o->allow_tf32;
     po.find = o->find;
     po.forward_only = o->forward_only;
+    po.workspace_limit = o->workspace_limit;
     return ptl_conv2d_plans_acquire(ctx, n, d, dt, &po, (ptl_conv2d_plan **)plans);
 }
 

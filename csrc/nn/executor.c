@@ -208,6 +208,12 @@ static int branch_of(const ptl_net_exec *x, int i)
     return ptl_net_branch_of(&cc, i);
 }
 
+int ptl_net_exec_param_grads_lag(const ptl_net_exec *x, int i, const void *p)
+{
+    return x->side_lag && branch_of(x, i) < 0 &&
+           (!x->wgrad_ws_limit || x->be->conv_workspace(p, PTL_CONV_WS_PARAM_GRADS) <= x->wgrad_ws_limit);
+}
+
 /* The side queue of branch b. */
 static int branch_queue(const ptl_net_exec *x, int b) { return PTL_NET_SIDE_DETACHED + x->br.b[b].attached; }
 
@@ -231,7 +237,7 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
         const int own = k >= 0 && x->side[k] ? 1 + k : 0;
         size_t b = 0;
         if (is_conv(op)) {
-            const int pg = wgrad && br < 0 ? 1 + PTL_NET_SIDE_WGRAD : own;
+            const int pg = wgrad && ptl_net_exec_param_grads_lag(x, i, s->plans[i]) ? 1 + PTL_NET_SIDE_WGRAD : own;
             const size_t w = x->be->conv_workspace(s->plans[i], PTL_CONV_WS_DATA),
                          wp = x->be->conv_workspace(s->plans[i], PTL_CONV_WS_PARAM_GRADS);
             ws[own] = w > ws[own] ? w : ws[own];
@@ -326,6 +332,15 @@ void ptl_net_exec_free(ptl_net_exec *x)
     free(x);
 }
 
+/* The environment's variable `name`, a whole number of MiB, in bytes, else fallback. */
+static size_t env_mib(const char *name, size_t fallback)
+{
+    const char *env = getenv(name);
+    char *end;
+    const unsigned long long v = env && *env >= '0' && *env <= '9' ? strtoull(env, &end, 10) : 0;
+    return env && *env >= '0' && *env <= '9' && *end == '\0' && v < (1ull << 40) ? (size_t)v << 20 : fallback;
+}
+
 /* The environment's variable `name` when it is one digit in [0, max], else fallback. */
 static int env_digit(const char *name, int max, int fallback)
 {
@@ -379,7 +394,9 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     x->training = 1;
     x->share = PTL_NET_SHARE_GRADIENTS | PTL_NET_SHARE_ACTIVATIONS;
     x->grad = 1;
-    x->opts = (ptl_net_conv_opts){.deterministic = 1};
+    x->opts = (ptl_net_conv_opts){.deterministic = 1,
+                                  .workspace_limit = env_mib("PTL_CONV_WORKSPACE_MIB", PTL_NET_CONV_WORKSPACE_LIMIT)};
+    x->wgrad_ws_limit = env_mib("PTL_WGRAD_WORKSPACE_MIB", PTL_NET_WGRAD_WORKSPACE_LIMIT);
     x->cur = &x->slot[0];
     for (int k = 0; k < PTL_NET_SIDE_MAX_LAG; k++)
         x->side_op[k] = -1;
@@ -574,6 +591,12 @@ static void drop_slots(ptl_net_exec *x)
 void ptl_net_exec_set_conv_options(ptl_net_exec *x, const ptl_net_conv_opts *o)
 {
     x->opts = *o;
+    drop_slots(x);
+}
+
+void ptl_net_exec_set_wgrad_workspace_limit(ptl_net_exec *x, size_t bytes)
+{
+    x->wgrad_ws_limit = bytes;
     drop_slots(x);
 }
 
@@ -897,7 +920,7 @@ static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_
     const int in = op->ins[0].value;
     const uint8_t fz = x->op_frozen[i];
     const int param_grads = !(fz & PTL_NET_FROZEN_W) || (op->kind == PTL_OP_CONV_BIAS && !(fz & PTL_NET_FROZEN_BIAS));
-    if (param_grads && (!x->side_lag || x->in_branch))
+    if (param_grads && !ptl_net_exec_param_grads_lag(x, i, p))
         PTL_CHECK(conv_param_grads(x, x->q, i, x->q_ws, x->q_ws_bytes));
     else if (param_grads) {
         const int m = (x->net->nops - 1 - i) % x->side_lag;

@@ -336,9 +336,10 @@ static PyObject *py_use_weights(PyObject *self, PyObject *args)
 }
 
 /* executor_configure(x, training=None, share_gradients=None, deterministic=None, allow_tf32=None, find=None,
- * share_activations=None, grad=None, side_lag=None, branches=None, attached=None): sets what is given. The
- * conv options (CUDA algorithm choice), memory sharing, the side lag and the branches apply at the next
- * prepare of each shape; grad=False makes the next forwards forward-only. */
+ * share_activations=None, grad=None, side_lag=None, branches=None, attached=None, workspace_limit=None,
+ * wgrad_workspace_limit=None): sets what is given. The conv options (CUDA algorithm choice and its workspace
+ * limit, bytes, 0: none), memory sharing, the side lag, the weight-gradient queue's workspace limit and the
+ * branches apply at the next prepare of each shape; grad=False makes the next forwards forward-only. */
 /* *out = v for an int v given (not None; out of int's range: -1); -1 with an exception set on failure. */
 static int int_arg(PyObject *v, int *out)
 {
@@ -355,11 +356,12 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"net",  "training",          "share_gradients", "deterministic", "allow_tf32",
                              "find", "share_activations", "grad",            "side_lag",      "branches",
-                             "attached", NULL};
+                             "attached", "workspace_limit", "wgrad_workspace_limit", NULL};
     PyObject *cap, *v[7] = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None}, *lag = Py_None,
-                   *branches = Py_None, *attached = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOOOOOOO:executor_configure", kwlist, &cap, &v[0], &v[1], &v[2],
-                                     &v[3], &v[4], &v[5], &v[6], &lag, &branches, &attached))
+                   *branches = Py_None, *attached = Py_None, *limit[2] = {Py_None, Py_None};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOOOOOOOOO:executor_configure", kwlist, &cap, &v[0], &v[1],
+                                     &v[2], &v[3], &v[4], &v[5], &v[6], &lag, &branches, &attached, &limit[0],
+                                     &limit[1]))
         return NULL;
     ptl_net_exec *x = ptl_py_executor(cap);
     if (!x)
@@ -367,6 +369,19 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
     int n = x->side_lag, on = x->branches, att = x->attached;
     if (int_arg(lag, &n) || int_arg(branches, &on) || int_arg(attached, &att))
         return NULL;
+    size_t bytes[2] = {x->opts.workspace_limit, x->wgrad_ws_limit};
+    for (int k = 0; k < 2; k++) {
+        if (limit[k] == Py_None)
+            continue;
+        const long long b = PyLong_AsLongLong(limit[k]);
+        if (b == -1 && PyErr_Occurred())
+            return NULL;
+        if (b < 0)
+            return PyErr_Format(PyExc_ValueError, "%s must be >= 0 bytes (0: no limit), got %lld", kwlist[11 + k], b);
+        bytes[k] = (size_t)b;
+    }
+    if (limit[1] != Py_None)
+        ptl_net_exec_set_wgrad_workspace_limit(x, bytes[1]);
     if ((lag != Py_None && ptl_net_exec_set_side_lag(x, n)) ||
         ((branches != Py_None || attached != Py_None) && ptl_net_exec_set_branches(x, on, att)))
         return ptl_raise(self);
@@ -386,8 +401,9 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
             share = f[5] ? share | PTL_NET_SHARE_ACTIVATIONS : share & ~PTL_NET_SHARE_ACTIVATIONS;
         ptl_net_exec_set_share_memory(x, share);
     }
-    if (v[2] != Py_None || v[3] != Py_None || v[4] != Py_None) {
+    if (v[2] != Py_None || v[3] != Py_None || v[4] != Py_None || limit[0] != Py_None) {
         ptl_net_conv_opts o = x->opts;
+        o.workspace_limit = bytes[0];
         o.deterministic = v[2] != Py_None ? f[2] : o.deterministic;
         o.allow_tf32 = v[3] != Py_None ? f[3] : o.allow_tf32;
         o.find = v[4] != Py_None ? f[4] : o.find;
@@ -436,6 +452,25 @@ static PyObject *py_set_frozen(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* The current shape's conv workspaces: per conv op with a plan, (op, bytes its forward and input gradient
+ * need, bytes its weight and bias gradients need, whether those run beside the following steps). */
+static PyObject *conv_workspaces(const ptl_net_exec *x)
+{
+    PyObject *list = PyList_New(0);
+    for (int i = 0; list && x->cur->L.B && i < x->net->nops; i++) {
+        const void *p = x->cur->plans[i];
+        if (!p)
+            continue;
+        PyObject *t = Py_BuildValue("(iLLO)", i, (long long)x->be->conv_workspace(p, PTL_CONV_WS_DATA),
+                                    (long long)x->be->conv_workspace(p, PTL_CONV_WS_PARAM_GRADS),
+                                    ptl_net_exec_param_grads_lag(x, i, p) ? Py_True : Py_False);
+        if (!t || PyList_Append(list, t))
+            Py_CLEAR(list);
+        Py_XDECREF(t);
+    }
+    return list;
+}
+
 static PyObject *py_info(PyObject *self, PyObject *cap)
 {
     (void)self;
@@ -466,8 +501,8 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
         Py_XDECREF(spans);
         return NULL;
     }
-    return Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:O,s:(LLL),s:i,s:i,s:i,s:i,"
-                         "s:i,s:O,s:i,s:i,s:N,s:(ii),s:O,s:O,s:(LLLL),s:{s:O,s:O,s:O}}",
+    PyObject *info = Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:O,s:(LLL),s:i,s:i,s:i,s:i,"
+                         "s:i,s:O,s:i,s:i,s:N,s:(ii),s:O,s:O,s:(LLLL),s:{s:O,s:O,s:O,s:L},s:L}",
                          "device", dev, "backend", x->be->name, "dtype", ptl_dtype_name(x->cdt), "master_dtype",
                          ptl_dtype_name(x->mdt), "training", x->training, "num_parameters", (long long)x->net->nparams,
                          "batch_shape", L->B, L->H, L->W, "anchors", (long long)L->A, "fixed_bytes", (long long)fixed,
@@ -483,7 +518,17 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
                          "workspace_bytes", (long long)x->cur->ws_bytes[0], (long long)x->cur->ws_bytes[1],
                          (long long)x->cur->ws_bytes[2], (long long)x->cur->ws_bytes[3], "conv_options",
                          "deterministic", x->opts.deterministic ? Py_True : Py_False, "allow_tf32",
-                         x->opts.allow_tf32 ? Py_True : Py_False, "find", x->opts.find ? Py_True : Py_False);
+                         x->opts.allow_tf32 ? Py_True : Py_False, "find", x->opts.find ? Py_True : Py_False,
+                         "workspace_limit", (long long)x->opts.workspace_limit, "wgrad_workspace_limit",
+                         (long long)x->wgrad_ws_limit);
+    PyObject *convs = info ? conv_workspaces(x) : NULL;
+    if (!convs || PyDict_SetItemString(info, "conv_workspaces", convs)) {
+        Py_XDECREF(convs);
+        Py_XDECREF(info);
+        return NULL;
+    }
+    Py_DECREF(convs);
+    return info;
 }
 
 /* network_check_weight_table(net, cast_biases): builds the weight-cast table a backend with or without cast
@@ -613,7 +658,9 @@ static PyMethodDef methods[] = {
 int ptl_register_executor(PyObject *module)
 {
     if (PyModule_AddIntConstant(module, "NET_SIDE_LAG", PTL_NET_SIDE_LAG) < 0 ||
-        PyModule_AddIntConstant(module, "NET_SIDE_MAX_LAG", PTL_NET_SIDE_MAX_LAG) < 0)
+        PyModule_AddIntConstant(module, "NET_SIDE_MAX_LAG", PTL_NET_SIDE_MAX_LAG) < 0 ||
+        PyModule_AddIntConstant(module, "NET_WGRAD_WORKSPACE_LIMIT", (long)PTL_NET_WGRAD_WORKSPACE_LIMIT) < 0 ||
+        PyModule_AddIntConstant(module, "NET_CONV_WORKSPACE_LIMIT", (long)PTL_NET_CONV_WORKSPACE_LIMIT) < 0)
         return -1;
     return PyModule_AddFunctions(module, methods);
 }
