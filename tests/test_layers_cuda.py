@@ -303,9 +303,7 @@ def test_conv2d_rejects_bad_arguments():
 
 # ---------------------------------------------------------------------------------------------- batchnorm
 
-# (2, 30, 30, 1000): 32 channel tiles of 16 row chunks each, whose last block to finish sums the tile
-BN_SHAPES = [(2, 5, 7, 16), (3, 1, 1, 8), (1, 9, 9, 3), (4, 40, 40, 32), (2, 6, 6, 100), (1, 3, 4, 640),
-             (2, 30, 30, 1000)]
+BN_SHAPES = [(2, 5, 7, 16), (3, 1, 1, 8), (1, 9, 9, 3), (4, 40, 40, 32), (2, 6, 6, 100), (1, 3, 4, 640)]
 
 
 def bn_inputs(shape, dt, rng):
@@ -397,9 +395,6 @@ def test_batchnorm_rejects_bad_arguments():
         C.layer_batchnorm_forward(x, c, c, c, c, True, "relu")
     with pytest.raises(ValueError, match="x"):
         C.layer_batchnorm_forward(ptl.tensor(np.ones((2, 3, 4), np.float32)), c, c, c, c, True, None)
-    wide = g32(np.ones(32 * 1024 + 1))  # more channel tiles than the layer scratch has counters
-    with pytest.raises(ValueError, match="at most 32768 channels"):
-        C.layer_batchnorm_forward(gpu(np.ones((1, 1, 1, 32 * 1024 + 1))), wide, wide, wide, wide, True, None)
 
 
 # ---------------------------------------------------------------------------------------------- silu / add

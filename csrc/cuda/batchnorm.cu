@@ -3,10 +3,9 @@
  * Activations x, y, dy, dx in float32, bfloat16 or float16; gamma, beta, running statistics, saved
  * mean/invstd and dgamma/dbeta always float32. Statistics are summed in double by the deterministic
  * column reduction of layers_common.cuh (fixed geometry, fixed-order trees, no atomics), so every
- * result is bitwise reproducible run to run. Launches per call: training forward 2 (the sums with their
- * per-channel finish in the last block of each channel tile, then the apply), backward 2 (the same), eval
- * forward 2 and eval backward 1 (2 when dgamma/dbeta are wanted). The partial sums and the tiles' counters
- * live in the per-device layer scratch (layer_scratch.h). */
+ * result is bitwise reproducible run to run. Launches per call: training forward 3 (partial sums,
+ * per-channel finish, apply), backward 3 (the same), eval forward 2 and eval backward 1 (3 when
+ * dgamma/dbeta are wanted). The partial sums live in the per-device layer scratch (conv2d.h). */
 #include "../nn/batchnorm.h"
 #include "layers_common.cuh"
 
@@ -47,27 +46,30 @@ struct bn_grad_op {
     }
 };
 
-/* The forward's per-channel finish (ptl_colsum_partials_finish): mean and invstd to save, running
- * statistics updated. */
 template <typename T>
-struct bn_fwd_fin {
-    int64_t m;
-    const T *x;
-    float *rm, *rv, *smean, *sinv;
-    __device__ void operator()(int ch, const double *sums) const
-    {
-        const double ms = sums[0] / (double)m;
-        double var = sums[1] / (double)m - ms * ms;
-        if (var < 0.0)
-            var = 0.0;
-        const double mean = (double)ptl_ld(x + ch) + ms;
-        const double unbiased = m > 1 ? var * (double)m / (double)(m - 1) : var;
-        smean[ch] = (float)mean;
-        sinv[ch] = (float)(1.0 / sqrt(var + PTL_BN_EPS));
-        rm[ch] = (float)((1.0 - PTL_BN_MOMENTUM) * (double)rm[ch] + PTL_BN_MOMENTUM * mean);
-        rv[ch] = (float)((1.0 - PTL_BN_MOMENTUM) * (double)rv[ch] + PTL_BN_MOMENTUM * unbiased);
-    }
-};
+__global__ void bn_fwd_finish(int64_t m, int c, int nchunks, const double *part, const T *x, float *rm,
+                              float *rv, float *smean, float *sinv)
+{
+    ptl_wait_prior();
+    const int ch = ptl_colsum_finish_channel();
+    if (ch >= c)
+        return;
+    double sums[2];
+    ptl_colsum_finish_n<2>(part, nchunks, c, 0, ch, sums);
+    const double s = sums[0], q = sums[1];
+    if (threadIdx.x & 31)
+        return;
+    const double ms = s / (double)m;
+    double var = q / (double)m - ms * ms;
+    if (var < 0.0)
+        var = 0.0;
+    const double mean = (double)ptl_ld(x + ch) + ms;
+    const double unbiased = m > 1 ? var * (double)m / (double)(m - 1) : var;
+    smean[ch] = (float)mean;
+    sinv[ch] = (float)(1.0 / sqrt(var + PTL_BN_EPS));
+    rm[ch] = (float)((1.0 - PTL_BN_MOMENTUM) * (double)rm[ch] + PTL_BN_MOMENTUM * mean);
+    rv[ch] = (float)((1.0 - PTL_BN_MOMENTUM) * (double)rv[ch] + PTL_BN_MOMENTUM * unbiased);
+}
 
 __global__ void bn_eval_stats(int c, const float *rm, const float *rv, float *smean, float *sinv)
 {
@@ -113,21 +115,26 @@ static void bn_apply_launch(cudaStream_t st, int64_t total, int c, const T *x, c
                    sinv, silu, y);
 }
 
-/* The backward's per-channel finish: mean_g / mean_gx (float, as the CPU rounds them) for the dx pass,
- * and dgamma/dbeta accumulation. */
-struct bn_bwd_fin {
-    int64_t m;
-    float *mean_g, *mean_gx, *dgamma, *dbeta;
-    __device__ void operator()(int ch, const double *sums) const
-    {
-        mean_g[ch] = (float)(sums[0] / (double)m);
-        mean_gx[ch] = (float)(sums[1] / (double)m);
-        if (dbeta)
-            dbeta[ch] = (float)((double)dbeta[ch] + sums[0]);
-        if (dgamma)
-            dgamma[ch] = (float)((double)dgamma[ch] + sums[1]);
-    }
-};
+/* mean_g / mean_gx (float, as the CPU rounds them) for the dx pass, and dgamma/dbeta accumulation. */
+__global__ void bn_bwd_finish(int64_t m, int c, int nchunks, const double *part, float *mean_g, float *mean_gx,
+                              float *dgamma, float *dbeta)
+{
+    ptl_wait_prior();
+    const int ch = ptl_colsum_finish_channel();
+    if (ch >= c)
+        return;
+    double sums[2];
+    ptl_colsum_finish_n<2>(part, nchunks, c, 0, ch, sums);
+    const double sg = sums[0], sgx = sums[1];
+    if (threadIdx.x & 31)
+        return;
+    mean_g[ch] = (float)(sg / (double)m);
+    mean_gx[ch] = (float)(sgx / (double)m);
+    if (dbeta)
+        dbeta[ch] = (float)((double)dbeta[ch] + sg);
+    if (dgamma)
+        dgamma[ch] = (float)((double)dgamma[ch] + sgx);
+}
 
 /* dx may alias dy: each element is read and then written by the same thread. */
 template <typename T, typename I, int V>
@@ -177,8 +184,6 @@ static int check(const char *fn, int64_t m, int c, ptl_act act)
 {
     if (m <= 0 || c <= 0)
         return ptl_set_error(PTL_ERR_VALUE, "%s: empty input (m=%lld rows, c=%d channels)", fn, (long long)m, c);
-    if (ptl_colsum_geometry(m, c, 2).ctiles > PTL_LAYERS_TILE_COUNTS)
-        return ptl_set_error(PTL_ERR_VALUE, "%s: at most %d channels (got %d)", fn, 32 * PTL_LAYERS_TILE_COUNTS, c);
     if (act != PTL_ACT_NONE && act != PTL_ACT_SILU)
         return ptl_set_error(PTL_ERR_VALUE, "%s: unknown activation %d", fn, (int)act);
     return 0;
@@ -200,13 +205,16 @@ static int bn_forward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const flo
     const unsigned cblocks = (unsigned)((c + 127) / 128);
     const int64_t total = m * c;
     if (training) {
+        const ptl_colsum_geom g = ptl_colsum_geometry(m, c, 2);
         void *scratch;
-        unsigned *count;
-        if (ptl_layers_cuda_scratch_counted(ctx, ptl_batchnorm_cuda_scratch_bytes(m, c), &scratch, &count))
+        if (ptl_layers_cuda_scratch(ctx, ptl_batchnorm_cuda_scratch_bytes(m, c), &scratch))
             return -1;
-        ptl_colsum_finish_launch(ptl_colsum_geometry(m, c, 2), m, c, bn_stat_op<T>{x, c}, (double *)scratch, count,
-                                 bn_fwd_fin<T>{m, x, rm, rv, smean, sinv}, st);
-        PTL_LAUNCH_CHECK("bn_stats");
+        double *part = (double *)scratch;
+        ptl_colsum_launch(g, m, c, bn_stat_op<T>{x, c}, part, st);
+        PTL_LAUNCH_CHECK("bn_stat_partials");
+        ptl_launch(bn_fwd_finish<T>, ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, st, m, c, g.nchunks,
+                   part, x, rm, rv, smean, sinv);
+        PTL_LAUNCH_CHECK("bn_fwd_finish");
     } else {
         ptl_launch(bn_eval_stats, cblocks, 128, 0, st, c, rm, rv, smean, sinv);
         PTL_LAUNCH_CHECK("bn_eval_stats");
@@ -230,15 +238,17 @@ static int bn_backward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const T 
     const int64_t total = m * c;
     const float *mean_g = NULL, *mean_gx = NULL;
     if (training || dgamma || dbeta) {
+        const ptl_colsum_geom g = ptl_colsum_geometry(m, c, 2);
         void *scratch;
-        unsigned *count;
-        if (ptl_layers_cuda_scratch_counted(ctx, ptl_batchnorm_cuda_scratch_bytes(m, c), &scratch, &count))
+        if (ptl_layers_cuda_scratch(ctx, ptl_batchnorm_cuda_scratch_bytes(m, c), &scratch))
             return -1;
+        double *part = (double *)scratch;
         float *mg = (float *)((char *)scratch + ptl_colsum_part_bytes(m, c, 2));
-        ptl_colsum_finish_launch(ptl_colsum_geometry(m, c, 2), m, c,
-                                 bn_grad_op<T>{x, dy, gamma, beta, smean, sinv, c, silu}, (double *)scratch, count,
-                                 bn_bwd_fin{m, mg, mg + c, dgamma, dbeta}, st);
-        PTL_LAUNCH_CHECK("bn_grad_sums");
+        ptl_colsum_launch(g, m, c, bn_grad_op<T>{x, dy, gamma, beta, smean, sinv, c, silu}, part, st);
+        PTL_LAUNCH_CHECK("bn_grad_partials");
+        ptl_launch(bn_bwd_finish, ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, st, m, c, g.nchunks, part,
+                   mg, mg + c, dgamma, dbeta);
+        PTL_LAUNCH_CHECK("bn_bwd_finish");
         mean_g = mg;
         mean_gx = mg + c;
     }

@@ -13,12 +13,9 @@
 typedef struct {
     ptl_cuda_ctx *ctx;
     void *ptr, *block;
-    unsigned *counts;
     size_t bytes;
     uint64_t generation;
 } layer_scratch;
-
-#define COUNT_BYTES (PTL_LAYERS_TILE_COUNTS * sizeof(unsigned)) /* a multiple of 256: ptr stays aligned */
 
 static void scratch_destroy(void *p)
 {
@@ -28,7 +25,7 @@ static void scratch_destroy(void *p)
     free(s);
 }
 
-int ptl_layers_cuda_scratch_counted(ptl_cuda_ctx *ctx, size_t bytes, void **out, unsigned **counts)
+int ptl_layers_cuda_scratch(ptl_cuda_ctx *ctx, size_t bytes, void **out)
 {
     int rc = 0;
     pthread_mutex_lock(&ctx->ext_lock);
@@ -50,36 +47,19 @@ int ptl_layers_cuda_scratch_counted(ptl_cuda_ctx *ctx, size_t bytes, void **out,
         if (s->block)
             ptl_alloc_free(ctx->alloc, s->block);
         s->ptr = s->block = NULL;
-        s->counts = NULL;
         s->bytes = 0;
-        rc = ptl_alloc_malloc(ctx->alloc, 0, COUNT_BYTES + want, &ptr, &block);
+        rc = ptl_alloc_malloc(ctx->alloc, 0, want, &ptr, &block);
         if (rc == 0) {
-            const cudaError_t st = cudaMemsetAsync(ptr, 0, COUNT_BYTES, ctx->stream);
-            if (st != cudaSuccess) {
-                ptl_alloc_free(ctx->alloc, block);
-                rc = ptl_cuda_fail("cudaMemsetAsync(layer scratch counters)", st);
-            }
-        }
-        if (rc == 0) {
-            s->counts = (unsigned *)ptr;
-            s->ptr = (char *)ptr + COUNT_BYTES;
+            s->ptr = ptr;
             s->block = block;
             s->bytes = want;
             s->generation++;
         }
     }
-    if (rc == 0) {
+    if (rc == 0)
         *out = s->ptr;
-        if (counts)
-            *counts = s->counts;
-    }
     pthread_mutex_unlock(&ctx->ext_lock);
     return rc;
-}
-
-int ptl_layers_cuda_scratch(ptl_cuda_ctx *ctx, size_t bytes, void **out)
-{
-    return ptl_layers_cuda_scratch_counted(ctx, bytes, out, NULL);
 }
 
 int ptl_layers_cuda_reserve(ptl_cuda_ctx *ctx, size_t bytes)

@@ -20,11 +20,6 @@ struct ptl_cuda_ctx;
 int ptl_layers_cuda_reserve(struct ptl_cuda_ctx *ctx, size_t bytes);
 /* The scratch, grown to at least `bytes` if needed. */
 int ptl_layers_cuda_scratch(struct ptl_cuda_ctx *ctx, size_t bytes, void **out);
-/* The same, and the context's PTL_LAYERS_TILE_COUNTS counters, which are zero between launches (the
- * deterministic column reduction's blocks count themselves there: layers_common.cuh). They sit in front of
- * the scratch, zeroed on the context's stream whenever it is (re)allocated. */
-#define PTL_LAYERS_TILE_COUNTS 1024
-int ptl_layers_cuda_scratch_counted(struct ptl_cuda_ctx *ctx, size_t bytes, void **out, unsigned **counts);
 /* How many times the scratch has been (re)allocated: a recording made at another generation holds a
  * stale address (another network's larger shape grew it) and must be made again. */
 uint64_t ptl_layers_cuda_scratch_generation(struct ptl_cuda_ctx *ctx);

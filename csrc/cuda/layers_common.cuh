@@ -111,10 +111,11 @@ static inline size_t ptl_colsum_part_bytes(int64_t m, int c, int k)
 }
 
 /* F provides `static constexpr int K` and `__device__ void operator()(int64_t row, int ch, double *acc)`
- * adding the row's contribution to acc[0..K). One block's partial sums: block (tile, chunk). */
+ * adding the row's contribution to acc[0..K). */
 template <typename F>
-__device__ __forceinline__ void ptl_colsum_block(int64_t m, int c, int64_t rows_per_chunk, const F &f, double *part)
+__global__ void ptl_colsum_partials(int64_t m, int c, int64_t rows_per_chunk, F f, double *part)
 {
+    ptl_wait_prior();
     constexpr int K = F::K;
     __shared__ double sh[K][PTL_COLSUM_THREADS];
     const int tx = threadIdx.x, ty = threadIdx.y, cw = blockDim.x, ry = blockDim.y;
@@ -150,13 +151,6 @@ __device__ __forceinline__ void ptl_colsum_block(int64_t m, int c, int64_t rows_
             part[((int64_t)q * gridDim.y + chunk) * c + ch] = sh[q][tx];
 }
 
-template <typename F>
-__global__ void ptl_colsum_partials(int64_t m, int c, int64_t rows_per_chunk, F f, double *part)
-{
-    ptl_wait_prior();
-    ptl_colsum_block(m, c, rows_per_chunk, f, part);
-}
-
 /* Sums of quantities q0 .. q0 + N - 1 of channel ch over the chunks, by the 32 lanes of one warp: lane l
  * adds chunks l, l + 32, ... in ascending order, then a fixed shuffle tree combines the lanes. The N chains
  * run interleaved in one loop, each in that order, so their bits do not depend on N. Every lane of the
@@ -164,9 +158,10 @@ __global__ void ptl_colsum_partials(int64_t m, int c, int64_t rows_per_chunk, F 
  * (PTL_COLSUM_FINISH_WARPS per block, launched by ptl_colsum_finish_blocks). */
 #define PTL_COLSUM_FINISH_WARPS 4
 template <int N>
-__device__ __forceinline__ void ptl_colsum_finish_lane(const double *part, int nchunks, int c, int q0, int ch,
-                                                       int lane, double *out)
+__device__ __forceinline__ void ptl_colsum_finish_n(const double *part, int nchunks, int c, int q0, int ch,
+                                                    double *out)
 {
+    const int lane = threadIdx.x & 31;
     const double *p = part + (int64_t)q0 * nchunks * c + ch;
     double s[N];
 #pragma unroll
@@ -175,7 +170,7 @@ __device__ __forceinline__ void ptl_colsum_finish_lane(const double *part, int n
     for (int i = lane; i < nchunks; i += 32)
 #pragma unroll
         for (int k = 0; k < N; k++)
-            s[k] += __ldcg(p + ((int64_t)k * nchunks + i) * c);
+            s[k] += p[((int64_t)k * nchunks + i) * c];
 #pragma unroll
     for (int off = 16; off > 0; off /= 2)
 #pragma unroll
@@ -184,14 +179,6 @@ __device__ __forceinline__ void ptl_colsum_finish_lane(const double *part, int n
 #pragma unroll
     for (int k = 0; k < N; k++)
         out[k] = __shfl_sync(0xffffffffu, s[k], 0);
-}
-
-/* In a finishing kernel's one-dimensional blocks: the lane is the thread's index in its warp. */
-template <int N>
-__device__ __forceinline__ void ptl_colsum_finish_n(const double *part, int nchunks, int c, int q0, int ch,
-                                                    double *out)
-{
-    ptl_colsum_finish_lane<N>(part, nchunks, c, q0, ch, threadIdx.x & 31, out);
 }
 
 /* ptl_colsum_finish_n of quantity q alone. */
@@ -220,52 +207,6 @@ static inline void ptl_colsum_launch(const ptl_colsum_geom &g, int64_t m, int c,
 {
     dim3 grid((unsigned)g.ctiles, (unsigned)g.nchunks), block((unsigned)g.cw, (unsigned)g.ry);
     ptl_launch(ptl_colsum_partials<F>, grid, block, 0, stream, m, c, g.rows_per_chunk, f, part);
-}
-
-/* The partial sums and, in the same launch, their finish: the last block of each channel tile to write its
- * partial sums (counted in count[tile], which is zero before the launch and which that block sets back to
- * zero) sums the tile's channels over the chunks as ptl_colsum_finish_n does, one warp per channel, and
- * hands each channel's K sums to fin(ch, sums) in lane 0. The sums and their order are those of the two
- * launches, so the bits are too; one launch and its gap fewer. The __threadfence before the count makes
- * every block's partial sums visible to the block that counts last; it reads them past L1 (__ldcg). */
-template <typename F, typename Fin>
-__global__ void ptl_colsum_partials_finish(int64_t m, int c, int64_t rows_per_chunk, F f, double *part,
-                                           unsigned *count, Fin fin)
-{
-    ptl_wait_prior();
-    constexpr int K = F::K;
-    ptl_colsum_block(m, c, rows_per_chunk, f, part);
-    __shared__ int last;
-    const int tid = threadIdx.y * blockDim.x + threadIdx.x, threads = blockDim.x * blockDim.y;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0)
-        last = atomicAdd(&count[blockIdx.x], 1u) == gridDim.y - 1;
-    __syncthreads();
-    if (!last)
-        return;
-    __threadfence();
-    const int lane = tid & 31, nchunks = (int)gridDim.y;
-    for (int k = tid >> 5; k < (int)blockDim.x; k += threads >> 5) {
-        const int ch = blockIdx.x * blockDim.x + k;
-        if (ch >= c)
-            break;
-        double sums[K];
-        ptl_colsum_finish_lane<K>(part, nchunks, c, 0, ch, lane, sums);
-        if (lane == 0)
-            fin(ch, sums);
-    }
-    if (tid == 0)
-        count[blockIdx.x] = 0;
-}
-
-template <typename F, typename Fin>
-static inline void ptl_colsum_finish_launch(const ptl_colsum_geom &g, int64_t m, int c, F f, double *part,
-                                            unsigned *count, Fin fin, cudaStream_t stream)
-{
-    dim3 grid((unsigned)g.ctiles, (unsigned)g.nchunks), block((unsigned)g.cw, (unsigned)g.ry);
-    ptl_launch(ptl_colsum_partials_finish<F, Fin>, grid, block, 0, stream, m, c, g.rows_per_chunk, f, part, count,
-               fin);
 }
 
 #endif
