@@ -163,7 +163,9 @@ def main():
         print(f"the network's share: fixed {info['fixed_bytes'] / mib:.0f} MiB; per training shape "
               f"{info['shape_bytes'] / mib:.0f} MiB, of which the arena of activations, gradients and scratch "
               f"{info['arena_bytes'] / mib:.0f} MiB; conv workspaces (main, weight-gradient, detached and attached branch queues) "
-              f"{', '.join(f'{b / mib:.1f}' for b in info['workspace_bytes'])} MiB")
+              f"{', '.join(f'{b / mib:.1f}' for b in info['workspace_bytes'])} MiB; in the arena for their steps "
+              f"(queue limit {info['queue_workspace_limit'] / mib:.1f} MiB): "
+              f"{', '.join(f'op {op} {max(d, pg) / mib:.1f}' for op, d, pg, _, a in info['conv_workspaces'] if a) or 'none'}")
     if args.no_profile:
         return
     try:

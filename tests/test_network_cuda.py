@@ -424,18 +424,21 @@ def test_side_streams_are_bitwise_neutral(dtype):
     one-to-one's detached ones on one stream, the one-to-many's, which add into the neck's gradients, on
     another) beside the rest of the forward and the backward. They give the bits of everything in order on
     one stream: outputs, parameter gradients, BN running statistics. No queue's conv workspace is larger than
-    the one queue's: each is sized by the calls it runs, the weight-gradient queue's within its limit (a conv
-    whose weight gradients need more runs them in order, in the main queue's workspace)."""
+    the one queue's: each is sized by the calls it runs, and within the queues' limit but for the branches' (a
+    conv whose weight gradients need more runs them in order; one outside the branches whose calls need more
+    has its workspace in the arena for its steps: the last two arms, with a small limit)."""
     B, H, W = 2, 256, 192
     sd = _state(seed=4)
     x = np.random.default_rng(9).random((B, H, W, 3)).astype(np.float32)
-    default, most = ptl._C.NET_SIDE_LAG, ptl._C.NET_SIDE_MAX_LAG
+    default, most, small = ptl._C.NET_SIDE_LAG, ptl._C.NET_SIDE_MAX_LAG, 1 << 18
     runs = []
-    for lag, branches, attached, replay in ((0, 0, 0, False), (default, 0, 0, False), (most, 1, 1, False),
-                                            (0, 1, 0, False), (0, 1, 1, False), (default, 1, 0, True),
-                                            (default, 1, 1, True), (most, 1, 1, True)):
+    for lag, branches, attached, replay, limit in (
+            (0, 0, 0, False, 0), (default, 0, 0, False, None), (most, 1, 1, False, None), (0, 1, 0, False, None),
+            (0, 1, 1, False, None), (default, 1, 0, True, None), (default, 1, 1, True, None),
+            (most, 1, 1, True, None), (default, 1, 1, False, small), (default, 1, 1, True, small)):
         net = _detector(sd, True).to("cuda", dtype=dtype)
-        ptl._C.executor_configure(net._exec, side_lag=lag, branches=branches, attached=attached)
+        ptl._C.executor_configure(net._exec, side_lag=lag, branches=branches, attached=attached,
+                                  queue_workspace_limit=limit)
         info = ptl._C.executor_info(net._exec)
         assert info["side_lag"] == lag and (info["side_stream"] or lag == 0)
         assert info["branches"] == branches and (info["branch_stream"] or not branches)
@@ -443,14 +446,19 @@ def test_side_streams_are_bitwise_neutral(dtype):
         img = ptl.tensor(x, device="cuda").to(dtype=dtype)
         out = net.forward(img)
         info = ptl._C.executor_info(net._exec)
-        ws, limit = info["workspace_bytes"], info["wgrad_workspace_limit"]
+        ws, convs = info["workspace_bytes"], info["conv_workspaces"]
         if not runs:
             one_queue = ws[0]
             assert ws[1:] == (0, 0, 0)
         assert max(ws) <= one_queue and (ws[1] > 0) == (lag > 0), (lag, branches, ws, one_queue)
-        assert limit == ptl._C.NET_WGRAD_WORKSPACE_LIMIT and (limit == 0 or ws[1] <= limit)
-        in_order = [pg for op, _, pg, lags in info["conv_workspaces"] if not lags and op not in _branch_ops(info)]
+        limit = ptl._C.NET_QUEUE_WORKSPACE_LIMIT if limit is None else limit
+        assert info["queue_workspace_limit"] == limit
+        in_branch = _branch_ops(info)
+        branch_ws = 0 if branches else max((max(d, pg) for op, d, pg, *_ in convs if op in in_branch), default=0)
+        assert limit == 0 or (ws[1] <= limit and ws[0] <= max(limit, branch_ws)), (limit, ws)
+        in_order = [pg for op, _, pg, lags, arena in convs if not lags and not arena and op not in in_branch]
         assert ws[0] >= max(in_order, default=0)
+        assert limit != small or any(arena for *_, arena in convs)
         R = _dev(_functional(_np_out(out), seed=6))
         net.zero_grad()
         net.backward(R)

@@ -166,37 +166,54 @@ def test_branches_of_yolo26n():
     assert sorted(covered) == head  # each level's chains are consecutive ops of the head
 
 
-def test_wgrad_workspace_limit_keeps_large_weight_gradients_in_order():
-    """With the side lag on, a conv whose weight and bias gradients need more workspace than the
-    weight-gradient queue's limit runs them in order, the others lag (branch ops always run theirs in their
-    branch), and the step's bits are the in-order step's either way; limit 0 lags all, lag 0 none."""
+def test_queue_workspace_limit():
+    """A queue's conv workspace is at most the limit (the branch queues' aside): with the side lag on, a conv
+    whose weight and bias gradients need more runs them in order, the others lag (branch ops run theirs in
+    their branch), and a conv outside the branches whose calls need more has its workspace in the arena, for
+    its forward and its backward step alone, where nothing alive then is overwritten. The step's bits are the
+    in-order step's, in training and in a no-grad forward; limit 0 moves nothing, lag 0 lags nothing."""
     sd = _state()
     x, grads = _inputs(2, 96, 128)
     ref, lim = Net(sd), Net(sd)
     _C.executor_configure(ref.x, side_lag=0, branches=0)
-    _C.executor_configure(lim.x, side_lag=_C.NET_SIDE_LAG, branches=1, wgrad_workspace_limit=0)
+    _C.executor_configure(lim.x, side_lag=_C.NET_SIDE_LAG, branches=1, queue_workspace_limit=0)
     _same(ref.step(x, grads), lim.step(x, grads))
     info = _C.executor_info(lim.x)
     in_branch = {i for b in info["branch_plan"] for i in range(b["first"], b["last"] + 1)}
-    convs = info["conv_workspaces"]
+    convs, whole = info["conv_workspaces"], info["workspace_bytes"][0]
     assert len(convs) == sum(o["kind"] in ("conv", "conv_bias") for o in _C.network_ops(lim.det._net)["ops"])
-    assert all(lag == (op not in in_branch) for op, _, _, lag in convs)
-    sizes = sorted({pg for op, _, pg, _ in convs if op not in in_branch})
-    if len(sizes) < 2:
-        pytest.skip(f"the {info['backend']} backend's weight gradients need no workspace of different sizes")
+    assert all(lag == (op not in in_branch) and not arena for op, _, _, lag, arena in convs)
+    sizes = sorted({max(d, pg) for op, d, pg, *_ in convs if op not in in_branch})
+    if len(sizes) < 2 or sizes[0] == sizes[-1] or whole == 0:
+        pytest.skip(f"the {info['backend']} backend's convolutions need no workspaces of different sizes")
     limit = sizes[len(sizes) // 2]
-    _C.executor_configure(lim.x, wgrad_workspace_limit=limit)
+    _C.executor_configure(lim.x, queue_workspace_limit=limit)
     _same(ref.step(x, grads), lim.step(x, grads))
     info = _C.executor_info(lim.x)
-    assert info["wgrad_workspace_limit"] == limit
-    lags = {op: lag for op, _, _, lag in info["conv_workspaces"]}
-    assert all(lag == (op not in in_branch and pg <= limit) for op, _, pg, lag in info["conv_workspaces"])
-    assert any(lags.values()) and not all(lags[op] for op in lags if op not in in_branch)
+    # on the CPU's one queue the branches' convs, which the limit leaves alone, run on the main queue too
+    branch_ws = max(max(d, pg) for op, d, pg, *_ in convs if op in in_branch)
+    assert info["queue_workspace_limit"] == limit and info["workspace_bytes"][0] <= max(limit, branch_ws)
+    assert info["workspace_bytes"][0] < whole
+    lags, arenas = {}, {}
+    for op, d, pg, lag, arena in info["conv_workspaces"]:
+        assert lag == (op not in in_branch and pg <= limit)
+        assert arena == (op not in in_branch and max(d, 0 if lag else pg) > limit)
+        lags[op], arenas[op] = lag, arena
+    assert any(lags.values()) and not all(lags[op] for op in lags if op not in in_branch) and any(arenas.values())
+    for net in (ref, lim):  # a forward-only layout: the forwards' workspaces alone
+        _C.executor_configure(net.x, training=False, grad=False)
+    outs = [[t.numpy() for t in _C.executor_forward(net.x, _C.from_numpy(x))] for net in (ref, lim)]
+    for a, b in zip(*outs):
+        assert np.array_equal(_bits(a), _bits(b))
+    info = _C.executor_info(lim.x)
+    assert info["forward_only"] and any(arena for *_, arena in info["conv_workspaces"])
+    for net in (ref, lim):
+        _C.executor_configure(net.x, training=True, grad=True)
     _C.executor_configure(lim.x, side_lag=0)
     _same(ref.step(x, grads), lim.step(x, grads))
-    assert not any(lag for *_, lag in _C.executor_info(lim.x)["conv_workspaces"])
-    with pytest.raises(ValueError, match="wgrad_workspace_limit must be >= 0"):
-        _C.executor_configure(lim.x, wgrad_workspace_limit=-1)
+    assert not any(lag for _, _, _, lag, _ in _C.executor_info(lim.x)["conv_workspaces"])
+    with pytest.raises(ValueError, match="queue_workspace_limit must be >= 0"):
+        _C.executor_configure(lim.x, queue_workspace_limit=-1)
 
 
 def test_side_lag_bounds():

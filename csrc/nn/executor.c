@@ -211,13 +211,35 @@ static int branch_of(const ptl_net_exec *x, int i)
 int ptl_net_exec_param_grads_lag(const ptl_net_exec *x, int i, const void *p)
 {
     return x->side_lag && branch_of(x, i) < 0 &&
-           (!x->wgrad_ws_limit || x->be->conv_workspace(p, PTL_CONV_WS_PARAM_GRADS) <= x->wgrad_ws_limit);
+           (!x->queue_ws_limit || x->be->conv_workspace(p, PTL_CONV_WS_PARAM_GRADS) <= x->queue_ws_limit);
 }
 
 /* The side queue of branch b. */
 static int branch_queue(const ptl_net_exec *x, int b) { return PTL_NET_SIDE_DETACHED + x->br.b[b].attached; }
 
-/* Allocates slot s (the current one) buffers and plans for its layout. */
+/* The conv workspaces that go in the arena (ptl_net_layout_build's op_ws, in elements), from slot s's
+ * plans: those of a conv run in order on the main queue whose calls need more than the queue limit, for its
+ * forward and for its backward step (its input gradient, and its weight gradients unless they lag). */
+static void arena_workspaces(const ptl_net_exec *x, const ptl_net_slot *s, int fwd_only, int64_t *op_ws)
+{
+    for (int i = 0; i < x->net->nops; i++) {
+        const void *p = s->plans[i];
+        op_ws[2 * i] = op_ws[2 * i + 1] = 0;
+        if (!p || !x->queue_ws_limit || branch_of(x, i) >= 0)
+            continue;
+        const size_t d = x->be->conv_workspace(p, PTL_CONV_WS_DATA),
+                     w = fwd_only || ptl_net_exec_param_grads_lag(x, i, p)
+                             ? 0
+                             : x->be->conv_workspace(p, PTL_CONV_WS_PARAM_GRADS),
+                     b = d > w ? d : w;
+        if (b <= x->queue_ws_limit)
+            continue;
+        op_ws[2 * i] = (int64_t)((d + x->csz - 1) / x->csz);
+        op_ws[2 * i + 1] = fwd_only ? 0 : (int64_t)((b + x->csz - 1) / x->csz);
+    }
+}
+
+/* Allocates slot s's (the current one's) buffers for its layout and plans. */
 static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
 {
     const ptl_network *net = x->net;
@@ -225,8 +247,6 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
     /* each queue's needs (0 main, 1 + k side queue k): conv workspace, layer scratch */
     size_t ws[PTL_NET_QUEUES] = {0}, layer_scratch[PTL_NET_QUEUES] = {0};
     const int wgrad = x->side_lag && x->side[PTL_NET_SIDE_WGRAD] && !L->forward_only;
-    const int bhw[3] = {L->B, L->H, L->W};
-    PTL_CHECK(plan_shapes(x, 1, bhw, L->forward_only, s));
     PTL_CHECK(balloc(x, (size_t)L->arena_numel * x->csz, &s->arena));
     PTL_CHECK(balloc(x, (size_t)L->saved_numel * x->csz, &s->saved));
     for (int i = 0; i < net->nops; i++) {
@@ -237,9 +257,12 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
         const int own = k >= 0 && x->side[k] ? 1 + k : 0;
         size_t b = 0;
         if (is_conv(op)) {
-            const int pg = wgrad && ptl_net_exec_param_grads_lag(x, i, s->plans[i]) ? 1 + PTL_NET_SIDE_WGRAD : own;
-            const size_t w = x->be->conv_workspace(s->plans[i], PTL_CONV_WS_DATA),
-                         wp = x->be->conv_workspace(s->plans[i], PTL_CONV_WS_PARAM_GRADS);
+            /* a conv with its workspace in the arena needs its queue's for lagging weight gradients alone */
+            const int lag = ptl_net_exec_param_grads_lag(x, i, s->plans[i]);
+            const int pg = wgrad && lag ? 1 + PTL_NET_SIDE_WGRAD : own;
+            const int in_arena = L->ws_numel[2 * i] || L->ws_numel[2 * i + 1];
+            const size_t w = in_arena ? 0 : x->be->conv_workspace(s->plans[i], PTL_CONV_WS_DATA),
+                         wp = in_arena && !lag ? 0 : x->be->conv_workspace(s->plans[i], PTL_CONV_WS_PARAM_GRADS);
             ws[own] = w > ws[own] ? w : ws[own];
             ws[pg] = wp > ws[pg] ? wp : ws[pg];
             if (op->kind == PTL_OP_CONV && x->be->bn_scratch_bytes)
@@ -297,9 +320,17 @@ int ptl_net_exec_prepare(ptl_net_exec *x, int B, int H, int W)
     free_slot(x, victim);
     x->cur = victim;
     victim->last_use = ++x->clock;
-    const int flags = x->share | (x->grad ? 0 : PTL_NET_FORWARD_ONLY);
+    /* the plans first: the layout places the largest conv workspaces in the arena */
+    const int flags = x->share | (x->grad ? 0 : PTL_NET_FORWARD_ONLY), bhw[3] = {B, H, W};
     const ptl_net_concurrency cc = concurrency(x);
-    if (ptl_net_layout_build(x->net, &x->gp, B, H, W, flags, &cc, &victim->L) || fill_slot(x, victim)) {
+    int64_t *op_ws = malloc((size_t)2 * x->net->nops * sizeof *op_ws);
+    int rc = op_ws ? plan_shapes(x, 1, bhw, !x->grad, victim) : oom();
+    if (rc == 0) {
+        arena_workspaces(x, victim, !x->grad, op_ws);
+        rc = ptl_net_layout_build(x->net, &x->gp, B, H, W, flags, &cc, op_ws, &victim->L) || fill_slot(x, victim);
+    }
+    free(op_ws);
+    if (rc) {
         free_slot(x, victim);
         return -1;
     }
@@ -396,7 +427,7 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     x->grad = 1;
     x->opts = (ptl_net_conv_opts){.deterministic = 1,
                                   .workspace_limit = env_mib("PTL_CONV_WORKSPACE_MIB", PTL_NET_CONV_WORKSPACE_LIMIT)};
-    x->wgrad_ws_limit = env_mib("PTL_WGRAD_WORKSPACE_MIB", PTL_NET_WGRAD_WORKSPACE_LIMIT);
+    x->queue_ws_limit = env_mib("PTL_QUEUE_WORKSPACE_MIB", PTL_NET_QUEUE_WORKSPACE_LIMIT);
     x->cur = &x->slot[0];
     for (int k = 0; k < PTL_NET_SIDE_MAX_LAG; k++)
         x->side_op[k] = -1;
@@ -594,9 +625,9 @@ void ptl_net_exec_set_conv_options(ptl_net_exec *x, const ptl_net_conv_opts *o)
     drop_slots(x);
 }
 
-void ptl_net_exec_set_wgrad_workspace_limit(ptl_net_exec *x, size_t bytes)
+void ptl_net_exec_set_queue_workspace_limit(ptl_net_exec *x, size_t bytes)
 {
-    x->wgrad_ws_limit = bytes;
+    x->queue_ws_limit = bytes;
     drop_slots(x);
 }
 
@@ -666,6 +697,16 @@ void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *s
 
 #define AT(base, off) ((char *)(base) + (size_t)(off) * x->csz)  /* compute dtype */
 #define PAR(base, off) ((char *)(base) + (size_t)(off) * x->msz) /* master dtype */
+
+/* The workspace of conv op i's forward (step 0) or backward step (1) and its bytes: its own in the arena
+ * (ptl_net_layout's ws_off), else its queue's. */
+static void *op_workspace(const ptl_net_exec *x, int i, int step, size_t *bytes)
+{
+    const ptl_net_layout *L = &x->cur->L;
+    const int64_t n = L->ws_numel[2 * i + step];
+    *bytes = n ? (size_t)n * x->csz : x->q_ws_bytes;
+    return n ? AT(x->cur->arena.ptr, L->ws_off[2 * i + step]) : x->q_ws;
+}
 
 static ptl_net_dims dims(const ptl_net_exec *x, int v) { return ptl_net_value_dims(x->net, &x->cur->L, v); }
 
@@ -739,12 +780,14 @@ static int forward_op(ptl_net_exec *x, int i)
     case PTL_OP_CONV_BIAS: {
         const void *w = AT(x->wc.ptr, x->wt.op_w[i]);
         const void *in = AT(act, vo[op->ins[0].value]);
+        size_t wsb;
+        void *ws = op_workspace(x, i, 0, &wsb);
         if (op->kind == PTL_OP_CONV_BIAS) {
             const void *bias =
                 x->wt.op_b[i] >= 0 ? AT(x->wc.ptr, x->wt.op_b[i]) : PAR(x->params, op->param[PTL_CONV_BIAS]);
-            return be->conv_forward(x->q, S->plans[i], in, w, bias, AT(act, vo[op->out]), x->q_ws, x->q_ws_bytes);
+            return be->conv_forward(x->q, S->plans[i], in, w, bias, AT(act, vo[op->out]), ws, wsb);
         }
-        PTL_CHECK(be->conv_forward(x->q, S->plans[i], in, w, NULL, AT(act, vo[op->z]), x->q_ws, x->q_ws_bytes));
+        PTL_CHECK(be->conv_forward(x->q, S->plans[i], in, w, NULL, AT(act, vo[op->z]), ws, wsb));
         return be->batchnorm_forward(x->q, dt, dims(x, op->out).m, op->cout, AT(act, vo[op->z]),
                                      PAR(x->params, op->param[PTL_CONV_GAMMA]),
                                      PAR(x->params, op->param[PTL_CONV_BETA]),
@@ -920,8 +963,10 @@ static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_
     const int in = op->ins[0].value;
     const uint8_t fz = x->op_frozen[i];
     const int param_grads = !(fz & PTL_NET_FROZEN_W) || (op->kind == PTL_OP_CONV_BIAS && !(fz & PTL_NET_FROZEN_BIAS));
+    size_t wsb;
+    void *ws = op_workspace(x, i, 1, &wsb);
     if (param_grads && !ptl_net_exec_param_grads_lag(x, i, p))
-        PTL_CHECK(conv_param_grads(x, x->q, i, x->q_ws, x->q_ws_bytes));
+        PTL_CHECK(conv_param_grads(x, x->q, i, ws, wsb));
     else if (param_grads) {
         const int m = (x->net->nops - 1 - i) % x->side_lag;
         if (x->side[PTL_NET_SIDE_WGRAD]) {
@@ -937,9 +982,9 @@ static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_
     void *gin = AT(S->arena.ptr, S->L.goff[in]);
     const void *w = AT(x->wc.ptr, x->wt.op_w[i]);
     if (x->gp.first[i] & 1u)
-        return be->conv_backward_input(x->q, p, dy, w, gin, x->q_ws, x->q_ws_bytes);
+        return be->conv_backward_input(x->q, p, dy, w, gin, ws, wsb);
     void *scratch = scratch_of(x);
-    PTL_CHECK(be->conv_backward_input(x->q, p, dy, w, scratch, x->q_ws, x->q_ws_bytes));
+    PTL_CHECK(be->conv_backward_input(x->q, p, dy, w, scratch, ws, wsb));
     return be->accumulate(x->q, x->cdt, dims(x, in).m * op->cin, scratch, gin);
 fail:
     return -1;

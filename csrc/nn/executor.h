@@ -268,13 +268,15 @@ extern const ptl_net_backend ptl_net_backend_cuda;
 #define PTL_NET_SIDE_LAG 3
 #define PTL_NET_SIDE_MAX_LAG 4
 
-/* The weight-gradient queue's conv workspace is at most PTL_NET_WGRAD_WORKSPACE_LIMIT bytes (0: no limit): a
- * conv whose weight and bias gradients need more runs them in order on the main queue, whose workspace its
- * forward and input gradient mostly need as large, so the two queues do not each hold the largest one. The
- * environment variable PTL_WGRAD_WORKSPACE_MIB overrides it when an executor is made (benchmark A/B), as
- * PTL_CONV_WORKSPACE_MIB does the conv plans' workspace_limit, whose default is
+/* A queue's conv workspace is at most PTL_NET_QUEUE_WORKSPACE_LIMIT bytes (0: no limit), but for the branch
+ * queues'. A conv whose weight and bias gradients need more runs them in order, not on the weight-gradient
+ * queue; a conv outside the branches whose calls need more has its workspace in the arena, for its forward
+ * and for its backward step alone (net_plan.h), where the values leave memory free then: in YOLO26 the stem,
+ * whose cuDNN algorithms want ~25 MiB at batch 4, 640, and every other conv < 3 MiB. The environment variable
+ * PTL_QUEUE_WORKSPACE_MIB overrides it when an executor is made (benchmark A/B), as PTL_CONV_WORKSPACE_MIB
+ * does the conv plans' workspace_limit (no algorithm needing more), whose default is
  * PTL_NET_CONV_WORKSPACE_LIMIT. */
-#define PTL_NET_WGRAD_WORKSPACE_LIMIT ((size_t)4 << 20)
+#define PTL_NET_QUEUE_WORKSPACE_LIMIT ((size_t)4 << 20)
 #define PTL_NET_CONV_WORKSPACE_LIMIT ((size_t)0)
 
 /* A network's branches (net_plan.h's ptl_net_branches: in YOLO26 the one-to-one head's chains of each level,
@@ -341,7 +343,7 @@ typedef struct ptl_net_exec {
      * or early, the attached ones too or not, the network's branches; the side queues' contexts (NULL:
      * deferred on ctx) */
     int side_lag;
-    size_t wgrad_ws_limit; /* PTL_NET_WGRAD_WORKSPACE_LIMIT's setting */
+    size_t queue_ws_limit; /* PTL_NET_QUEUE_WORKSPACE_LIMIT's setting */
     int side_op[PTL_NET_SIDE_MAX_LAG];
     int branches, attached;
     ptl_net_branches br;
@@ -418,9 +420,8 @@ void ptl_net_exec_use_weights(ptl_net_exec *x, void *params, void *buffers);
  * weight and bias gradients as late as it allows, which checks the layout's lives on the CPU. Slots are
  * remade. */
 int ptl_net_exec_set_side_lag(ptl_net_exec *x, int lag);
-/* The weight-gradient queue's workspace limit (bytes, 0: none; PTL_NET_WGRAD_WORKSPACE_LIMIT); slots are
- * remade. */
-void ptl_net_exec_set_wgrad_workspace_limit(ptl_net_exec *x, size_t bytes);
+/* The queues' conv workspace limit (bytes, 0: none; PTL_NET_QUEUE_WORKSPACE_LIMIT); slots are remade. */
+void ptl_net_exec_set_queue_workspace_limit(ptl_net_exec *x, size_t bytes);
 /* Whether conv op i's weight and bias gradients (its plan p's) run beside the following steps (the side lag)
  * rather than in order: the lag is on, i is in no branch, and they fit the weight-gradient queue's limit. */
 int ptl_net_exec_param_grads_lag(const ptl_net_exec *x, int i, const void *p);

@@ -300,6 +300,8 @@ void ptl_net_layout_free(ptl_net_layout *L)
     free(L->voff);
     free(L->goff);
     free(L->saved_off);
+    free(L->ws_off);
+    free(L->ws_numel);
     memset(L, 0, sizeof *L);
 }
 
@@ -309,7 +311,9 @@ int ptl_net_layout_alloc(const ptl_network *net, ptl_net_layout *L)
     L->voff = calloc((size_t)net->nvalues, sizeof(int64_t));
     L->goff = calloc((size_t)net->nvalues, sizeof(int64_t));
     L->saved_off = calloc((size_t)net->nops, sizeof(int64_t));
-    if (!L->voff || !L->goff || !L->saved_off) {
+    L->ws_off = calloc((size_t)2 * net->nops, sizeof(int64_t));
+    L->ws_numel = calloc((size_t)2 * net->nops, sizeof(int64_t));
+    if (!L->voff || !L->goff || !L->saved_off || !L->ws_off || !L->ws_numel) {
         ptl_net_layout_free(L);
         return oom();
     }
@@ -496,7 +500,7 @@ static void activation_lives(const ptl_network *net, int forward_only, int *born
 }
 
 int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, int B, int H, int W, int flags,
-                         const ptl_net_concurrency *cc, ptl_net_layout *L)
+                         const ptl_net_concurrency *cc, const int64_t *op_ws, ptl_net_layout *L)
 {
     if (B < 1)
         return ptl_set_error(PTL_ERR_VALUE, "images: batch size must be >= 1 (got %d)", B);
@@ -504,8 +508,8 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
         return ptl_set_error(PTL_ERR_VALUE, "images: height and width must be positive multiples of 32 (got %dx%d)",
                              H, W);
     /* the arena's slots: activations [0, nv), gradients [nv, 2 nv), the backward's scratch 2 nv, the branch
-     * queues' scratch 2 nv + 1 (detached) and 2 nv + 2 (attached) */
-    const int nv = net->nvalues, ns = 2 * nv + 3, end = end_time(net);
+     * queues' scratch 2 nv + 1 (detached) and 2 nv + 2 (attached), the ops' workspaces 2 nv + 3 + (2 i, 2 i + 1) */
+    const int nv = net->nvalues, nw = 2 * nv + 3, ns = nw + 2 * net->nops, end = end_time(net);
     int64_t *size = malloc((size_t)ns * sizeof(int64_t)), *off = malloc((size_t)ns * sizeof(int64_t));
     int *born = malloc((size_t)ns * sizeof(int)), *dies = malloc((size_t)ns * sizeof(int));
     /* the lives on the plain clock, and which slots only the branch queue touches (values its ops produce) */
@@ -543,6 +547,12 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     int64_t bscratch[2] = {0, 0};
     for (int s = 2 * nv + 1; s < ns; s++)
         born[s] = dies[s] = -1;
+    for (int k = 0; k < 2 * net->nops; k++) {
+        const int i = k / 2, step = k % 2, t = step ? bwd_time(net, net->nops - 1 - i) : fwd_time(i);
+        size[nw + k] = align_up(op_ws && (!step || !fwd_only) ? op_ws[k] : 0);
+        if (size[nw + k] > 0)
+            born[nw + k] = dies[nw + k] = t;
+    }
     memcpy(nat, born, (size_t)ns * sizeof(int));
     memcpy(nat + ns, dies, (size_t)ns * sizeof(int));
     if (cc)
@@ -560,6 +570,10 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     L->scratch_off = fwd_only ? 0 : off[2 * nv];
     for (int a = 0; a < 2; a++)
         L->branch_scratch_off[a] = born[2 * nv + 1 + a] >= 0 ? off[2 * nv + 1 + a] : 0;
+    for (int k = 0; k < 2 * net->nops; k++) {
+        L->ws_numel[k] = born[nw + k] >= 0 ? size[nw + k] : 0;
+        L->ws_off[k] = born[nw + k] >= 0 ? off[nw + k] : 0;
+    }
     L->forward_only = fwd_only;
     free(size);
     free(off);

@@ -76,6 +76,8 @@ typedef struct {
     int64_t scratch_off; /* the backward's scratch (as large as the largest value) in the arena */
     int64_t branch_scratch_off[2]; /* the detached and the attached branches' queues' own scratch */
     int64_t *saved_off;  /* per op: offset of what it saves for its backward (ptl_net_op_saved_numel) */
+    int64_t *ws_off, *ws_numel; /* per op, forward (2 i) and backward (2 i + 1): its conv workspace in the
+                                 * arena, for that step alone (ws_numel 0: in its queue's workspace) */
     int64_t arena_numel, saved_numel;
     int forward_only; /* built with PTL_NET_FORWARD_ONLY: no backward can follow its forwards */
 } ptl_net_layout;
@@ -101,10 +103,12 @@ typedef struct {
 
 /* Fills L (its arrays allocated by ptl_net_layout_alloc) for (B, H, W). flags: PTL_NET_SHARE_* (0 gives
  * every value and every gradient its own slot) and PTL_NET_FORWARD_ONLY; cc: NULL runs everything in
- * order. */
+ * order; op_ws (NULL: none): per op, the elements of its forward's (2 i) and its backward step's (2 i + 1)
+ * conv workspace to place in the arena (ops in order on the main queue only), living for that step alone,
+ * so that a rare large workspace takes memory the values leave free then. */
 int ptl_net_layout_alloc(const ptl_network *net, ptl_net_layout *L);
 int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, int B, int H, int W, int flags,
-                         const ptl_net_concurrency *cc, ptl_net_layout *L);
+                         const ptl_net_concurrency *cc, const int64_t *op_ws, ptl_net_layout *L);
 void ptl_net_layout_free(ptl_net_layout *L);
 
 /* The branch op i runs in beside the rest under cc (-1: none). */

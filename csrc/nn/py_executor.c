@@ -337,8 +337,8 @@ static PyObject *py_use_weights(PyObject *self, PyObject *args)
 
 /* executor_configure(x, training=None, share_gradients=None, deterministic=None, allow_tf32=None, find=None,
  * share_activations=None, grad=None, side_lag=None, branches=None, attached=None, workspace_limit=None,
- * wgrad_workspace_limit=None): sets what is given. The conv options (CUDA algorithm choice and its workspace
- * limit, bytes, 0: none), memory sharing, the side lag, the weight-gradient queue's workspace limit and the
+ * queue_workspace_limit=None): sets what is given. The conv options (CUDA algorithm choice and its workspace
+ * limit, bytes, 0: none), memory sharing, the side lag, the queues' workspace limit (bytes, 0: none) and the
  * branches apply at the next prepare of each shape; grad=False makes the next forwards forward-only. */
 /* *out = v for an int v given (not None; out of int's range: -1); -1 with an exception set on failure. */
 static int int_arg(PyObject *v, int *out)
@@ -356,7 +356,7 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"net",  "training",          "share_gradients", "deterministic", "allow_tf32",
                              "find", "share_activations", "grad",            "side_lag",      "branches",
-                             "attached", "workspace_limit", "wgrad_workspace_limit", NULL};
+                             "attached", "workspace_limit", "queue_workspace_limit", NULL};
     PyObject *cap, *v[7] = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None}, *lag = Py_None,
                    *branches = Py_None, *attached = Py_None, *limit[2] = {Py_None, Py_None};
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOOOOOOOOO:executor_configure", kwlist, &cap, &v[0], &v[1],
@@ -369,7 +369,7 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
     int n = x->side_lag, on = x->branches, att = x->attached;
     if (int_arg(lag, &n) || int_arg(branches, &on) || int_arg(attached, &att))
         return NULL;
-    size_t bytes[2] = {x->opts.workspace_limit, x->wgrad_ws_limit};
+    size_t bytes[2] = {x->opts.workspace_limit, x->queue_ws_limit};
     for (int k = 0; k < 2; k++) {
         if (limit[k] == Py_None)
             continue;
@@ -381,7 +381,7 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
         bytes[k] = (size_t)b;
     }
     if (limit[1] != Py_None)
-        ptl_net_exec_set_wgrad_workspace_limit(x, bytes[1]);
+        ptl_net_exec_set_queue_workspace_limit(x, bytes[1]);
     if ((lag != Py_None && ptl_net_exec_set_side_lag(x, n)) ||
         ((branches != Py_None || attached != Py_None) && ptl_net_exec_set_branches(x, on, att)))
         return ptl_raise(self);
@@ -453,7 +453,8 @@ static PyObject *py_set_frozen(PyObject *self, PyObject *args)
 }
 
 /* The current shape's conv workspaces: per conv op with a plan, (op, bytes its forward and input gradient
- * need, bytes its weight and bias gradients need, whether those run beside the following steps). */
+ * need, bytes its weight and bias gradients need, whether those run beside the following steps, whether
+ * its workspace is in the arena). */
 static PyObject *conv_workspaces(const ptl_net_exec *x)
 {
     PyObject *list = PyList_New(0);
@@ -461,9 +462,11 @@ static PyObject *conv_workspaces(const ptl_net_exec *x)
         const void *p = x->cur->plans[i];
         if (!p)
             continue;
-        PyObject *t = Py_BuildValue("(iLLO)", i, (long long)x->be->conv_workspace(p, PTL_CONV_WS_DATA),
+        const int64_t *arena = x->cur->L.ws_numel + 2 * i;
+        PyObject *t = Py_BuildValue("(iLLOO)", i, (long long)x->be->conv_workspace(p, PTL_CONV_WS_DATA),
                                     (long long)x->be->conv_workspace(p, PTL_CONV_WS_PARAM_GRADS),
-                                    ptl_net_exec_param_grads_lag(x, i, p) ? Py_True : Py_False);
+                                    ptl_net_exec_param_grads_lag(x, i, p) ? Py_True : Py_False,
+                                    arena[0] || arena[1] ? Py_True : Py_False);
         if (!t || PyList_Append(list, t))
             Py_CLEAR(list);
         Py_XDECREF(t);
@@ -519,8 +522,8 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
                          (long long)x->cur->ws_bytes[2], (long long)x->cur->ws_bytes[3], "conv_options",
                          "deterministic", x->opts.deterministic ? Py_True : Py_False, "allow_tf32",
                          x->opts.allow_tf32 ? Py_True : Py_False, "find", x->opts.find ? Py_True : Py_False,
-                         "workspace_limit", (long long)x->opts.workspace_limit, "wgrad_workspace_limit",
-                         (long long)x->wgrad_ws_limit);
+                         "workspace_limit", (long long)x->opts.workspace_limit, "queue_workspace_limit",
+                         (long long)x->queue_ws_limit);
     PyObject *convs = info ? conv_workspaces(x) : NULL;
     if (!convs || PyDict_SetItemString(info, "conv_workspaces", convs)) {
         Py_XDECREF(convs);
@@ -659,7 +662,7 @@ int ptl_register_executor(PyObject *module)
 {
     if (PyModule_AddIntConstant(module, "NET_SIDE_LAG", PTL_NET_SIDE_LAG) < 0 ||
         PyModule_AddIntConstant(module, "NET_SIDE_MAX_LAG", PTL_NET_SIDE_MAX_LAG) < 0 ||
-        PyModule_AddIntConstant(module, "NET_WGRAD_WORKSPACE_LIMIT", (long)PTL_NET_WGRAD_WORKSPACE_LIMIT) < 0 ||
+        PyModule_AddIntConstant(module, "NET_QUEUE_WORKSPACE_LIMIT", (long)PTL_NET_QUEUE_WORKSPACE_LIMIT) < 0 ||
         PyModule_AddIntConstant(module, "NET_CONV_WORKSPACE_LIMIT", (long)PTL_NET_CONV_WORKSPACE_LIMIT) < 0)
         return -1;
     return PyModule_AddFunctions(module, methods);
