@@ -214,6 +214,12 @@ def test_queue_workspace_limit():
     assert not any(lag for _, _, _, lag, _ in _C.executor_info(lim.x)["conv_workspaces"])
     with pytest.raises(ValueError, match="queue_workspace_limit must be >= 0"):
         _C.executor_configure(lim.x, queue_workspace_limit=-1)
+    # the conv plans' own limit (CUDA algorithm choice; the CPU kernels have one algorithm) is a conv option
+    assert _C.executor_info(lim.x)["conv_options"]["workspace_limit"] == _C.NET_CONV_WORKSPACE_LIMIT
+    _C.executor_configure(lim.x, workspace_limit=1 << 20)
+    assert _C.executor_info(lim.x)["conv_options"]["workspace_limit"] == 1 << 20
+    with pytest.raises(ValueError, match="workspace_limit must be >= 0"):
+        _C.executor_configure(lim.x, workspace_limit=-5)
 
 
 def test_side_lag_bounds():

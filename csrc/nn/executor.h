@@ -423,7 +423,7 @@ int ptl_net_exec_set_side_lag(ptl_net_exec *x, int lag);
 /* The queues' conv workspace limit (bytes, 0: none; PTL_NET_QUEUE_WORKSPACE_LIMIT); slots are remade. */
 void ptl_net_exec_set_queue_workspace_limit(ptl_net_exec *x, size_t bytes);
 /* Whether conv op i's weight and bias gradients (its plan p's) run beside the following steps (the side lag)
- * rather than in order: the lag is on, i is in no branch, and they fit the weight-gradient queue's limit. */
+ * rather than in order: the lag is on, i is in no branch, and their workspace fits the queues' limit. */
 int ptl_net_exec_param_grads_lag(const ptl_net_exec *x, int i, const void *p);
 /* The branches on their side queues (1) or in order (0); on a backend without side queues 1 defers them to
  * the latest point each may run (its join) and PTL_NET_BRANCHES_EARLY runs them at the earliest (its fork,
