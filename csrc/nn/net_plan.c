@@ -467,8 +467,7 @@ static void branch_slots(const ptl_network *net, const ptl_net_grad_plan *gp, co
                 scratch[a] = size[op->ins[j].value];
     }
     for (int a = 0; a < 2; a++) {
-        const int s = 2 * nv + 1 + a;
-        born[s] = dies[s] = -1;
+        const int s = 2 * nv + 1 + a; /* unplaced (born -1) unless its queue adds */
         if (!fwd_only && scratch[a] > 0)
             born[s] = bwd_time(net, 0), dies[s] = bend[a];
     }
