@@ -185,7 +185,9 @@ def test_postprocess(ul, torch, end2end, predict):
         if end2end:
             y = d.postprocess(y.permute(0, 2, 1))
         conf = 0.25 if predict else 0.001
-        want = non_max_suppression(y, conf, 0.7, multi_label=not predict, max_det=300, nc=0, end2end=end2end)
+        # its wall-clock cut-off (2 s + 0.05 s per image) returns nothing on a busy host: lifted
+        want = non_max_suppression(y, conf, 0.7, multi_label=not predict, max_det=300, nc=0, end2end=end2end,
+                                   max_time_img=60.0)
         got = metrics.postprocess(boxes, scores, (h, w), conf=conf, end2end=end2end, multi_label=not predict)
         for g, u in zip(got, want):
             u = u.numpy()
