@@ -380,11 +380,11 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
             return PyErr_Format(PyExc_ValueError, "%s must be >= 0 bytes (0: no limit), got %lld", kwlist[11 + k], b);
         bytes[k] = (size_t)b;
     }
-    if (limit[1] != Py_None)
-        ptl_net_exec_set_queue_workspace_limit(x, bytes[1]);
     if ((lag != Py_None && ptl_net_exec_set_side_lag(x, n)) ||
         ((branches != Py_None || attached != Py_None) && ptl_net_exec_set_branches(x, on, att)))
         return ptl_raise(self);
+    if (limit[1] != Py_None)
+        ptl_net_exec_set_queue_workspace_limit(x, bytes[1]);
     int f[7];
     for (int i = 0; i < 7; i++)
         if (v[i] != Py_None && (f[i] = PyObject_IsTrue(v[i])) < 0)
