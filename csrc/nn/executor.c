@@ -235,7 +235,7 @@ static void arena_workspaces(const ptl_net_exec *x, const ptl_net_slot *s, int f
         if (b <= x->queue_ws_limit)
             continue;
         op_ws[2 * i] = (int64_t)((d + x->csz - 1) / x->csz);
-        op_ws[2 * i + 1] = fwd_only ? 0 : (int64_t)((b + x->csz - 1) / x->csz);
+        op_ws[2 * i + 1] = (int64_t)((b + x->csz - 1) / x->csz); /* a forward-only layout places none */
     }
 }
 
