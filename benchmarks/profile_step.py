@@ -8,8 +8,9 @@ does, after the replayed backward or recorded with it (``Trainer(all_reduce_in_g
 Kernels and CUDA API calls are recorded with torch.profiler (CUPTI traces every kernel in the process,
 ptl's included), so this needs torch on the GPU machine. Prints, per iteration: wall time with a
 synchronisation, host time to enqueue, summed kernel time, kernel count; then the top kernels and API
-calls, and the peak allocated and reserved device memory of ptl's allocator (for ``--what step``, with the
-network's own share). ``--trace FILE`` keeps the Chrome trace.
+calls, the peak allocated and reserved device memory of ptl's allocator (for ``--what step``, with the
+network's own share), the calls relaunched as graphs (``ptl.cuda.call_graphs``) and the device memory in use
+by the driver's count. ``--trace FILE`` keeps the Chrome trace (``benchmarks/step_timeline.py`` reads it).
 
     python benchmarks/profile_step.py [--what network|step] [--capture] [--batch 4] [--dtype bfloat16]
                                       [--tf32] [--find] [--comm none|after|graph] [--accumulate N]
@@ -17,6 +18,7 @@ network's own share). ``--trace FILE`` keeps the Chrome trace.
 """
 import argparse
 import collections
+import ctypes
 import json
 import os
 import sys
@@ -75,6 +77,19 @@ def train_step(args):
         eng.train_step(next(it), 1, i)
     step.model = model
     return step
+
+
+def device_in_use():
+    """Bytes of device memory in use by the driver's count (cuMemGetInfo in the thread's current context: the
+    caching allocator's reservations, cuDNN's and cuBLAS's own, graphs, the context itself); None if unknown."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        if lib.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) != 0:
+            return None
+        return total.value - free.value
+    except OSError:
+        return None
 
 
 def analyse(trace_path, iters):
@@ -158,6 +173,10 @@ def main():
     mib = 1 << 20
     print(f"device memory (ptl's allocator, since the process began): peak allocated "
           f"{ptl.cuda.max_memory_allocated() / mib:.0f} MiB, peak reserved {ptl.cuda.max_memory_reserved() / mib:.0f} MiB")
+    in_use = device_in_use()
+    on, made, held = ptl.cuda.call_graphs()
+    print(f"calls relaunched as graphs: {'on' if on else 'off'}, {made} made, {held} held; device memory in use "
+          f"(the driver's count, every allocation): " + (f"{in_use / mib:.0f} MiB" if in_use is not None else "unknown"))
     if hasattr(step, "model"):
         info = step.model.info()
         print(f"the network's share: fixed {info['fixed_bytes'] / mib:.0f} MiB; per training shape "

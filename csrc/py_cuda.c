@@ -6,6 +6,7 @@
 #ifdef PTL_WITH_CUDA
 #include "cuda/device.h"
 #include "cuda/dynload.h"
+#include "cuda/call_graph.h"
 #endif
 
 static PyObject *py_device_count(PyObject *module, PyObject *unused)
@@ -118,6 +119,45 @@ static PyObject *py_early_launch(PyObject *module, PyObject *arg)
     return PyBool_FromLong(ptl_cuda_pdl == 1);
 #else
     (void)module;
+    (void)arg;
+    return no_cuda();
+#endif
+}
+
+/* Whether calls repeated with the same pointers on a queue are relaunched as graphs (cuda/call_graph.h);
+ * None leaves it, a bool sets it. Returns (previous setting, graphs made so far, graphs held now). */
+static PyObject *py_call_graphs(PyObject *module, PyObject *arg)
+{
+    (void)module;
+#ifdef PTL_WITH_CUDA
+    int prev;
+    if (arg == Py_None) {
+        prev = ptl_call_graphs_enabled();
+    } else {
+        const int on = PyObject_IsTrue(arg);
+        if (on < 0)
+            return NULL;
+        prev = ptl_call_graphs_set(on);
+    }
+    return Py_BuildValue("(OLL)", prev ? Py_True : Py_False, (long long)ptl_call_graphs_made(),
+                         (long long)ptl_call_graphs_live());
+#else
+    (void)arg;
+    return no_cuda();
+#endif
+}
+
+/* Sets the limit of call graphs held and lets every graph go (tests of the flush); 0 restores the default.
+ * Returns the previous limit. */
+static PyObject *py_call_graphs_limit(PyObject *module, PyObject *arg)
+{
+    (void)module;
+#ifdef PTL_WITH_CUDA
+    const long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLongLong((long long)ptl_call_graphs_set_limit((int64_t)n));
+#else
     (void)arg;
     return no_cuda();
 #endif
@@ -289,6 +329,10 @@ static PyMethodDef methods[] = {
     {"cuda_synchronize", py_synchronize, METH_O, "Wait for all work queued on device `index`."},
     {"cuda_memory_stats", py_memory_stats, METH_O, "Caching-allocator statistics of device `index` (bytes)."},
     {"cuda_early_launch", py_early_launch, METH_O, "Whether kernels start early (programmatic dependent launch)."},
+    {"cuda_call_graphs", py_call_graphs, METH_O,
+     "(previous, made, held): calls repeated on a queue relaunched as graphs; None queries, a bool sets."},
+    {"_cuda_call_graphs_limit", py_call_graphs_limit, METH_O,
+     "Set the call graphs' limit and let them go (tests); 0: the default."},
     {"_allocator_op", py_allocator_op, METH_VARARGS, "Allocator control (internal; see ptl.cuda)."},
     {"_set_library_roots", py_set_library_roots, METH_O, "Folders searched for pip-installed CUDA libraries."},
     {"_dynlib_probe", py_dynlib_probe, METH_VARARGS, "Open a library as the CUDA ones are (tests)."},
@@ -297,4 +341,11 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int ptl_register_cuda(PyObject *module) { return PyModule_AddFunctions(module, methods); }
+int ptl_register_cuda(PyObject *module)
+{
+#ifdef PTL_WITH_CUDA
+    if (PyModule_AddIntConstant(module, "CALL_GRAPHS_LIMIT", PTL_CALL_GRAPHS_LIMIT) < 0)
+        return -1;
+#endif
+    return PyModule_AddFunctions(module, methods);
+}

@@ -481,6 +481,111 @@ def test_side_streams_are_bitwise_neutral(dtype):
         assert np.array_equal(_bits(b0), _bits(b)), (dtype, k)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_call_graphs_are_bitwise_neutral(dtype):
+    """Calls relaunched as graphs (csrc/cuda/call_graph.h: the convolutions' cuDNN and cuBLAS calls, the
+    BatchNorm passes): an eager step's calls are recorded at their second sight and relaunched from their
+    third, and every step
+    gives the bits of the same steps made with direct calls (outputs, gradients, running statistics, with
+    the weights moved between steps as an optimizer would); a network recorded for replay meanwhile makes
+    its calls itself (no graph inside its capture) and replays the same bits; a forward on a new input
+    tensor each time (a prediction loop) still gives the direct calls' bits."""
+    B, H, W = 2, 256, 192
+    sd = _state(seed=4)
+    rng = np.random.default_rng(9)
+    x = rng.random((B, H, W, 3)).astype(np.float32)
+    runs = {}
+    prev = ptl.cuda.call_graphs()[0]
+    try:
+        for on in (False, True):
+            ptl.cuda.call_graphs(on)
+            made0 = ptl.cuda.call_graphs()[1]
+            net = _detector(sd, True).to("cuda", dtype=dtype)
+            img = ptl.tensor(x, device="cuda").to(dtype=dtype)
+            R = _dev(_functional(_np_out(net.forward(img)), seed=6))
+            steps = []
+            for step in range(4):
+                if step:
+                    net.flat_parameters = net.flat_parameters.numpy() * np.float32(0.99)
+                net.zero_grad()
+                out = net.forward(img)
+                net.backward(R)
+                steps.append((_np_out(out), net.flat_gradients.numpy(), net.flat_buffers.numpy()))
+            made_eager = ptl.cuda.call_graphs()[1] - made0
+            net.record(img, R)
+            net.zero_grad()
+            steps.append((_np_out(net.replay()), net.flat_gradients.numpy(), net.flat_buffers.numpy()))
+            made_replay = ptl.cuda.call_graphs()[1] - made0 - made_eager
+            with net.no_grad():
+                preds = [_np_out(net.forward(ptl.tensor(x * s, device="cuda").to(dtype=dtype)))
+                         for s in (np.float32(0.5), np.float32(0.75), np.float32(0.5))]
+            runs[on] = steps, preds
+            if on:  # every direction of the library-run convs and of the BatchNorms, with the side queues' own
+                assert made_eager >= 300, made_eager
+                assert made_eager <= ptl.cuda.call_graphs()[2] <= ptl._C.CALL_GRAPHS_LIMIT
+                assert made_replay == 0
+            else:
+                assert made_eager == made_replay == 0
+    finally:
+        ptl.cuda.call_graphs(prev)
+    (s0, p0), (s1, p1) = runs[False], runs[True]
+    assert np.count_nonzero(s0[0][1]) > 0.9 * s0[0][1].size
+    for k, ((o0, g0, b0), (o1, g1, b1)) in enumerate(zip(s0, s1)):
+        for br in o0:
+            for a, c in zip(o0[br], o1[br]):
+                assert np.array_equal(_bits(a), _bits(c)), (dtype, k, br)
+        assert np.array_equal(_bits(g0), _bits(g1)), (dtype, k)
+        assert np.array_equal(_bits(b0), _bits(b1)), (dtype, k)
+    for a, c in zip(p0, p1):
+        for br in a:
+            for u, v in zip(a[br], c[br]):
+                assert np.array_equal(_bits(u), _bits(v)), (dtype, br)
+
+
+@pytest.mark.cuda
+def test_call_graphs_flush_at_their_limit():
+    """At the limit of graphs held all are let go and the calls in use recorded again (here a second image
+    size after a first), and the setting stays on; when one shape's calls alone need more graphs than the
+    limit (so they would be recorded over and over), it turns itself off. Every step gives the bits of the
+    same steps made with direct calls."""
+    sd = _state(seed=4)
+    rng = np.random.default_rng(9)
+    sizes = [(2, 256, 192)] * 4 + [(2, 320, 256)] * 6
+    xs = {s: rng.random(s + (3,)).astype(np.float32) for s in set(sizes)}
+
+    def run(on, limit):
+        ptl.cuda.call_graphs(on)
+        ptl._C._cuda_call_graphs_limit(limit)
+        net = _detector(sd, True).to("cuda", dtype="bfloat16")
+        imgs = {s: ptl.tensor(x, device="cuda").to(dtype="bfloat16") for s, x in xs.items()}
+        Rs = {s: _dev(_functional(_np_out(net.forward(imgs[s])), seed=6)) for s in xs}
+        out = []
+        for s in sizes:
+            net.zero_grad()
+            o = net.forward(imgs[s])
+            net.backward(Rs[s])
+            out.append((_np_out(o), net.flat_gradients.numpy(), net.flat_buffers.numpy()))
+        return out, ptl.cuda.call_graphs()
+
+    prev = ptl.cuda.call_graphs()[0]
+    try:
+        direct, _ = run(False, 0)
+        flushed, (on_a, _, held_a) = run(True, 700)  # one shape needs 560
+        off, (on_b, _, held_b) = run(True, 256)
+    finally:
+        ptl._C._cuda_call_graphs_limit(0)
+        ptl.cuda.call_graphs(prev)
+    assert on_a and 0 < held_a <= 700
+    assert not on_b and held_b <= 256
+    for k, ((o0, g0, b0), (o1, g1, b1), (o2, g2, b2)) in enumerate(zip(direct, flushed, off)):
+        for br in o0:
+            for a, c, d in zip(o0[br], o1[br], o2[br]):
+                assert np.array_equal(_bits(a), _bits(c)) and np.array_equal(_bits(a), _bits(d)), (k, br)
+        assert np.array_equal(_bits(g0), _bits(g1)) and np.array_equal(_bits(g0), _bits(g2)), k
+        assert np.array_equal(_bits(b0), _bits(b1)) and np.array_equal(_bits(b0), _bits(b2)), k
+
+
 def _branch_ops(info):
     return {i for b in info["branch_plan"] for i in range(b["first"], b["last"] + 1)}
 

@@ -5,8 +5,10 @@
  * column reduction of layers_common.cuh (fixed geometry, fixed-order trees, no atomics), so every
  * result is bitwise reproducible run to run. Launches per call: training forward 3 (partial sums,
  * per-channel finish, apply), backward 3 (the same), eval forward 2 and eval backward 1 (3 when
- * dgamma/dbeta are wanted). The partial sums live in the per-device layer scratch (conv2d.h). */
+ * dgamma/dbeta are wanted); a pass of two or three that comes again with the same pointers is relaunched as
+ * one graph (call_graph.h). The partial sums live in the per-device layer scratch (conv2d.h). */
 #include "../nn/batchnorm.h"
+#include "call_graph.h"
 #include "layers_common.cuh"
 
 /* Forward statistics: sums of (x - shift) and (x - shift)^2, shift = the channel's first value, which
@@ -199,16 +201,13 @@ extern "C" size_t ptl_batchnorm_cuda_scratch_bytes(int64_t m, int c)
 
 template <typename T>
 static int bn_forward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const float *gamma, const float *beta,
-                      float *rm, float *rv, int training, int silu, float *smean, float *sinv, T *y)
+                      float *rm, float *rv, int training, int silu, float *smean, float *sinv, T *y, void *scratch)
 {
     cudaStream_t st = ctx->stream;
     const unsigned cblocks = (unsigned)((c + 127) / 128);
     const int64_t total = m * c;
     if (training) {
         const ptl_colsum_geom g = ptl_colsum_geometry(m, c, 2);
-        void *scratch;
-        if (ptl_layers_cuda_scratch(ctx, ptl_batchnorm_cuda_scratch_bytes(m, c), &scratch))
-            return -1;
         double *part = (double *)scratch;
         ptl_colsum_launch(g, m, c, bn_stat_op<T>{x, c}, part, st);
         PTL_LAUNCH_CHECK("bn_stat_partials");
@@ -232,16 +231,13 @@ fail:
 template <typename T>
 static int bn_backward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const T *dy, const float *gamma,
                        const float *beta, const float *smean, const float *sinv, int training, int silu, T *dx,
-                       float *dgamma, float *dbeta)
+                       float *dgamma, float *dbeta, void *scratch)
 {
     cudaStream_t st = ctx->stream;
     const int64_t total = m * c;
     const float *mean_g = NULL, *mean_gx = NULL;
-    if (training || dgamma || dbeta) {
+    if (scratch) {
         const ptl_colsum_geom g = ptl_colsum_geometry(m, c, 2);
-        void *scratch;
-        if (ptl_layers_cuda_scratch(ctx, ptl_batchnorm_cuda_scratch_bytes(m, c), &scratch))
-            return -1;
         double *part = (double *)scratch;
         float *mg = (float *)((char *)scratch + ptl_colsum_part_bytes(m, c, 2));
         ptl_colsum_launch(g, m, c, bn_grad_op<T>{x, dy, gamma, beta, smean, sinv, c, silu}, part, st);
@@ -263,19 +259,67 @@ fail:
     return -1;
 }
 
+/* One pass's arguments (a call of call_graph.h): its tensors in the dtype dt, the layer scratch (NULL: no sums). */
+typedef struct {
+    ptl_cuda_ctx *ctx;
+    ptl_dtype dt;
+    int64_t m;
+    int c, training, silu;
+    const void *x, *dy, *gamma, *beta;
+    void *running_mean, *running_var, *mean, *invstd, *out, *dgamma, *dbeta, *scratch;
+} bn_call;
+
+static int issue_forward(void *arg)
+{
+    const bn_call *k = (const bn_call *)arg;
+    PTL_LAYER_DISPATCH("batchnorm_forward_cuda", k->dt,
+                       return bn_forward<T>(k->ctx, k->m, k->c, (const T *)k->x, (const float *)k->gamma,
+                                            (const float *)k->beta, (float *)k->running_mean,
+                                            (float *)k->running_var, k->training, k->silu, (float *)k->mean,
+                                            (float *)k->invstd, (T *)k->out, k->scratch));
+fail:
+    return -1;
+}
+
+static int issue_backward(void *arg)
+{
+    const bn_call *k = (const bn_call *)arg;
+    PTL_LAYER_DISPATCH("batchnorm_backward_cuda", k->dt,
+                       return bn_backward<T>(k->ctx, k->m, k->c, (const T *)k->x, (const T *)k->dy,
+                                             (const float *)k->gamma, (const float *)k->beta, (const float *)k->mean,
+                                             (const float *)k->invstd, k->training, k->silu, (T *)k->out,
+                                             (float *)k->dgamma, (float *)k->dbeta, k->scratch));
+fail:
+    return -1;
+}
+
+/* A pass of two or three launches, through the queue's call graphs: one graph launch once its pointers
+ * repeat (an eager step's do), where its launches would cost their host time each. */
+static int run(const bn_call *k, int (*issue)(void *))
+{
+    const ptl_call_key key = {{(const void *)issue, k->ctx, k->x, k->dy, k->gamma, k->beta, k->running_mean,
+                               k->running_var, k->mean, k->invstd, k->out, k->dgamma, k->dbeta, k->scratch,
+                               (const void *)(uintptr_t)k->m,
+                               (const void *)(uintptr_t)(((uint64_t)k->c << 8) | ((uint64_t)k->dt << 2) |
+                                                         ((uint64_t)k->training << 1) | (uint64_t)k->silu)}};
+    ptl_call_graphs *t = ptl_call_graphs_of(k->ctx);
+    if (!t)
+        return -1;
+    return ptl_call_graph_run(t, k->ctx->stream, &key, issue, (void *)k);
+}
+
 extern "C" int ptl_batchnorm_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x,
                                           const void *gamma, const void *beta, void *running_mean,
                                           void *running_var, int training, ptl_act act, void *save_mean,
                                           void *save_invstd, void *y)
 {
+    bn_call k = {ctx, dt, m, c, training, act == PTL_ACT_SILU, x, NULL, gamma, beta, running_mean, running_var,
+                 save_mean, save_invstd, y, NULL, NULL, NULL};
     if (check("batchnorm_forward_cuda", m, c, act))
         return -1;
-    PTL_LAYER_DISPATCH("batchnorm_forward_cuda", dt,
-                       return bn_forward<T>(ctx, m, c, (const T *)x, (const float *)gamma, (const float *)beta,
-                                            (float *)running_mean, (float *)running_var, training,
-                                            act == PTL_ACT_SILU, (float *)save_mean, (float *)save_invstd, (T *)y));
-fail:
-    return -1;
+    if (training && ptl_layers_cuda_scratch(ctx, ptl_batchnorm_cuda_scratch_bytes(m, c), &k.scratch))
+        return -1;
+    return run(&k, issue_forward);
 }
 
 extern "C" int ptl_batchnorm_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x,
@@ -283,13 +327,13 @@ extern "C" int ptl_batchnorm_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int6
                                            const void *save_mean, const void *save_invstd, int training,
                                            ptl_act act, void *dx, void *dgamma, void *dbeta)
 {
+    bn_call k = {ctx, dt, m, c, training, act == PTL_ACT_SILU, x, dy, gamma, beta, NULL, NULL,
+                 (void *)save_mean, (void *)save_invstd, dx, dgamma, dbeta, NULL};
     if (check("batchnorm_backward_cuda", m, c, act))
         return -1;
-    PTL_LAYER_DISPATCH("batchnorm_backward_cuda", dt,
-                       return bn_backward<T>(ctx, m, c, (const T *)x, (const T *)dy, (const float *)gamma,
-                                             (const float *)beta, (const float *)save_mean,
-                                             (const float *)save_invstd, training, act == PTL_ACT_SILU, (T *)dx,
-                                             (float *)dgamma, (float *)dbeta));
-fail:
-    return -1;
+    if (!(training || dgamma || dbeta)) /* one launch: nothing for a graph to save */
+        return issue_backward(&k);
+    if (ptl_layers_cuda_scratch(ctx, ptl_batchnorm_cuda_scratch_bytes(m, c), &k.scratch))
+        return -1;
+    return run(&k, issue_backward);
 }

@@ -8,6 +8,11 @@
 #include "conv2d_cudnn_graph.h"
 #include "conv2d_find.h"
 #include "layers_common.cuh"
+#include "call_graph.h"
+
+/* Pointer sets whose calls' graphs a plan's direction keeps: every convolution of its shape, on up to four
+ * queues (call_graph.h). */
+#define CALL_KEYS 32
 
 /* depthwise kernels' size (see the depthwise section) */
 #define DW_K 3
@@ -29,6 +34,7 @@ struct ptl_conv2d_plan {
     cublasComputeType_t gemm_ct; /* its compute type */
     int depthwise;               /* 3x3, groups == cin == cout: the direct kernels below instead of cuDNN */
     ptl_cudnn_conv_exec *exec[3]; /* graph-API plans per direction (all three, or none: the legacy API) */
+    ptl_call_graphs *calls[3];    /* each direction's library calls relaunched as graphs (call_graph.h) */
     ptl_colsum_geom dw_geom;     /* the depthwise weight gradient's reduction over output pixels */
     size_t ws_f, ws_bd, ws_bf, ws_bias, ws;
     ptl_colsum_geom bias_geom;
@@ -259,8 +265,10 @@ extern "C" void ptl_conv2d_plan_destroy(ptl_conv2d_plan *p)
         cudnnDestroyConvolutionDescriptor(p->cbd);
     if (p->cbf)
         cudnnDestroyConvolutionDescriptor(p->cbf);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
         ptl_cudnn_conv_exec_destroy(p->exec[i]);
+        ptl_call_graphs_destroy(p->calls[i]);
+    }
     free(p);
 }
 
@@ -384,6 +392,10 @@ extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, cudnnHandle_t cudnn, co
         goto fail;
 
 sizes:
+    if (!p->depthwise)
+        for (int i = 0; i < (o->forward_only ? 1 : 3); i++)
+            if (!(p->calls[i] = ptl_call_graphs_create(CALL_KEYS)))
+                goto fail;
     if (o->forward_only) {
         p->ws_bd = p->ws_bf = 0;
     } else {
@@ -466,6 +478,62 @@ static int check_exec(const char *fn, ptl_cuda_ctx *ctx, const ptl_conv2d_plan *
         return ptl_set_error(PTL_ERR_VALUE, "%s: workspace of %zu bytes is smaller than the plan's %zu", fn, have,
                              need);
     return 0;
+}
+
+/* One direction's library call (cuBLAS for 1x1, else cuDNN) on the tensors in the direction's variant-pack
+ * order (conv2d_cudnn_graph.h): forward (x, w, y), backward data (dx, w, dy), backward filter (x, dw, dy). */
+typedef struct {
+    ptl_cuda_ctx *ctx;
+    const ptl_conv2d_plan *p;
+    ptl_conv_direction dir;
+    const void *a, *b, *c;
+    void *workspace;
+    size_t workspace_bytes;
+} library_call;
+
+static int issue_library_call(void *arg)
+{
+    const library_call *k = (const library_call *)arg;
+    ptl_cuda_ctx *ctx = k->ctx;
+    const ptl_conv2d_plan *p = k->p;
+    const ptl_conv2d_desc *d = &p->d;
+    const int64_t pixels_in = (int64_t)d->n * d->h * d->w;
+    const float one = 1.0f, zero = 0.0f;
+    void *a = (void *)k->a, *b = (void *)k->b, *c = (void *)k->c;
+    if (p->exec[k->dir])
+        return ptl_cudnn_conv_exec_run(ctx, p->exec[k->dir], a, b, c, k->workspace);
+    switch (k->dir) {
+    case PTL_CONV_FORWARD:
+        if (p->gemm)
+            return gemm(ctx, p, CUBLAS_OP_T, CUBLAS_OP_N, d->cout, (int)pixels_in, d->cin, b, d->cin, a, d->cin, 0.0f,
+                        c, d->cout);
+        PTL_CUDNN_TRY(cudnnConvolutionForward(ctx->cudnn, &one, p->xd, a, p->wd, b, p->cf, p->af, k->workspace,
+                                              k->workspace_bytes, &zero, p->yd, c));
+        return 0;
+    case PTL_CONV_BACKWARD_DATA:
+        if (p->gemm)
+            return gemm(ctx, p, CUBLAS_OP_N, CUBLAS_OP_N, d->cin, (int)pixels_in, d->cout, b, d->cin, c, d->cout, 0.0f,
+                        a, d->cin);
+        PTL_CUDNN_TRY(cudnnConvolutionBackwardData(ctx->cudnn, &one, p->wd, b, p->yd, c, p->cbd, p->abd, k->workspace,
+                                                   k->workspace_bytes, &zero, p->xd, a));
+        return 0;
+    case PTL_CONV_BACKWARD_FILTER:
+        if (p->gemm)
+            return gemm(ctx, p, CUBLAS_OP_N, CUBLAS_OP_T, d->cin, d->cout, (int)pixels_in, a, d->cin, c, d->cout, 1.0f,
+                        b, d->cin);
+        PTL_CUDNN_TRY(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, p->xd, a, p->yd, c, p->cbf, p->abf,
+                                                     k->workspace, k->workspace_bytes, &one, p->wd, b));
+        return 0;
+    }
+fail:
+    return -1;
+}
+
+/* The call, or the graph recorded from it when the same pointers come again on the same queue. */
+static int run_library_call(const library_call *k)
+{
+    const ptl_call_key key = {{k->ctx, k->a, k->b, k->c, k->workspace, (const void *)(uintptr_t)k->workspace_bytes}};
+    return ptl_call_graph_run(k->p->calls[k->dir], k->ctx->stream, &key, issue_library_call, (void *)k);
 }
 
 template <typename T, typename I>
@@ -651,22 +719,15 @@ __global__ void dw_grad_finish(int c, int nchunks, const double *part, T *dw)
 extern "C" int ptl_conv2d_forward_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *x, const void *w,
                                        const void *bias, void *y, void *workspace, size_t workspace_bytes)
 {
-    const float one = 1.0f, zero = 0.0f;
     const int64_t total = (int64_t)p->d.n * p->d.ho * p->d.wo * p->d.cout;
     if (check_exec("conv2d_forward_cuda", ctx, p, 0, p->ws_f, workspace_bytes))
         return -1;
-    if (p->gemm) {
-        if (gemm(ctx, p, CUBLAS_OP_T, CUBLAS_OP_N, p->d.cout, (int)(total / p->d.cout), p->d.cin, w, p->d.cin, x,
-                 p->d.cin, 0.0f, y, p->d.cout))
-            return -1;
-    } else if (p->depthwise) {
+    if (p->depthwise) {
         DW_LAUNCH("conv2d_forward_cuda", dw_forward_kernel, p, total, x, w, y);
-    } else if (p->exec[0]) {
-        if (ptl_cudnn_conv_exec_run(ctx, p->exec[0], x, w, y, workspace))
-            return -1;
     } else {
-        PTL_CUDNN_TRY(cudnnConvolutionForward(ctx->cudnn, &one, p->xd, x, p->wd, w, p->cf, p->af, workspace,
-                                              workspace_bytes, &zero, p->yd, y));
+        const library_call k = {ctx, p, PTL_CONV_FORWARD, x, w, y, workspace, workspace_bytes};
+        if (run_library_call(&k))
+            return -1;
     }
     if (bias) {
         if (total < INT32_MAX)
@@ -687,22 +748,17 @@ fail:
 extern "C" int ptl_conv2d_backward_input_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *dy,
                                               const void *w, void *dx, void *workspace, size_t workspace_bytes)
 {
-    const float one = 1.0f, zero = 0.0f;
     if (check_exec("conv2d_backward_input_cuda", ctx, p, 1, p->ws_bd, workspace_bytes))
         return -1;
-    if (p->gemm)
-        return gemm(ctx, p, CUBLAS_OP_N, CUBLAS_OP_N, p->d.cin, p->d.n * p->d.h * p->d.w, p->d.cout, w, p->d.cin, dy,
-                    p->d.cout, 0.0f, dx, p->d.cin);
     if (p->depthwise) {
         const int64_t total = (int64_t)p->d.n * p->d.h * p->d.w * p->d.cin;
         DW_LAUNCH("conv2d_backward_input_cuda", dw_backward_input_kernel, p, total, dy, w, dx);
         return 0;
     }
-    if (p->exec[1])
-        return ptl_cudnn_conv_exec_run(ctx, p->exec[1], dx, w, dy, workspace);
-    PTL_CUDNN_TRY(cudnnConvolutionBackwardData(ctx->cudnn, &one, p->wd, w, p->yd, dy, p->cbd, p->abd, workspace,
-                                               workspace_bytes, &zero, p->xd, dx));
-    return 0;
+    {
+        const library_call k = {ctx, p, PTL_CONV_BACKWARD_DATA, dx, w, dy, workspace, workspace_bytes};
+        return run_library_call(&k);
+    }
 fail:
     return -1;
 }
@@ -710,12 +766,8 @@ fail:
 extern "C" int ptl_conv2d_backward_weight_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *x,
                                                const void *dy, void *dw, void *workspace, size_t workspace_bytes)
 {
-    const float one = 1.0f;
     if (check_exec("conv2d_backward_weight_cuda", ctx, p, 1, p->ws_bf, workspace_bytes))
         return -1;
-    if (p->gemm)
-        return gemm(ctx, p, CUBLAS_OP_N, CUBLAS_OP_T, p->d.cin, p->d.cout, p->d.n * p->d.h * p->d.w, x, p->d.cin, dy,
-                    p->d.cout, 1.0f, dw, p->d.cin);
     if (p->depthwise) {
         const int64_t rows = (int64_t)p->d.n * p->d.ho * p->d.wo;
         const int c = p->d.cout;
@@ -730,11 +782,10 @@ extern "C" int ptl_conv2d_backward_weight_cuda(ptl_cuda_ctx *ctx, const ptl_conv
         });
         return 0;
     }
-    if (p->exec[2])
-        return ptl_cudnn_conv_exec_run(ctx, p->exec[2], x, dw, dy, workspace);
-    PTL_CUDNN_TRY(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, p->xd, x, p->yd, dy, p->cbf, p->abf, workspace,
-                                                 workspace_bytes, &one, p->wd, dw));
-    return 0;
+    {
+        const library_call k = {ctx, p, PTL_CONV_BACKWARD_FILTER, x, dw, dy, workspace, workspace_bytes};
+        return run_library_call(&k);
+    }
 fail:
     return -1;
 }
