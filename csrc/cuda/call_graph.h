@@ -2,9 +2,9 @@
  * several kernels), made again with the same pointers and sizes on the same queue, is relaunched as a CUDA
  * graph of what it enqueued the previous time.
  *
- * Why: an eager step makes ~1300 such calls, and made directly they cost their host time each time:
- * cudnnBackendExecute and cublasGemmEx 5-9 us re-deriving what their plan already fixed, our own launches
- * ~2-3 us each. A graph's launch costs a few us whatever it holds. In an eager step every call's pointers
+ * Why: an eager step of yolo26n makes 560 such calls (332 convolution calls, 228 BatchNorm passes), and made
+ * directly they cost their host time each time: cudnnBackendExecute and cublasGemmEx 5-9 us re-deriving
+ * what their plan already fixed, our own launches ~2-3 us each. A graph's launch costs a few us whatever it holds. In an eager step every call's pointers
  * repeat (the network's memory is laid out once per shape), so each call is recorded at its second sight
  * and relaunched from its third. The graph holds the very kernels with the very parameters the call
  * enqueues, so the results are the same bits. A stream that is being captured (the network's recorder) gets
