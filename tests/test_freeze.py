@@ -71,8 +71,8 @@ def test_frozen_gradients_skipped_and_the_rest_unchanged(kernels, freeze):
     for n in trainable:
         assert np.array_equal(got[n], same_forward[n]), n
         assert got[n].any(), n
-    if freeze == 5:  # nothing before layer 5 trains: the backward stops there
-        assert info["backward_ops"] < ops_all == info["ops"]
+    if freeze == 5:  # nothing before layer 5 trains: the backward stops there (a Concat built in place has none)
+        assert info["backward_ops"] < ops_all <= info["ops"]
     else:  # a frozen middle layer passes gradients through: layer 0 / 1 still train
         assert any(got[n].any() for n in trainable if n.startswith("model.1."))
 

@@ -481,6 +481,52 @@ def test_side_streams_are_bitwise_neutral(dtype):
         assert np.array_equal(_bits(b0), _bits(b)), (dtype, k)
 
 
+def _eager_steps(net, img, R, n):
+    """n eager training steps from zeroed gradients, the weights moved between steps as an optimizer would:
+    [(outputs, gradients, BN buffers)]."""
+    steps = []
+    for step in range(n):
+        if step:
+            net.flat_parameters = net.flat_parameters.numpy() * np.float32(0.99)
+        net.zero_grad()
+        out = net.forward(img)
+        net.backward(R)
+        steps.append((_np_out(out), net.flat_gradients.numpy(), net.flat_buffers.numpy()))
+    return steps
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cat_in_place_is_bitwise_neutral(dtype):
+    """Concats built in place on CUDA (the convs' BatchNorm and the upsamples writing their channels of the
+    Concat's output, with 16-byte accesses at those strides; tests/test_network_executor.py checks the plan on
+    the CPU): eager steps, a replay and forward-only predictions give the bits of the copies."""
+    B, H, W = 2, 256, 192
+    sd = _state(seed=4)
+    x = np.random.default_rng(9).random((B, H, W, 3)).astype(np.float32)
+    runs = {}
+    for on in (False, True):
+        net = _detector(sd, True).to("cuda", dtype=dtype)
+        ptl._C.executor_configure(net._exec, cat_in_place=on)
+        assert ptl._C.executor_info(net._exec)["cat_in_place"][1] >= 20 * on
+        img = ptl.tensor(x, device="cuda").to(dtype=dtype)
+        R = _dev(_functional(_np_out(net.forward(img)), seed=6))
+        steps = _eager_steps(net, img, R, 3)
+        net.record(img, R)
+        net.zero_grad()
+        steps.append((_np_out(net.replay()), net.flat_gradients.numpy(), net.flat_buffers.numpy()))
+        with net.no_grad():
+            steps.append((_np_out(net.forward(img)), steps[-1][1], net.flat_buffers.numpy()))
+        runs[on] = steps
+    assert np.count_nonzero(runs[False][0][1]) > 0.9 * runs[False][0][1].size
+    for k, ((o0, g0, b0), (o1, g1, b1)) in enumerate(zip(runs[False], runs[True])):
+        for br in o0:
+            for a, c in zip(o0[br], o1[br]):
+                assert np.array_equal(_bits(a), _bits(c)), (dtype, k, br)
+        assert np.array_equal(_bits(g0), _bits(g1)), (dtype, k)
+        assert np.array_equal(_bits(b0), _bits(b1)), (dtype, k)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_call_graphs_are_bitwise_neutral(dtype):
@@ -497,6 +543,7 @@ def test_call_graphs_are_bitwise_neutral(dtype):
     x = rng.random((B, H, W, 3)).astype(np.float32)
     runs = {}
     prev = ptl.cuda.call_graphs()[0]
+    ptl._C._cuda_call_graphs_limit(0)  # none held: earlier tests' graphs would reach the limit within this one
     try:
         for on in (False, True):
             ptl.cuda.call_graphs(on)
@@ -504,14 +551,7 @@ def test_call_graphs_are_bitwise_neutral(dtype):
             net = _detector(sd, True).to("cuda", dtype=dtype)
             img = ptl.tensor(x, device="cuda").to(dtype=dtype)
             R = _dev(_functional(_np_out(net.forward(img)), seed=6))
-            steps = []
-            for step in range(4):
-                if step:
-                    net.flat_parameters = net.flat_parameters.numpy() * np.float32(0.99)
-                net.zero_grad()
-                out = net.forward(img)
-                net.backward(R)
-                steps.append((_np_out(out), net.flat_gradients.numpy(), net.flat_buffers.numpy()))
+            steps = _eager_steps(net, img, R, 4)
             made_eager = ptl.cuda.call_graphs()[1] - made0
             net.record(img, R)
             net.zero_grad()

@@ -166,6 +166,68 @@ def test_branches_of_yolo26n():
     assert sorted(covered) == head  # each level's chains are consecutive ops of the head
 
 
+def _parts_in_place(desc):
+    """The Concat parts ptl_net_cat_in_place builds in place, by its rules for the kernels of the CPU and CUDA
+    backends, from network_ops: a whole value other than the image, written by a conv (its BatchNorm), an
+    upsample, a max-pool or an add, and read by nothing but that part, split Concats, upsamples and max-pools,
+    each before the Concat."""
+    ops, channels = desc["ops"], [c for c, _ in desc["values"]]
+    producer = {o["out"]: (i, o["kind"]) for i, o in enumerate(ops) if "out" in o}
+    placed = 0
+    for k, o in enumerate(ops):
+        if o["kind"] != "cat" or len(o["parts"]) < 2:
+            continue
+        for v, c0, nc in o["parts"]:
+            others = [(i, r["kind"]) for i, r in enumerate(ops) for u in _inputs_of(r) if u == v and i != k]
+            placed += (v != desc["input"] and c0 == 0 and nc == channels[v]
+                       and producer[v][1] in ("conv", "upsample2x", "maxpool5", "add")
+                       and all(i < k and kind in ("cat", "upsample2x", "maxpool5") for i, kind in others))
+    return placed
+
+
+@pytest.mark.parametrize("kernels", ["fast", "reference", "bfloat16-storage"])
+@pytest.mark.parametrize("training", [True, False])
+def test_cat_in_place_is_bitwise_neutral(kernels, training, monkeypatch):
+    """Concats built in place (their parts' producers write into the Concat's output, their readers read it
+    there) give the bits of the copies on every CPU backend, in order and with the side queues' work late or
+    early, with and without the image gradient, and with frozen layers whose gradients nothing needs beside
+    trainable ones in one Concat; the arena is smaller and the Concats with every part in place run no
+    backward."""
+    monkeypatch.setenv("PTL_CPU_KERNELS", kernels)
+    sd = _state()
+    x, grads = _inputs(2, 96, 128)
+    copies, placed = Net(sd, training), Net(sd, training)
+    _C.executor_configure(copies.x, cat_in_place=False)
+    want = _parts_in_place(_C.network_ops(placed.det._net))
+    assert want >= 20
+    assert _C.executor_info(placed.x)["cat_in_place"] == (True, want)
+    assert _C.executor_info(copies.x)["cat_in_place"] == (False, 0)
+    for config in ({}, {"side_lag": 2, "branches": 1}, {"side_lag": _C.NET_SIDE_MAX_LAG, "branches": 2}):
+        for n in (copies, placed):
+            _C.executor_configure(n.x, **config)
+        for input_grad in (True, False):
+            _same(copies.step(x, grads, input_grad), placed.step(x, grads, input_grad))
+    info, base = _C.executor_info(placed.x), _C.executor_info(copies.x)
+    assert info["arena_bytes"] < base["arena_bytes"]
+    assert info["backward_ops"] < base["backward_ops"] == base["ops"]
+    # forward-only layouts, where memory is shared most tightly (a part's value lives from its first producer)
+    for grad in (False, True):
+        for n in (copies, placed):
+            _C.executor_configure(n.x, grad=grad)
+        o1, o2 = ([t.numpy() for t in _C.executor_forward(n.x, _C.from_numpy(x))] for n in (copies, placed))
+        for a, b in zip(o1, o2):
+            assert np.array_equal(_bits(a), _bits(b))
+    # layer 2's first conv frozen with all before it: its gradient, a part of layer 2's Concat, is not needed
+    names = [n for n in sd if n.startswith(("model.0.", "model.1.", "model.2.cv1."))]
+    for n in (copies, placed):
+        _C.executor_set_frozen(n.x, n.det._frozen_flags(set(names)))
+    _same(copies.step(x, grads, False), placed.step(x, grads, False))
+    # and back to the copies: the same executor gives the same bits
+    _C.executor_configure(placed.x, cat_in_place=False)
+    assert _C.executor_info(placed.x)["cat_in_place"] == (False, 0)
+    _same(copies.step(x, grads), placed.step(x, grads))
+
+
 def test_queue_workspace_limit():
     """A queue's conv workspace is at most the limit (the branch queues' aside): with the side lag on, a conv
     whose weight and bias gradients need more runs them in order, the others lag (branch ops run theirs in

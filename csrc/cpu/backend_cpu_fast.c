@@ -177,22 +177,24 @@ static int fast_conv_backward_bias(ptl_exec_ctx *ctx, const void *p, const void 
 /* ------------------------------------------------------------------------- layers */
 
 static int fast_batchnorm_forward(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x, const void *g,
-                                  const void *b, void *rm, void *rv, int tr, ptl_act act, void *sm, void *si, void *y)
+                                  const void *b, void *rm, void *rv, int tr, ptl_act act, void *sm, void *si, void *y,
+                                  int ld)
 {
     if (dt != PTL_FLOAT32)
-        return ptl_net_backend_cpu.batchnorm_forward(ctx, dt, m, c, x, g, b, rm, rv, tr, act, sm, si, y);
+        return ptl_net_backend_cpu.batchnorm_forward(ctx, dt, m, c, x, g, b, rm, rv, tr, act, sm, si, y, ld);
     WITH_SCRATCH(4, fast_bn_scratch_bytes(m, c),
-                 ptl_cpu_batchnorm_forward(m, c, x, g, b, rm, rv, tr, act, sm, si, y, scratch, scratch_bytes));
+                 ptl_cpu_batchnorm_forward(m, c, x, g, b, rm, rv, tr, act, sm, si, y, ld, scratch, scratch_bytes));
 }
 
 static int fast_batchnorm_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x, const void *dy,
-                                   const void *g, const void *b, const void *sm, const void *si, int tr, ptl_act act,
-                                   void *dx, void *dg, void *db)
+                                   int ld, const void *g, const void *b, const void *sm, const void *si, int tr,
+                                   ptl_act act, void *dx, void *dg, void *db)
 {
     if (dt != PTL_FLOAT32)
-        return ptl_net_backend_cpu.batchnorm_backward(ctx, dt, m, c, x, dy, g, b, sm, si, tr, act, dx, dg, db);
+        return ptl_net_backend_cpu.batchnorm_backward(ctx, dt, m, c, x, dy, ld, g, b, sm, si, tr, act, dx, dg, db);
     WITH_SCRATCH(5, fast_bn_scratch_bytes(m, c),
-                 ptl_cpu_batchnorm_backward(m, c, x, dy, g, b, sm, si, tr, act, dx, dg, db, scratch, scratch_bytes));
+                 ptl_cpu_batchnorm_backward(m, c, x, dy, ld, g, b, sm, si, tr, act, dx, dg, db, scratch,
+                                            scratch_bytes));
 }
 
 /* The layer rows (executor.h's ptl_net_call): float32 to the fast kernel, the rest to the reference's row. */
@@ -220,26 +222,27 @@ static int fast_attention_backward(ptl_exec_ctx *ctx, const ptl_net_call *c)
 static int fast_maxpool_forward(ptl_exec_ctx *ctx, const ptl_net_call *c)
 {
     FLOAT32_OR_REFERENCE(c, PTL_OP_POOL, forward);
-    TIMED(11, ptl_cpu_maxpool5_forward(PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].data));
+    TIMED(11, ptl_cpu_maxpool5_forward(PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_IN_AT(c, data), PTL_NET_OUT_AT(c, data)));
 }
 
 static int fast_maxpool_backward(ptl_exec_ctx *ctx, const ptl_net_call *c)
 {
     FLOAT32_OR_REFERENCE(c, PTL_OP_POOL, backward);
-    TIMED(12, ptl_cpu_maxpool5_backward(PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].grad, IN(c).grad,
-                                        IN(c).accumulate));
+    TIMED(12, ptl_cpu_maxpool5_backward(PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_IN_AT(c, data), PTL_NET_OUT_AT(c, grad),
+                                        ptl_net_arg_at(IN(c).grad, &IN(c), c->dt), IN(c).accumulate));
 }
 
 static int fast_upsample_forward(ptl_exec_ctx *ctx, const ptl_net_call *c)
 {
     FLOAT32_OR_REFERENCE(c, PTL_OP_UP, forward);
-    TIMED(13, ptl_cpu_upsample2x_forward(PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].data));
+    TIMED(13, ptl_cpu_upsample2x_forward(PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_IN_AT(c, data), PTL_NET_OUT_AT(c, data)));
 }
 
 static int fast_upsample_backward(ptl_exec_ctx *ctx, const ptl_net_call *c)
 {
     FLOAT32_OR_REFERENCE(c, PTL_OP_UP, backward);
-    TIMED(14, ptl_cpu_upsample2x_backward(PTL_NET_CALL_NHWC(c), c->out[0].grad, IN(c).grad, IN(c).accumulate));
+    TIMED(14, ptl_cpu_upsample2x_backward(PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_OUT_AT(c, grad), PTL_NET_IN_AT(c, grad),
+                                          IN(c).accumulate));
 }
 
 /* Entries without a workspace: float32 to the fast kernel (timed as entry e), the rest to the reference. */
@@ -282,8 +285,10 @@ static void make_table(void)
     table.add = fast_add;
     table.accumulate = fast_accumulate;
     table.channel_copy = fast_channel_copy;
-    table.layer[PTL_OP_POOL] = (ptl_net_layer){fast_maxpool_forward, fast_maxpool_backward, NULL, 0};
-    table.layer[PTL_OP_UP] = (ptl_net_layer){fast_upsample_forward, fast_upsample_backward, NULL, 0};
+    table.layer[PTL_OP_POOL] =
+        (ptl_net_layer){fast_maxpool_forward, fast_maxpool_backward, NULL, 0, PTL_NET_SLICE_IN | PTL_NET_SLICE_OUT};
+    table.layer[PTL_OP_UP] =
+        (ptl_net_layer){fast_upsample_forward, fast_upsample_backward, NULL, 0, PTL_NET_SLICE_IN | PTL_NET_SLICE_OUT};
     table.layer[PTL_OP_ATTN] = (ptl_net_layer){fast_attention_forward, fast_attention_backward,
                                                fast_attention_scratch_bytes, 1};
 }

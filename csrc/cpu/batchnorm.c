@@ -20,10 +20,12 @@ size_t ptl_cpu_batchnorm_workspace(int64_t m, int c)
     return m > 0 && c > 0 ? (size_t)num_chunks(m, c) * (size_t)c * 2 * sizeof(double) : 0;
 }
 
-static int check(const char *fn, int64_t m, int c, ptl_act act, size_t workspace_bytes, const void *workspace)
+static int check(const char *fn, int64_t m, int c, int ld, ptl_act act, size_t workspace_bytes, const void *workspace)
 {
     if (m <= 0 || c <= 0)
         return ptl_set_error(PTL_ERR_VALUE, "%s: empty input (m=%lld rows, c=%d channels)", fn, (long long)m, c);
+    if (ld < c)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: rows of %d elements hold no %d channels", fn, ld, c);
     if (act != PTL_ACT_NONE && act != PTL_ACT_SILU)
         return ptl_set_error(PTL_ERR_VALUE, "%s: unknown activation %d", fn, (int)act);
     const size_t need = ptl_cpu_batchnorm_workspace(m, c);
@@ -53,11 +55,11 @@ static void chunk_moments(int64_t r0, int64_t r1, int c, const float *x, const f
 /* y = act((x - mean) * a + beta), a = invstd * gamma, over rows [r0, r1). */
 PTL_CPU_CLONES
 static void chunk_apply(int64_t r0, int64_t r1, int c, const float *x, const float *mean, const float *a,
-                        const float *beta, int silu, float *y)
+                        const float *beta, int silu, float *y, int ld)
 {
     for (int64_t r = r0; r < r1; r++) {
         const float *xr = x + r * c;
-        float *yr = y + r * c;
+        float *yr = y + r * ld;
         if (silu) {
 #pragma omp simd
             for (int j = 0; j < c; j++) {
@@ -74,9 +76,9 @@ static void chunk_apply(int64_t r0, int64_t r1, int c, const float *x, const flo
 
 int ptl_cpu_batchnorm_forward(int64_t m, int c, const float *x, const float *gamma, const float *beta,
                               float *running_mean, float *running_var, int training, ptl_act act, float *save_mean,
-                              float *save_invstd, float *y, void *workspace, size_t workspace_bytes)
+                              float *save_invstd, float *y, int ld, void *workspace, size_t workspace_bytes)
 {
-    if (check("cpu_batchnorm_forward", m, c, act, workspace_bytes, workspace))
+    if (check("cpu_batchnorm_forward", m, c, ld, act, workspace_bytes, workspace))
         return -1;
     const int64_t rows = chunk_rows(c), nchunks = num_chunks(m, c);
     if (training) {
@@ -115,7 +117,7 @@ int ptl_cpu_batchnorm_forward(int64_t m, int c, const float *x, const float *gam
 #pragma omp parallel for schedule(dynamic, 1) if (nchunks > 1 && m * c > PTL_CPU_PAR_MIN)
     for (int64_t k = 0; k < nchunks; k++) {
         const int64_t r0 = k * rows, r1 = r0 + rows < m ? r0 + rows : m;
-        chunk_apply(r0, r1, c, x, save_mean, a, beta, silu, y);
+        chunk_apply(r0, r1, c, x, save_mean, a, beta, silu, y, ld);
     }
     return 0;
 }
@@ -123,14 +125,14 @@ int ptl_cpu_batchnorm_forward(int64_t m, int c, const float *x, const float *gam
 /* Pass 1 over rows [r0, r1): g = dy * act'(z) (stored in dx when act is SiLU) and, per channel, the
  * sums of g and g * xhat into sg/sgx (overwritten). */
 PTL_CPU_CLONES
-static void chunk_grad_sums(int64_t r0, int64_t r1, int c, const float *x, const float *dy, const float *mean,
-                            const float *invstd, const float *gamma, const float *beta, int silu, float *dx,
-                            double *sg, double *sgx)
+static void chunk_grad_sums(int64_t r0, int64_t r1, int c, const float *x, const float *dy, int ld,
+                            const float *mean, const float *invstd, const float *gamma, const float *beta, int silu,
+                            float *dx, double *sg, double *sgx)
 {
     for (int j = 0; j < c; j++)
         sg[j] = sgx[j] = 0;
     for (int64_t r = r0; r < r1; r++) {
-        const float *xr = x + r * c, *dyr = dy + r * c;
+        const float *xr = x + r * c, *dyr = dy + r * ld;
         float *dxr = dx + r * c;
         if (silu) {
 #pragma omp simd
@@ -156,12 +158,12 @@ static void chunk_grad_sums(int64_t r0, int64_t r1, int c, const float *x, const
 
 /* Pass 2 over rows [r0, r1): dx = scale * (g - mean_g - xhat * mean_gx) in training, scale * g in eval. */
 PTL_CPU_CLONES
-static void chunk_grad_apply(int64_t r0, int64_t r1, int c, const float *x, const float *g, const float *mean,
-                             const float *invstd, const float *scale, const float *mean_g, const float *mean_gx,
-                             int training, float *dx)
+static void chunk_grad_apply(int64_t r0, int64_t r1, int c, const float *x, const float *g, int ldg,
+                             const float *mean, const float *invstd, const float *scale, const float *mean_g,
+                             const float *mean_gx, int training, float *dx)
 {
     for (int64_t r = r0; r < r1; r++) {
-        const float *xr = x + r * c, *gr = g + r * c;
+        const float *xr = x + r * c, *gr = g + r * ldg;
         float *dxr = dx + r * c;
         if (training) {
 #pragma omp simd
@@ -178,12 +180,12 @@ static void chunk_grad_apply(int64_t r0, int64_t r1, int c, const float *x, cons
 }
 
 /* Eval without SiLU needs no pass 1 for dx; the sums run when dgamma/dbeta are wanted. */
-int ptl_cpu_batchnorm_backward(int64_t m, int c, const float *x, const float *dy, const float *gamma,
+int ptl_cpu_batchnorm_backward(int64_t m, int c, const float *x, const float *dy, int ld, const float *gamma,
                                const float *beta, const float *save_mean, const float *save_invstd, int training,
                                ptl_act act, float *dx, float *dgamma, float *dbeta, void *workspace,
                                size_t workspace_bytes)
 {
-    if (check("cpu_batchnorm_backward", m, c, act, workspace_bytes, workspace))
+    if (check("cpu_batchnorm_backward", m, c, ld, act, workspace_bytes, workspace))
         return -1;
     const int64_t rows = chunk_rows(c), nchunks = num_chunks(m, c);
     const int silu = act == PTL_ACT_SILU;
@@ -193,7 +195,7 @@ int ptl_cpu_batchnorm_backward(int64_t m, int c, const float *x, const float *dy
 #pragma omp parallel for schedule(dynamic, 1) if (nchunks > 1 && m * c > PTL_CPU_PAR_MIN)
         for (int64_t k = 0; k < nchunks; k++) {
             const int64_t r0 = k * rows, r1 = r0 + rows < m ? r0 + rows : m;
-            chunk_grad_sums(r0, r1, c, x, dy, save_mean, save_invstd, gamma, beta, silu, dx, part + k * 2 * c,
+            chunk_grad_sums(r0, r1, c, x, dy, ld, save_mean, save_invstd, gamma, beta, silu, dx, part + k * 2 * c,
                             part + k * 2 * c + c);
         }
         for (int j = 0; j < c; j++) {
@@ -212,11 +214,12 @@ int ptl_cpu_batchnorm_backward(int64_t m, int c, const float *x, const float *dy
     }
     for (int j = 0; j < c; j++)
         scale[j] = gamma[j] * save_invstd[j];
-    const float *g = silu ? dx : dy;
+    const float *g = silu ? dx : dy; /* rows c apart (dx) or ld apart (dy) */
 #pragma omp parallel for schedule(dynamic, 1) if (nchunks > 1 && m * c > PTL_CPU_PAR_MIN)
     for (int64_t k = 0; k < nchunks; k++) {
         const int64_t r0 = k * rows, r1 = r0 + rows < m ? r0 + rows : m;
-        chunk_grad_apply(r0, r1, c, x, g, save_mean, save_invstd, scale, mean_g, mean_gx, training, dx);
+        chunk_grad_apply(r0, r1, c, x, g, silu ? c : ld, save_mean, save_invstd, scale, mean_g, mean_gx, training,
+                         dx);
     }
     return 0;
 }

@@ -21,12 +21,13 @@ extern "C" {
 /* Bytes of workspace the two calls below need for (m, c). */
 size_t ptl_cpu_batchnorm_workspace(int64_t m, int c);
 
+/* y's and dy's rows are ld >= c elements apart (../nn/batchnorm.h). */
 int ptl_cpu_batchnorm_forward(int64_t m, int c, const float *x, const float *gamma, const float *beta,
                               float *running_mean, float *running_var, int training, ptl_act act, float *save_mean,
-                              float *save_invstd, float *y, void *workspace, size_t workspace_bytes);
+                              float *save_invstd, float *y, int ld, void *workspace, size_t workspace_bytes);
 
-/* dx overwritten (may alias dy), dgamma/dbeta accumulated (either may be NULL). */
-int ptl_cpu_batchnorm_backward(int64_t m, int c, const float *x, const float *dy, const float *gamma,
+/* dx overwritten (may alias dy when ld == c), dgamma/dbeta accumulated (either may be NULL). */
+int ptl_cpu_batchnorm_backward(int64_t m, int c, const float *x, const float *dy, int ld, const float *gamma,
                                const float *beta, const float *save_mean, const float *save_invstd, int training,
                                ptl_act act, float *dx, float *dgamma, float *dbeta, void *workspace,
                                size_t workspace_bytes);

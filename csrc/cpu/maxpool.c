@@ -10,26 +10,29 @@
 #define R 2
 #define CB 16 /* channels per block */
 
-static int check(const char *fn, int n, int h, int w, int c)
+static int check(const char *fn, int n, int h, int w, int c, int ldx, int ldy)
 {
     if (n <= 0 || h <= 0 || w <= 0 || c <= 0)
         return ptl_set_error(PTL_ERR_VALUE, "%s: sizes must be positive (n=%d h=%d w=%d c=%d)", fn, n, h, w, c);
+    if (ldx < c || ldy < c)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: pixels of %d (x) and %d (y) elements hold no %d channels", fn, ldx,
+                             ldy, c);
     return 0;
 }
 
 PTL_CPU_CLONES
-static void image_forward(int h, int w, int c, const float *x, float *y)
+static void image_forward(int h, int w, int c, const float *x, int ldx, float *y, int ldy)
 {
     for (int oy = 0; oy < h; oy++) {
         const int y0 = oy - R < 0 ? 0 : oy - R, y1 = oy + R >= h ? h - 1 : oy + R;
         for (int ox = 0; ox < w; ox++) {
             const int x0 = ox - R < 0 ? 0 : ox - R, x1 = ox + R >= w ? w - 1 : ox + R;
-            float *yp = y + ((int64_t)oy * w + ox) * c;
+            float *yp = y + ((int64_t)oy * w + ox) * ldy;
             for (int j = 0; j < c; j++)
                 yp[j] = -INFINITY;
             for (int iy = y0; iy <= y1; iy++)
                 for (int ix = x0; ix <= x1; ix++) {
-                    const float *xp = x + ((int64_t)iy * w + ix) * c;
+                    const float *xp = x + ((int64_t)iy * w + ix) * ldx;
 #pragma omp simd
                     for (int j = 0; j < c; j++) {
                         const float v = xp[j];
@@ -40,27 +43,28 @@ static void image_forward(int h, int w, int c, const float *x, float *y)
     }
 }
 
-int ptl_cpu_maxpool5_forward(int n, int h, int w, int c, const float *x, float *y)
+int ptl_cpu_maxpool5_forward(int n, int h, int w, int c, const float *x, int ldx, float *y, int ldy)
 {
-    if (check("cpu_maxpool5_forward", n, h, w, c))
+    if (check("cpu_maxpool5_forward", n, h, w, c, ldx, ldy))
         return -1;
-    const int64_t image = (int64_t)h * w * c;
-#pragma omp parallel for schedule(dynamic, 1) if (n > 1 && n * image > PTL_CPU_PAR_MIN)
+    const int64_t pixels = (int64_t)h * w;
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1 && n * pixels * c > PTL_CPU_PAR_MIN)
     for (int b = 0; b < n; b++)
-        image_forward(h, w, c, x + b * image, y + b * image);
+        image_forward(h, w, c, x + b * pixels * ldx, ldx, y + b * pixels * ldy, ldy);
     return 0;
 }
 
 PTL_CPU_CLONES
-static void image_backward(int h, int w, int c, const float *x, const float *dy, float *dx, int accumulate)
+static void image_backward(int h, int w, int c, const float *x, int ldx, const float *dy, int ldy, float *dx,
+                           int accumulate)
 {
-    if (!accumulate)
-        memset(dx, 0, sizeof(float) * (size_t)h * w * c);
+    for (int64_t p = 0; !accumulate && p < (int64_t)h * w; p++)
+        memset(dx + p * ldx, 0, sizeof(float) * (size_t)c);
     for (int oy = 0; oy < h; oy++) {
         const int y0 = oy - R < 0 ? 0 : oy - R, y1 = oy + R >= h ? h - 1 : oy + R;
         for (int ox = 0; ox < w; ox++) {
             const int x0 = ox - R < 0 ? 0 : ox - R, x1 = ox + R >= w ? w - 1 : ox + R;
-            const float *dyp = dy + ((int64_t)oy * w + ox) * c;
+            const float *dyp = dy + ((int64_t)oy * w + ox) * ldy;
             for (int c0 = 0; c0 < c; c0 += CB) {
                 const int nc = c0 + CB < c ? CB : c - c0;
                 float best[CB];
@@ -72,7 +76,7 @@ static void image_backward(int h, int w, int c, const float *x, const float *dy,
                 for (int iy = y0; iy <= y1; iy++)
                     for (int ix = x0; ix <= x1; ix++) {
                         const int32_t p = iy * w + ix;
-                        const float *xp = x + (int64_t)p * c + c0;
+                        const float *xp = x + (int64_t)p * ldx + c0;
 #pragma omp simd
                         for (int j = 0; j < nc; j++) {
                             const float v = xp[j];
@@ -82,20 +86,21 @@ static void image_backward(int h, int w, int c, const float *x, const float *dy,
                         }
                     }
                 for (int j = 0; j < nc; j++)
-                    dx[(int64_t)arg[j] * c + c0 + j] += dyp[c0 + j];
+                    dx[(int64_t)arg[j] * ldx + c0 + j] += dyp[c0 + j];
             }
         }
     }
 }
 
-int ptl_cpu_maxpool5_backward(int n, int h, int w, int c, const float *x, const float *dy, float *dx,
+int ptl_cpu_maxpool5_backward(int n, int h, int w, int c, const float *x, int ldx, const float *dy, int ldy, float *dx,
                               int accumulate)
 {
-    if (check("cpu_maxpool5_backward", n, h, w, c))
+    if (check("cpu_maxpool5_backward", n, h, w, c, ldx, ldy))
         return -1;
-    const int64_t image = (int64_t)h * w * c;
-#pragma omp parallel for schedule(dynamic, 1) if (n > 1 && n * image > PTL_CPU_PAR_MIN / 4)
+    const int64_t pixels = (int64_t)h * w;
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1 && n * pixels * c > PTL_CPU_PAR_MIN / 4)
     for (int b = 0; b < n; b++)
-        image_backward(h, w, c, x + b * image, dy + b * image, dx + b * image, accumulate);
+        image_backward(h, w, c, x + b * pixels * ldx, ldx, dy + b * pixels * ldy, ldy, dx + b * pixels * ldx,
+                       accumulate);
     return 0;
 }

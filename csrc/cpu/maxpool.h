@@ -11,9 +11,10 @@
 extern "C" {
 #endif
 
-int ptl_cpu_maxpool5_forward(int n, int h, int w, int c, const float *x, float *y);
+/* ldx, ldy: elements between the pixels of x (and dx) and of y (and dy), >= c (../nn/maxpool.h) */
+int ptl_cpu_maxpool5_forward(int n, int h, int w, int c, const float *x, int ldx, float *y, int ldy);
 /* dx = (accumulate ? dx : 0) + routed dy; the argmax is recomputed from x. */
-int ptl_cpu_maxpool5_backward(int n, int h, int w, int c, const float *x, const float *dy, float *dx,
+int ptl_cpu_maxpool5_backward(int n, int h, int w, int c, const float *x, int ldx, const float *dy, int ldy, float *dx,
                               int accumulate);
 
 #ifdef __cplusplus

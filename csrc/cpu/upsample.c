@@ -5,56 +5,66 @@
 
 #include "vector.h"
 
-static int check(const char *fn, int n, int h, int w, int c)
+static int check(const char *fn, int n, int h, int w, int c, int ldx, int ldy)
 {
     if (n <= 0 || h <= 0 || w <= 0 || c <= 0)
         return ptl_set_error(PTL_ERR_VALUE, "%s: sizes must be positive (n=%d h=%d w=%d c=%d)", fn, n, h, w, c);
+    if (ldx < c || ldy < c)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: pixels of %d (x) and %d (y) elements hold no %d channels", fn, ldx,
+                             ldy, c);
     return 0;
 }
 
-int ptl_cpu_upsample2x_forward(int n, int h, int w, int c, const float *x, float *y)
+int ptl_cpu_upsample2x_forward(int n, int h, int w, int c, const float *x, int ldx, float *y, int ldy)
 {
-    if (check("cpu_upsample2x_forward", n, h, w, c))
+    if (check("cpu_upsample2x_forward", n, h, w, c, ldx, ldy))
         return -1;
-    const int64_t rows = (int64_t)n * h, in_row = (int64_t)w * c;
-#pragma omp parallel for schedule(dynamic, 8) if (rows * in_row > PTL_CPU_PAR_MIN)
+    const int64_t rows = (int64_t)n * h, in_row = (int64_t)w * ldx, out_row = (int64_t)2 * w * ldy;
+#pragma omp parallel for schedule(dynamic, 8) if (rows * w * c > PTL_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * in_row;
-        float *y0 = y + 2 * r * 2 * in_row;
+        float *y0 = y + 2 * r * out_row;
         for (int ix = 0; ix < w; ix++) {
-            memcpy(y0 + (int64_t)(2 * ix) * c, xr + (int64_t)ix * c, sizeof(float) * (size_t)c);
-            memcpy(y0 + (int64_t)(2 * ix + 1) * c, xr + (int64_t)ix * c, sizeof(float) * (size_t)c);
+            memcpy(y0 + (int64_t)(2 * ix) * ldy, xr + (int64_t)ix * ldx, sizeof(float) * (size_t)c);
+            memcpy(y0 + (int64_t)(2 * ix + 1) * ldy, xr + (int64_t)ix * ldx, sizeof(float) * (size_t)c);
         }
-        memcpy(y0 + 2 * in_row, y0, sizeof(float) * 2 * (size_t)in_row);
+        if (ldy == c) /* the second output row is the first */
+            memcpy(y0 + out_row, y0, sizeof(float) * (size_t)out_row);
+        else
+            for (int X = 0; X < 2 * w; X++)
+                memcpy(y0 + out_row + (int64_t)X * ldy, y0 + (int64_t)X * ldy, sizeof(float) * (size_t)c);
     }
     return 0;
 }
 
 PTL_CPU_CLONES
-static void row_backward(int w, int c, const float *d0, const float *d1, float *dxr, int accumulate)
+static void row_backward(int w, int c, const float *d0, const float *d1, int ldy, float *dxr, int ldx,
+                         int accumulate)
 {
     for (int ix = 0; ix < w; ix++) {
-        const float *a0 = d0 + (int64_t)(2 * ix) * c, *a1 = d1 + (int64_t)(2 * ix) * c;
-        float *o = dxr + (int64_t)ix * c;
+        const float *a0 = d0 + (int64_t)(2 * ix) * ldy, *a1 = d1 + (int64_t)(2 * ix) * ldy;
+        const float *b0 = a0 + ldy, *b1 = a1 + ldy;
+        float *o = dxr + (int64_t)ix * ldx;
         if (accumulate) {
 #pragma omp simd
             for (int j = 0; j < c; j++)
-                o[j] = o[j] + (((a0[j] + a0[j + c]) + a1[j]) + a1[j + c]);
+                o[j] = o[j] + (((a0[j] + b0[j]) + a1[j]) + b1[j]);
         } else {
 #pragma omp simd
             for (int j = 0; j < c; j++)
-                o[j] = ((a0[j] + a0[j + c]) + a1[j]) + a1[j + c];
+                o[j] = ((a0[j] + b0[j]) + a1[j]) + b1[j];
         }
     }
 }
 
-int ptl_cpu_upsample2x_backward(int n, int h, int w, int c, const float *dy, float *dx, int accumulate)
+int ptl_cpu_upsample2x_backward(int n, int h, int w, int c, const float *dy, int ldy, float *dx, int ldx,
+                                int accumulate)
 {
-    if (check("cpu_upsample2x_backward", n, h, w, c))
+    if (check("cpu_upsample2x_backward", n, h, w, c, ldx, ldy))
         return -1;
-    const int64_t rows = (int64_t)n * h, out_row = (int64_t)2 * w * c;
+    const int64_t rows = (int64_t)n * h, out_row = (int64_t)2 * w * ldy;
 #pragma omp parallel for schedule(dynamic, 8) if (rows * w * c > PTL_CPU_PAR_MIN / 4)
     for (int64_t r = 0; r < rows; r++)
-        row_backward(w, c, dy + 2 * r * out_row, dy + (2 * r + 1) * out_row, dx + r * w * c, accumulate);
+        row_backward(w, c, dy + 2 * r * out_row, dy + (2 * r + 1) * out_row, ldy, dx + r * w * ldx, ldx, accumulate);
     return 0;
 }

@@ -9,9 +9,11 @@
 extern "C" {
 #endif
 
-int ptl_cpu_upsample2x_forward(int n, int h, int w, int c, const float *x, float *y);
+/* ldx, ldy: elements between the pixels of x (and dx) and of y (and dy), >= c (../nn/upsample.h) */
+int ptl_cpu_upsample2x_forward(int n, int h, int w, int c, const float *x, int ldx, float *y, int ldy);
 /* dx = (accumulate ? dx : 0) + sum of dy over each 2x2 block. */
-int ptl_cpu_upsample2x_backward(int n, int h, int w, int c, const float *dy, float *dx, int accumulate);
+int ptl_cpu_upsample2x_backward(int n, int h, int w, int c, const float *dy, int ldy, float *dx, int ldx,
+                                int accumulate);
 
 #ifdef __cplusplus
 }

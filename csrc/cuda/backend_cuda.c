@@ -69,24 +69,27 @@ fail:
 
 static int cuda_maxpool_forward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
 {
-    return ptl_maxpool5_forward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].data);
+    return ptl_maxpool5_forward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_IN_AT(c, data),
+                                     PTL_NET_OUT_AT(c, data));
 }
 
 static int cuda_maxpool_backward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
 {
-    return ptl_maxpool5_backward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].grad, IN(c).grad,
+    return ptl_maxpool5_backward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_IN_AT(c, data),
+                                      PTL_NET_OUT_AT(c, grad), ptl_net_arg_at(IN(c).grad, &IN(c), c->dt),
                                       IN(c).accumulate);
 }
 
 static int cuda_upsample_forward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
 {
-    return ptl_upsample2x_forward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].data);
+    return ptl_upsample2x_forward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_IN_AT(c, data),
+                                       PTL_NET_OUT_AT(c, data));
 }
 
 static int cuda_upsample_backward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
 {
-    return ptl_upsample2x_backward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC(c), c->out[0].grad, IN(c).grad,
-                                        IN(c).accumulate);
+    return ptl_upsample2x_backward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_OUT_AT(c, grad),
+                                        PTL_NET_IN_AT(c, grad), IN(c).accumulate);
 }
 
 static int cuda_attention_forward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
@@ -184,8 +187,8 @@ const ptl_net_backend ptl_net_backend_cuda = {
     .accumulate = ptl_accumulate_cuda,
     .channel_copy = ptl_channel_copy_cuda,
     .layer = {PTL_NET_COPY_LAYERS,
-              [PTL_OP_POOL] = {cuda_maxpool_forward, cuda_maxpool_backward},
-              [PTL_OP_UP] = {cuda_upsample_forward, cuda_upsample_backward},
+              [PTL_OP_POOL] = {cuda_maxpool_forward, cuda_maxpool_backward, .slices = PTL_NET_SLICE_IN | PTL_NET_SLICE_OUT},
+              [PTL_OP_UP] = {cuda_upsample_forward, cuda_upsample_backward, .slices = PTL_NET_SLICE_IN | PTL_NET_SLICE_OUT},
               [PTL_OP_ATTN] = {cuda_attention_forward, cuda_attention_backward, cuda_attention_scratch_bytes, 1}},
     .head_out = ptl_net_head_out_cuda,
     .head_grad = ptl_net_head_grad_cuda,

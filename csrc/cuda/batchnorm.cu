@@ -26,18 +26,18 @@ struct bn_stat_op {
     }
 };
 
-/* Backward sums: g = dy * act'(z) and g * xhat, as the CPU reference computes them (float32). */
+/* Backward sums: g = dy * act'(z) and g * xhat, as the CPU reference computes them (float32); dy's rows are
+ * ld apart. */
 template <typename T>
 struct bn_grad_op {
     static constexpr int K = 2;
     const T *x, *dy;
     const float *gamma, *beta, *mean, *invstd;
-    int c, silu;
+    int c, ld, silu;
     __device__ void operator()(int64_t r, int ch, double *acc) const
     {
-        const int64_t i = r * c + ch;
-        const float xhat = (ptl_ld(x + i) - mean[ch]) * invstd[ch];
-        float g = ptl_ld(dy + i);
+        const float xhat = (ptl_ld(x + r * c + ch) - mean[ch]) * invstd[ch];
+        float g = ptl_ld(dy + r * ld + ch);
         if (silu) {
             const float z = xhat * gamma[ch] + beta[ch];
             const float s = ptl_sigmoidf(z);
@@ -83,15 +83,17 @@ __global__ void bn_eval_stats(int c, const float *rm, const float *rv, float *sm
     sinv[ch] = (float)(1.0 / sqrt((double)rv[ch] + PTL_BN_EPS));
 }
 
-/* The element-wise passes move V elements per thread (ptl_pack), indexing with I = int when m*c fits. */
+/* The element-wise passes move V elements per thread (ptl_pack), indexing with I = int when m*ld fits; y's
+ * and dy's rows are ld apart (x's and dx's c). */
 template <typename T, typename I, int V>
-__global__ void bn_apply(I groups, int c, const T *x, const float *gamma, const float *beta, const float *smean,
-                         const float *sinv, int silu, T *y)
+__global__ void bn_apply(I groups, int c, int ld, const T *x, const float *gamma, const float *beta,
+                         const float *smean, const float *sinv, int silu, T *y)
 {
     ptl_wait_prior();
     const I stride = (I)gridDim.x * blockDim.x;
     for (I gi = (I)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += stride) {
-        const int ch0 = (int)((gi * V) % c);
+        const I r = gi * V / c;
+        const int ch0 = (int)(gi * V - r * c);
         const ptl_pack<T, V> xv = reinterpret_cast<const ptl_pack<T, V> *>(x)[gi];
         ptl_pack<T, V> yv;
 #pragma unroll
@@ -100,21 +102,21 @@ __global__ void bn_apply(I groups, int c, const T *x, const float *gamma, const 
             const float z = (ptl_ld(&xv.v[k]) - smean[ch]) * sinv[ch] * gamma[ch] + beta[ch];
             ptl_st(&yv.v[k], silu ? z * ptl_sigmoidf(z) : z);
         }
-        reinterpret_cast<ptl_pack<T, V> *>(y)[gi] = yv;
+        reinterpret_cast<ptl_pack<T, V> *>(y)[(r * ld + ch0) / V] = yv;
     }
 }
 
 template <typename T, int V>
-static void bn_apply_launch(cudaStream_t st, int64_t total, int c, const T *x, const float *gamma, const float *beta,
-                            const float *smean, const float *sinv, int silu, T *y)
+static void bn_apply_launch(cudaStream_t st, int64_t m, int c, int ld, const T *x, const float *gamma,
+                            const float *beta, const float *smean, const float *sinv, int silu, T *y)
 {
-    const int64_t groups = total / V;
-    if (total < INT32_MAX)
-        ptl_launch(bn_apply<T, int, V>, ptl_grid_for(groups, 256), 256, 0, st, (int)groups, c, x, gamma, beta, smean,
-                   sinv, silu, y);
+    const int64_t groups = m * c / V;
+    if (m * ld < INT32_MAX)
+        ptl_launch(bn_apply<T, int, V>, ptl_grid_for(groups, 256), 256, 0, st, (int)groups, c, ld, x, gamma, beta,
+                   smean, sinv, silu, y);
     else
-        ptl_launch(bn_apply<T, int64_t, V>, ptl_grid_for(groups, 256), 256, 0, st, groups, c, x, gamma, beta, smean,
-                   sinv, silu, y);
+        ptl_launch(bn_apply<T, int64_t, V>, ptl_grid_for(groups, 256), 256, 0, st, groups, c, ld, x, gamma, beta,
+                   smean, sinv, silu, y);
 }
 
 /* mean_g / mean_gx (float, as the CPU rounds them) for the dx pass, and dgamma/dbeta accumulation. */
@@ -138,18 +140,19 @@ __global__ void bn_bwd_finish(int64_t m, int c, int nchunks, const double *part,
         dgamma[ch] = (float)((double)dgamma[ch] + sgx);
 }
 
-/* dx may alias dy: each element is read and then written by the same thread. */
+/* dx may alias dy (ld == c): each element is read and then written by the same thread. */
 template <typename T, typename I, int V>
-__global__ void bn_bwd_apply(I groups, int c, const T *x, const T *dy, const float *gamma, const float *beta,
+__global__ void bn_bwd_apply(I groups, int c, int ld, const T *x, const T *dy, const float *gamma, const float *beta,
                              const float *smean, const float *sinv, const float *mean_g, const float *mean_gx,
                              int training, int silu, T *dx)
 {
     ptl_wait_prior();
     const I stride = (I)gridDim.x * blockDim.x;
     for (I gi = (I)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += stride) {
-        const int ch0 = (int)((gi * V) % c);
+        const I r = gi * V / c;
+        const int ch0 = (int)(gi * V - r * c);
         const ptl_pack<T, V> xv = reinterpret_cast<const ptl_pack<T, V> *>(x)[gi];
-        const ptl_pack<T, V> dyv = reinterpret_cast<const ptl_pack<T, V> *>(dy)[gi];
+        const ptl_pack<T, V> dyv = reinterpret_cast<const ptl_pack<T, V> *>(dy)[(r * ld + ch0) / V];
         ptl_pack<T, V> dxv;
 #pragma unroll
         for (int k = 0; k < V; k++) {
@@ -169,25 +172,27 @@ __global__ void bn_bwd_apply(I groups, int c, const T *x, const T *dy, const flo
 }
 
 template <typename T, int V>
-static void bn_bwd_apply_launch(cudaStream_t st, int64_t total, int c, const T *x, const T *dy, const float *gamma,
-                                const float *beta, const float *smean, const float *sinv, const float *mean_g,
-                                const float *mean_gx, int training, int silu, T *dx)
+static void bn_bwd_apply_launch(cudaStream_t st, int64_t m, int c, int ld, const T *x, const T *dy,
+                                const float *gamma, const float *beta, const float *smean, const float *sinv,
+                                const float *mean_g, const float *mean_gx, int training, int silu, T *dx)
 {
-    const int64_t groups = total / V;
-    if (total < INT32_MAX)
-        ptl_launch(bn_bwd_apply<T, int, V>, ptl_grid_for(groups, 256), 256, 0, st, (int)groups, c, x, dy, gamma, beta,
-                   smean, sinv, mean_g, mean_gx, training, silu, dx);
+    const int64_t groups = m * c / V;
+    if (m * ld < INT32_MAX)
+        ptl_launch(bn_bwd_apply<T, int, V>, ptl_grid_for(groups, 256), 256, 0, st, (int)groups, c, ld, x, dy, gamma,
+                   beta, smean, sinv, mean_g, mean_gx, training, silu, dx);
     else
-        ptl_launch(bn_bwd_apply<T, int64_t, V>, ptl_grid_for(groups, 256), 256, 0, st, groups, c, x, dy, gamma, beta,
-                   smean, sinv, mean_g, mean_gx, training, silu, dx);
+        ptl_launch(bn_bwd_apply<T, int64_t, V>, ptl_grid_for(groups, 256), 256, 0, st, groups, c, ld, x, dy, gamma,
+                   beta, smean, sinv, mean_g, mean_gx, training, silu, dx);
 }
 
-static int check(const char *fn, int64_t m, int c, ptl_act act)
+static int check(const char *fn, int64_t m, int c, int ld, ptl_act act)
 {
     if (m <= 0 || c <= 0)
         return ptl_set_error(PTL_ERR_VALUE, "%s: empty input (m=%lld rows, c=%d channels)", fn, (long long)m, c);
     if (act != PTL_ACT_NONE && act != PTL_ACT_SILU)
         return ptl_set_error(PTL_ERR_VALUE, "%s: unknown activation %d", fn, (int)act);
+    if (ld < c)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: rows of %d elements hold no %d channels", fn, ld, c);
     return 0;
 }
 
@@ -201,11 +206,11 @@ extern "C" size_t ptl_batchnorm_cuda_scratch_bytes(int64_t m, int c)
 
 template <typename T>
 static int bn_forward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const float *gamma, const float *beta,
-                      float *rm, float *rv, int training, int silu, float *smean, float *sinv, T *y, void *scratch)
+                      float *rm, float *rv, int training, int silu, float *smean, float *sinv, T *y, int ld,
+                      void *scratch)
 {
     cudaStream_t st = ctx->stream;
     const unsigned cblocks = (unsigned)((c + 127) / 128);
-    const int64_t total = m * c;
     if (training) {
         const ptl_colsum_geom g = ptl_colsum_geometry(m, c, 2);
         double *part = (double *)scratch;
@@ -218,10 +223,10 @@ static int bn_forward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const flo
         ptl_launch(bn_eval_stats, cblocks, 128, 0, st, c, rm, rv, smean, sinv);
         PTL_LAUNCH_CHECK("bn_eval_stats");
     }
-    if (ptl_vec_ok(c, 16 / sizeof(T), x, y, y))
-        bn_apply_launch<T, 16 / sizeof(T)>(st, total, c, x, gamma, beta, smean, sinv, silu, y);
+    if (ptl_vec_ok(c | ld, 16 / sizeof(T), x, y, y))
+        bn_apply_launch<T, 16 / sizeof(T)>(st, m, c, ld, x, gamma, beta, smean, sinv, silu, y);
     else
-        bn_apply_launch<T, 1>(st, total, c, x, gamma, beta, smean, sinv, silu, y);
+        bn_apply_launch<T, 1>(st, m, c, ld, x, gamma, beta, smean, sinv, silu, y);
     PTL_LAUNCH_CHECK("bn_apply");
     return 0;
 fail:
@@ -229,18 +234,17 @@ fail:
 }
 
 template <typename T>
-static int bn_backward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const T *dy, const float *gamma,
+static int bn_backward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const T *dy, int ld, const float *gamma,
                        const float *beta, const float *smean, const float *sinv, int training, int silu, T *dx,
                        float *dgamma, float *dbeta, void *scratch)
 {
     cudaStream_t st = ctx->stream;
-    const int64_t total = m * c;
     const float *mean_g = NULL, *mean_gx = NULL;
     if (scratch) {
         const ptl_colsum_geom g = ptl_colsum_geometry(m, c, 2);
         double *part = (double *)scratch;
         float *mg = (float *)((char *)scratch + ptl_colsum_part_bytes(m, c, 2));
-        ptl_colsum_launch(g, m, c, bn_grad_op<T>{x, dy, gamma, beta, smean, sinv, c, silu}, part, st);
+        ptl_colsum_launch(g, m, c, bn_grad_op<T>{x, dy, gamma, beta, smean, sinv, c, ld, silu}, part, st);
         PTL_LAUNCH_CHECK("bn_grad_partials");
         ptl_launch(bn_bwd_finish, ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, st, m, c, g.nchunks, part,
                    mg, mg + c, dgamma, dbeta);
@@ -248,11 +252,12 @@ static int bn_backward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const T 
         mean_g = mg;
         mean_gx = mg + c;
     }
-    if (ptl_vec_ok(c, 16 / sizeof(T), x, dy, dx))
-        bn_bwd_apply_launch<T, 16 / sizeof(T)>(st, total, c, x, dy, gamma, beta, smean, sinv, mean_g, mean_gx,
+    if (ptl_vec_ok(c | ld, 16 / sizeof(T), x, dy, dx))
+        bn_bwd_apply_launch<T, 16 / sizeof(T)>(st, m, c, ld, x, dy, gamma, beta, smean, sinv, mean_g, mean_gx,
                                                training, silu, dx);
     else
-        bn_bwd_apply_launch<T, 1>(st, total, c, x, dy, gamma, beta, smean, sinv, mean_g, mean_gx, training, silu, dx);
+        bn_bwd_apply_launch<T, 1>(st, m, c, ld, x, dy, gamma, beta, smean, sinv, mean_g, mean_gx, training, silu,
+                                  dx);
     PTL_LAUNCH_CHECK("bn_bwd_apply");
     return 0;
 fail:
@@ -264,7 +269,7 @@ typedef struct {
     ptl_cuda_ctx *ctx;
     ptl_dtype dt;
     int64_t m;
-    int c, training, silu;
+    int c, ld, training, silu;
     const void *x, *dy, *gamma, *beta;
     void *running_mean, *running_var, *mean, *invstd, *out, *dgamma, *dbeta, *scratch;
 } bn_call;
@@ -276,7 +281,7 @@ static int issue_forward(void *arg)
                        return bn_forward<T>(k->ctx, k->m, k->c, (const T *)k->x, (const float *)k->gamma,
                                             (const float *)k->beta, (float *)k->running_mean,
                                             (float *)k->running_var, k->training, k->silu, (float *)k->mean,
-                                            (float *)k->invstd, (T *)k->out, k->scratch));
+                                            (float *)k->invstd, (T *)k->out, k->ld, k->scratch));
 fail:
     return -1;
 }
@@ -285,7 +290,7 @@ static int issue_backward(void *arg)
 {
     const bn_call *k = (const bn_call *)arg;
     PTL_LAYER_DISPATCH("batchnorm_backward_cuda", k->dt,
-                       return bn_backward<T>(k->ctx, k->m, k->c, (const T *)k->x, (const T *)k->dy,
+                       return bn_backward<T>(k->ctx, k->m, k->c, (const T *)k->x, (const T *)k->dy, k->ld,
                                              (const float *)k->gamma, (const float *)k->beta, (const float *)k->mean,
                                              (const float *)k->invstd, k->training, k->silu, (T *)k->out,
                                              (float *)k->dgamma, (float *)k->dbeta, k->scratch));
@@ -300,8 +305,9 @@ static int run(const bn_call *k, int (*issue)(void *))
     const ptl_call_key key = {{(const void *)issue, k->ctx, k->x, k->dy, k->gamma, k->beta, k->running_mean,
                                k->running_var, k->mean, k->invstd, k->out, k->dgamma, k->dbeta, k->scratch,
                                (const void *)(uintptr_t)k->m,
-                               (const void *)(uintptr_t)(((uint64_t)k->c << 8) | ((uint64_t)k->dt << 2) |
-                                                         ((uint64_t)k->training << 1) | (uint64_t)k->silu)}};
+                               (const void *)(uintptr_t)(((uint64_t)k->ld << 40) | ((uint64_t)k->c << 8) |
+                                                         ((uint64_t)k->dt << 2) | ((uint64_t)k->training << 1) |
+                                                         (uint64_t)k->silu)}};
     ptl_call_graphs *t = ptl_call_graphs_of(k->ctx);
     if (!t)
         return -1;
@@ -311,11 +317,11 @@ static int run(const bn_call *k, int (*issue)(void *))
 extern "C" int ptl_batchnorm_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x,
                                           const void *gamma, const void *beta, void *running_mean,
                                           void *running_var, int training, ptl_act act, void *save_mean,
-                                          void *save_invstd, void *y)
+                                          void *save_invstd, void *y, int ld)
 {
-    bn_call k = {ctx, dt, m, c, training, act == PTL_ACT_SILU, x, NULL, gamma, beta, running_mean, running_var,
+    bn_call k = {ctx, dt, m, c, ld, training, act == PTL_ACT_SILU, x, NULL, gamma, beta, running_mean, running_var,
                  save_mean, save_invstd, y, NULL, NULL, NULL};
-    if (check("batchnorm_forward_cuda", m, c, act))
+    if (check("batchnorm_forward_cuda", m, c, ld, act))
         return -1;
     if (training && ptl_layers_cuda_scratch(ctx, ptl_batchnorm_cuda_scratch_bytes(m, c), &k.scratch))
         return -1;
@@ -323,13 +329,13 @@ extern "C" int ptl_batchnorm_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64
 }
 
 extern "C" int ptl_batchnorm_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x,
-                                           const void *dy, const void *gamma, const void *beta,
+                                           const void *dy, int ld, const void *gamma, const void *beta,
                                            const void *save_mean, const void *save_invstd, int training,
                                            ptl_act act, void *dx, void *dgamma, void *dbeta)
 {
-    bn_call k = {ctx, dt, m, c, training, act == PTL_ACT_SILU, x, dy, gamma, beta, NULL, NULL,
+    bn_call k = {ctx, dt, m, c, ld, training, act == PTL_ACT_SILU, x, dy, gamma, beta, NULL, NULL,
                  (void *)save_mean, (void *)save_invstd, dx, dgamma, dbeta, NULL};
-    if (check("batchnorm_backward_cuda", m, c, act))
+    if (check("batchnorm_backward_cuda", m, c, ld, act))
         return -1;
     if (!(training || dgamma || dbeta)) /* one launch: nothing for a graph to save */
         return issue_backward(&k);

@@ -12,8 +12,9 @@
 
 #define R (PTL_MAXPOOL_K / 2)
 
+/* pixels of x (and dx) are ldx elements apart, of y (and dy) ldy */
 template <typename T>
-__global__ void maxpool_fwd_kernel(int64_t total, int h, int w, int c, const T *x, T *y)
+__global__ void maxpool_fwd_kernel(int64_t total, int h, int w, int c, const T *x, int ldx, T *y, int ldy)
 {
     ptl_wait_prior();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -27,11 +28,11 @@ __global__ void maxpool_fwd_kernel(int64_t total, int h, int w, int c, const T *
         float best = -INFINITY;
         for (int iy = y0; iy <= y1; iy++)
             for (int ix = x0; ix <= x1; ix++) {
-                const float v = ptl_ld(x + ((b * h + iy) * w + ix) * c + ch);
+                const float v = ptl_ld(x + ((b * h + iy) * w + ix) * ldx + ch);
                 if (v > best || v != v)
                     best = v;
             }
-        ptl_st(y + i, best);
+        ptl_st(y + pix * ldy + ch, best);
     }
 }
 
@@ -57,7 +58,8 @@ __device__ __forceinline__ void argmax_step(float v, int pos, float *best, int *
 }
 
 template <typename T>
-__global__ void maxpool_bwd_kernel(int h, int w, int c, const T *x, const T *dy, T *dx, int accumulate)
+__global__ void maxpool_bwd_kernel(int h, int w, int c, const T *x, int ldx, const T *dy, int ldy, T *dx,
+                                   int accumulate)
 {
     ptl_wait_prior();
     __shared__ float rowv[ROWS * HALO][BWD_CW];
@@ -68,9 +70,9 @@ __global__ void maxpool_bwd_kernel(int h, int w, int c, const T *x, const T *dy,
     const int ch = blockIdx.z % cblocks * BWD_CW + tx;
     const int64_t b = blockIdx.z / cblocks;
     const int ty0 = blockIdx.y * TILE, tx0 = blockIdx.x * TILE;
-    const T *xb = x + b * h * w * c;
-    const T *dyb = dy + b * h * w * c;
-    T *dxb = dx + b * h * w * c;
+    const T *xb = x + b * h * w * ldx;
+    const T *dyb = dy + b * h * w * ldy;
+    T *dxb = dx + b * h * w * ldx;
     if (ch < c)
         for (int e = ty; e < ROWS * HALO; e += BWD_RY) {
             const int iy = ty0 - 2 * R + e / HALO, ox = tx0 - R + e % HALO;
@@ -80,7 +82,7 @@ __global__ void maxpool_bwd_kernel(int h, int w, int c, const T *x, const T *dy,
             float best = -INFINITY;
             int at = -1;
             for (int ix = x0; ix <= x1; ix++)
-                argmax_step(ptl_ld(xb + ((int64_t)iy * w + ix) * c + ch), ix, &best, &at);
+                argmax_step(ptl_ld(xb + ((int64_t)iy * w + ix) * ldx + ch), ix, &best, &at);
             rowv[e][tx] = best;
             rowx[e][tx] = (unsigned char)(at - (ox - R));
         }
@@ -106,34 +108,37 @@ __global__ void maxpool_bwd_kernel(int h, int w, int c, const T *x, const T *dy,
         const int iy = ty0 + p / TILE, ix = tx0 + p % TILE;
         if (iy >= h || ix >= w)
             continue;
-        const int64_t i = ((int64_t)iy * w + ix) * c + ch;
+        const int64_t i = ((int64_t)iy * w + ix) * ldx + ch;
         float s = accumulate ? ptl_ld(dxb + i) : 0.0f;
         const int y0 = iy - R < 0 ? 0 : iy - R, y1 = iy + R >= h ? h - 1 : iy + R;
         const int x0 = ix - R < 0 ? 0 : ix - R, x1 = ix + R >= w ? w - 1 : ix + R;
         for (int oy = y0; oy <= y1; oy++)
             for (int ox = x0; ox <= x1; ox++)
                 if (arg[(oy - ty0 + R) * HALO + (ox - tx0 + R)][tx] == (iy - oy + R) * PTL_MAXPOOL_K + (ix - ox + R))
-                    s += ptl_ld(dyb + ((int64_t)oy * w + ox) * c + ch);
+                    s += ptl_ld(dyb + ((int64_t)oy * w + ox) * ldy + ch);
         ptl_st(dxb + i, s);
     }
 }
 
-static int check(const char *fn, int n, int h, int w, int c)
+static int check(const char *fn, int n, int h, int w, int c, int ldx, int ldy)
 {
     if (n <= 0 || h <= 0 || w <= 0 || c <= 0)
         return ptl_set_error(PTL_ERR_VALUE, "%s: sizes must be positive (n=%d h=%d w=%d c=%d)", fn, n, h, w, c);
+    if (ldx < c || ldy < c)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: pixels of %d (x) and %d (y) elements hold no %d channels", fn, ldx,
+                             ldy, c);
     return 0;
 }
 
 extern "C" int ptl_maxpool5_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x,
-                                         void *y)
+                                         int ldx, void *y, int ldy)
 {
     const int64_t total = (int64_t)n * h * w * c;
-    if (check("maxpool5_forward_cuda", n, h, w, c))
+    if (check("maxpool5_forward_cuda", n, h, w, c, ldx, ldy))
         return -1;
     PTL_LAYER_DISPATCH("maxpool5_forward_cuda", dt,
                        ptl_launch(maxpool_fwd_kernel<T>, ptl_grid_for(total, 256), 256, 0, ctx->stream, total, h, w, c,
-                                  (const T *)x, (T *)y));
+                                  (const T *)x, ldx, (T *)y, ldy));
     PTL_LAUNCH_CHECK("maxpool_fwd_kernel");
     return 0;
 fail:
@@ -141,9 +146,9 @@ fail:
 }
 
 extern "C" int ptl_maxpool5_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c,
-                                          const void *x, const void *dy, void *dx, int accumulate)
+                                          const void *x, int ldx, const void *dy, int ldy, void *dx, int accumulate)
 {
-    if (check("maxpool5_backward_cuda", n, h, w, c))
+    if (check("maxpool5_backward_cuda", n, h, w, c, ldx, ldy))
         return -1;
     const int64_t zblocks = (int64_t)n * ((c + BWD_CW - 1) / BWD_CW);
     if (zblocks > 65535 || (h + TILE - 1) / TILE > 65535)
@@ -152,8 +157,8 @@ extern "C" int ptl_maxpool5_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int n
     const dim3 grid((unsigned)((w + TILE - 1) / TILE), (unsigned)((h + TILE - 1) / TILE), (unsigned)zblocks),
         block(BWD_CW, BWD_RY);
     PTL_LAYER_DISPATCH("maxpool5_backward_cuda", dt,
-                       ptl_launch(maxpool_bwd_kernel<T>, grid, block, 0, ctx->stream, h, w, c, (const T *)x,
-                                  (const T *)dy, (T *)dx, accumulate));
+                       ptl_launch(maxpool_bwd_kernel<T>, grid, block, 0, ctx->stream, h, w, c, (const T *)x, ldx,
+                                  (const T *)dy, ldy, (T *)dx, accumulate));
     PTL_LAUNCH_CHECK("maxpool_bwd_kernel");
     return 0;
 fail:

@@ -121,11 +121,11 @@ WITHOUT_CTX(cpu_weight_cast, ((void)total, ptl_net_weight_cast(dt, tab, n, param
             const ptl_wcast_entry *tab, int n, int64_t total, const void *params, void *wc)
 WITHOUT_CTX(cpu_weight_grad, ((void)total, ptl_net_weight_grad(dt, tab, n, wgc, grads)), ptl_dtype dt,
             const ptl_wcast_entry *tab, int n, int64_t total, const void *wgc, void *grads)
-WITHOUT_CTX(cpu_batchnorm_forward, ptl_batchnorm_forward(dt, m, c, x, g, b, rm, rv, tr, act, sm, si, y), ptl_dtype dt,
-            int64_t m, int c, const void *x, const void *g, const void *b, void *rm, void *rv, int tr, ptl_act act,
-            void *sm, void *si, void *y)
-WITHOUT_CTX(cpu_batchnorm_backward, ptl_batchnorm_backward(dt, m, c, x, dy, g, b, sm, si, tr, act, dx, dg, db),
-            ptl_dtype dt, int64_t m, int c, const void *x, const void *dy, const void *g, const void *b,
+WITHOUT_CTX(cpu_batchnorm_forward, ptl_batchnorm_forward(dt, m, c, x, g, b, rm, rv, tr, act, sm, si, y, ld),
+            ptl_dtype dt, int64_t m, int c, const void *x, const void *g, const void *b, void *rm, void *rv, int tr,
+            ptl_act act, void *sm, void *si, void *y, int ld)
+WITHOUT_CTX(cpu_batchnorm_backward, ptl_batchnorm_backward(dt, m, c, x, dy, ld, g, b, sm, si, tr, act, dx, dg, db),
+            ptl_dtype dt, int64_t m, int c, const void *x, const void *dy, int ld, const void *g, const void *b,
             const void *sm, const void *si, int tr, ptl_act act, void *dx, void *dg, void *db)
 WITHOUT_CTX(cpu_add, ptl_add(dt, n, a, b, y), ptl_dtype dt, int64_t n, const void *a, const void *b, void *y)
 WITHOUT_CTX(cpu_accumulate, ptl_accumulate(dt, n, x, y), ptl_dtype dt, int64_t n, const void *x, void *y)
@@ -133,14 +133,16 @@ WITHOUT_CTX(cpu_channel_copy, ptl_channel_copy(dt, m, c, src, sc, so, dst, dc, d
             int c, const void *src, int sc, int so, void *dst, int dc, int dof, int acc)
 /* the layer rows (executor.h's ptl_net_call) */
 #define IN(c) (c)->in[0]
-WITHOUT_CTX(cpu_maxpool_forward, ptl_maxpool5_forward(c->dt, PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].data),
+WITHOUT_CTX(cpu_maxpool_forward, ptl_maxpool5_forward(c->dt, PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_IN_AT(c, data),
+                                                      PTL_NET_OUT_AT(c, data)), const ptl_net_call *c)
+WITHOUT_CTX(cpu_maxpool_backward, ptl_maxpool5_backward(c->dt, PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_IN_AT(c, data),
+                                                        PTL_NET_OUT_AT(c, grad), ptl_net_arg_at(IN(c).grad, &IN(c), c->dt),
+                                                        IN(c).accumulate), const ptl_net_call *c)
+WITHOUT_CTX(cpu_upsample_forward, ptl_upsample2x_forward(c->dt, PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_IN_AT(c, data),
+                                                         PTL_NET_OUT_AT(c, data)), const ptl_net_call *c)
+WITHOUT_CTX(cpu_upsample_backward, ptl_upsample2x_backward(c->dt, PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_OUT_AT(c, grad),
+                                                           PTL_NET_IN_AT(c, grad), IN(c).accumulate),
             const ptl_net_call *c)
-WITHOUT_CTX(cpu_maxpool_backward, ptl_maxpool5_backward(c->dt, PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].grad,
-                                                        IN(c).grad, IN(c).accumulate), const ptl_net_call *c)
-WITHOUT_CTX(cpu_upsample_forward, ptl_upsample2x_forward(c->dt, PTL_NET_CALL_NHWC(c), IN(c).data, c->out[0].data),
-            const ptl_net_call *c)
-WITHOUT_CTX(cpu_upsample_backward, ptl_upsample2x_backward(c->dt, PTL_NET_CALL_NHWC(c), c->out[0].grad, IN(c).grad,
-                                                           IN(c).accumulate), const ptl_net_call *c)
 WITHOUT_CTX(cpu_attention_forward, ptl_attention_forward(c->dt, PTL_ATTENTION_CALL_DIMS(c), IN(c).data, c->saved,
                                                          c->out[0].data, PTL_NET_CALL_OUT(c, 1, data)),
             const ptl_net_call *c)
@@ -177,8 +179,8 @@ const ptl_net_backend ptl_net_backend_cpu = {
     .accumulate = cpu_accumulate,
     .channel_copy = cpu_channel_copy,
     .layer = {PTL_NET_COPY_LAYERS,
-              [PTL_OP_POOL] = {cpu_maxpool_forward, cpu_maxpool_backward},
-              [PTL_OP_UP] = {cpu_upsample_forward, cpu_upsample_backward},
+              [PTL_OP_POOL] = {cpu_maxpool_forward, cpu_maxpool_backward, .slices = PTL_NET_SLICE_IN | PTL_NET_SLICE_OUT},
+              [PTL_OP_UP] = {cpu_upsample_forward, cpu_upsample_backward, .slices = PTL_NET_SLICE_IN | PTL_NET_SLICE_OUT},
               [PTL_OP_ATTN] = {cpu_attention_forward, cpu_attention_backward, .overwrites = 1}},
     .head_out = cpu_head_out,
     .head_grad = cpu_head_grad,

@@ -39,7 +39,8 @@ static int round_call(ptl_dtype storage, const ptl_net_call *c, int backward)
 {
     for (int k = 0; !backward && k < c->nout; k++)
         if (c->out[k].data)
-            round_values(storage, c->out[k].data, ptl_net_arg_rows(c, &c->out[k]) * c->out[k].c);
+            round_columns(storage, c->out[k].data, ptl_net_arg_rows(c, &c->out[k]), c->out[k].nc, c->out[k].c,
+                          c->out[k].c0);
     if (!backward)
         return round_values(storage, c->saved, ptl_net_op_saved_numel(c->op, c->B, c->in[0].h, c->in[0].w));
     for (int j = 0; j < c->nin; j++)
@@ -85,16 +86,16 @@ static int round_call(ptl_dtype storage, const ptl_net_call *c, int backward)
     }                                                                                                              \
     static int NAME##_batchnorm_forward(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x,          \
                                         const void *g, const void *b, void *rm, void *rv, int tr, ptl_act act,     \
-                                        void *sm, void *si, void *y)                                               \
+                                        void *sm, void *si, void *y, int ld)                                       \
     {                                                                                                              \
-        return REF.batchnorm_forward(ctx, dt, m, c, x, g, b, rm, rv, tr, act, sm, si, y) ||                        \
-               round_values(STORAGE, y, m * c);                                                                    \
+        return REF.batchnorm_forward(ctx, dt, m, c, x, g, b, rm, rv, tr, act, sm, si, y, ld) ||                    \
+               round_columns(STORAGE, y, m, c, ld, 0);                                                             \
     }                                                                                                              \
     static int NAME##_batchnorm_backward(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x,         \
-                                         const void *dy, const void *g, const void *b, const void *sm,             \
+                                         const void *dy, int ld, const void *g, const void *b, const void *sm,     \
                                          const void *si, int tr, ptl_act act, void *dx, void *dg, void *db)        \
     {                                                                                                              \
-        return REF.batchnorm_backward(ctx, dt, m, c, x, dy, g, b, sm, si, tr, act, dx, dg, db) ||                  \
+        return REF.batchnorm_backward(ctx, dt, m, c, x, dy, ld, g, b, sm, si, tr, act, dx, dg, db) ||              \
                round_values(STORAGE, dx, m * c);                                                                   \
     }                                                                                                              \
     static int NAME##_add(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t n, const void *a, const void *b, void *y)       \

@@ -14,7 +14,7 @@
 #define PTL_BODY_FILE "batchnorm.c"
 #include "float_double.h"
 
-static int check(const char *fn, ptl_dtype dt, int64_t m, int c, ptl_act act)
+static int check(const char *fn, ptl_dtype dt, int64_t m, int c, int ld, ptl_act act)
 {
     if (dt != PTL_FLOAT32 && dt != PTL_FLOAT64) {
         ptl_set_error(PTL_ERR_TYPE, "%s: dtype %s is not supported on the CPU (float32 or float64)", fn,
@@ -29,39 +29,43 @@ static int check(const char *fn, ptl_dtype dt, int64_t m, int c, ptl_act act)
         ptl_set_error(PTL_ERR_VALUE, "%s: unknown activation %d", fn, (int)act);
         return -1;
     }
+    if (ld < c) {
+        ptl_set_error(PTL_ERR_VALUE, "%s: rows of %d elements hold no %d channels", fn, ld, c);
+        return -1;
+    }
     return 0;
 }
 
 int ptl_batchnorm_forward(ptl_dtype dt, int64_t m, int c, const void *x, const void *gamma, const void *beta,
                           void *running_mean, void *running_var, int training, ptl_act act, void *save_mean,
-                          void *save_invstd, void *y)
+                          void *save_invstd, void *y, int ld)
 {
-    if (check("batchnorm_forward", dt, m, c, act))
+    if (check("batchnorm_forward", dt, m, c, ld, act))
         return -1;
     if (dt == PTL_FLOAT32)
-        bn_fwd_f32(m, c, x, gamma, beta, running_mean, running_var, training, act, save_mean, save_invstd, y);
+        bn_fwd_f32(m, c, x, gamma, beta, running_mean, running_var, training, act, save_mean, save_invstd, y, ld);
     else
-        bn_fwd_f64(m, c, x, gamma, beta, running_mean, running_var, training, act, save_mean, save_invstd, y);
+        bn_fwd_f64(m, c, x, gamma, beta, running_mean, running_var, training, act, save_mean, save_invstd, y, ld);
     return 0;
 }
 
-int ptl_batchnorm_backward(ptl_dtype dt, int64_t m, int c, const void *x, const void *dy, const void *gamma,
+int ptl_batchnorm_backward(ptl_dtype dt, int64_t m, int c, const void *x, const void *dy, int ld, const void *gamma,
                            const void *beta, const void *save_mean, const void *save_invstd, int training,
                            ptl_act act, void *dx, void *dgamma, void *dbeta)
 {
-    if (check("batchnorm_backward", dt, m, c, act))
+    if (check("batchnorm_backward", dt, m, c, ld, act))
         return -1;
     if (dt == PTL_FLOAT32)
-        bn_bwd_f32(m, c, x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma, dbeta);
+        bn_bwd_f32(m, c, x, dy, ld, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma, dbeta);
     else
-        bn_bwd_f64(m, c, x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma, dbeta);
+        bn_bwd_f64(m, c, x, dy, ld, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma, dbeta);
     return 0;
 }
 
 #else
 
 static void F(bn_fwd)(int64_t m, int c, const void *xv, const void *gv, const void *bv, void *rmv, void *rvv,
-                      int training, ptl_act act, void *smv, void *siv, void *yv)
+                      int training, ptl_act act, void *smv, void *siv, void *yv, int ld)
 {
     const T *x = xv, *gamma = gv, *beta = bv;
     T *rm = rmv, *rv = rvv, *smean = smv, *sinv = siv, *y = yv;
@@ -99,7 +103,7 @@ static void F(bn_fwd)(int64_t m, int c, const void *xv, const void *gv, const vo
 #pragma omp parallel for schedule(static) if (m * c > 32768)
     for (int64_t r = 0; r < m; r++) {
         const T *xr = x + r * c;
-        T *yr = y + r * c;
+        T *yr = y + r * ld;
         if (act == PTL_ACT_SILU)
             for (int j = 0; j < c; j++) {
                 const T z = (xr[j] - smean[j]) * sinv[j] * gamma[j] + beta[j];
@@ -114,14 +118,16 @@ static void F(bn_fwd)(int64_t m, int c, const void *xv, const void *gv, const vo
 /* Pass 1 (per channel block): g = dy * act'(z) (stored in dx when act is SiLU), and the sums of g and
  * g*xhat. Pass 2 (per row): dx = gamma*invstd*(g - mean(g) - xhat*mean(g*xhat)) in training, or
  * gamma*invstd*g in eval. */
-static void F(bn_bwd)(int64_t m, int c, const void *xv, const void *dyv, const void *gv, const void *bv,
+static void F(bn_bwd)(int64_t m, int c, const void *xv, const void *dyv, int ld, const void *gv, const void *bv,
                       const void *smv, const void *siv, int training, ptl_act act, void *dxv, void *dgv, void *dbv)
 {
     const T *x = xv, *dy = dyv, *gamma = gv, *beta = bv, *smean = smv, *sinv = siv;
     T *dx = dxv, *dgamma = dgv, *dbeta = dbv;
     const int need_sums = training || dgamma || dbeta;
     const int nblocks = (c + CH_BLOCK - 1) / CH_BLOCK;
+    /* g's rows: dx's (c apart) with SiLU, else dy's (ld apart) */
     const T *g = act == PTL_ACT_SILU ? dx : dy;
+    const int ldg = act == PTL_ACT_SILU ? c : ld;
     /* Per-channel means of g and g*xhat for pass 2 (c is at most a few thousand). */
     T mean_g[c], mean_gx[c];
     if (act == PTL_ACT_SILU || need_sums) {
@@ -133,7 +139,7 @@ static void F(bn_bwd)(int64_t m, int c, const void *xv, const void *dyv, const v
                 for (int j = 0; j < nc; j++) {
                     const int64_t i = r * c + c0 + j;
                     const T xhat = (x[i] - smean[c0 + j]) * sinv[c0 + j];
-                    T gi = dy[i];
+                    T gi = dy[r * ld + c0 + j];
                     if (act == PTL_ACT_SILU) {
                         const T z = xhat * gamma[c0 + j] + beta[c0 + j];
                         const T s = SIGMOID(z);
@@ -158,11 +164,12 @@ static void F(bn_bwd)(int64_t m, int c, const void *xv, const void *dyv, const v
         for (int j = 0; j < c; j++) {
             const int64_t i = r * c + j;
             const T scale = gamma[j] * sinv[j];
+            const T gi = g[r * ldg + j];
             if (training) {
                 const T xhat = (x[i] - smean[j]) * sinv[j];
-                dx[i] = scale * (g[i] - mean_g[j] - xhat * mean_gx[j]);
+                dx[i] = scale * (gi - mean_g[j] - xhat * mean_gx[j]);
             } else {
-                dx[i] = scale * g[i];
+                dx[i] = scale * gi;
             }
         }
 }

@@ -26,15 +26,17 @@ extern "C" {
 #define PTL_BN_MOMENTUM 0.03
 
 /* y = act(gamma*(x - mean)*invstd + beta). In training mode running_mean/running_var are updated.
- * y must not alias x when the backward will be run (the backward reads x). */
+ * y must not alias x when the backward will be run (the backward reads x). y's rows are ld >= c elements
+ * apart (x's c): c channels of a wider tensor, such as a Concat built in place. */
 int ptl_batchnorm_forward(ptl_dtype dt, int64_t m, int c, const void *x, const void *gamma, const void *beta,
                           void *running_mean, void *running_var, int training, ptl_act act, void *save_mean,
-                          void *save_invstd, void *y);
+                          void *save_invstd, void *y, int ld);
 
-/* Given dy = dL/dy of the forward above (same training flag and act), writes dx (overwrite) and
- * ADDS to dgamma and dbeta. With act = SILU the pre-activation is recomputed from x, gamma, beta and
- * the saved statistics. dx may alias dy. dgamma/dbeta may be NULL to skip them. */
-int ptl_batchnorm_backward(ptl_dtype dt, int64_t m, int c, const void *x, const void *dy, const void *gamma,
+/* Given dy = dL/dy of the forward above (same training flag and act; its rows ld apart), writes dx
+ * (overwrite, rows c apart) and ADDS to dgamma and dbeta. With act = SILU the pre-activation is recomputed
+ * from x, gamma, beta and the saved statistics. dx may alias dy when ld == c. dgamma/dbeta may be NULL to skip
+ * them. */
+int ptl_batchnorm_backward(ptl_dtype dt, int64_t m, int c, const void *x, const void *dy, int ld, const void *gamma,
                            const void *beta, const void *save_mean, const void *save_invstd, int training,
                            ptl_act act, void *dx, void *dgamma, void *dbeta);
 
@@ -42,9 +44,9 @@ int ptl_batchnorm_backward(ptl_dtype dt, int64_t m, int c, const void *x, const 
 struct ptl_cuda_ctx;
 int ptl_batchnorm_forward_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x,
                                const void *gamma, const void *beta, void *running_mean, void *running_var,
-                               int training, ptl_act act, void *save_mean, void *save_invstd, void *y);
+                               int training, ptl_act act, void *save_mean, void *save_invstd, void *y, int ld);
 int ptl_batchnorm_backward_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x,
-                                const void *dy, const void *gamma, const void *beta, const void *save_mean,
+                                const void *dy, int ld, const void *gamma, const void *beta, const void *save_mean,
                                 const void *save_invstd, int training, ptl_act act, void *dx, void *dgamma,
                                 void *dbeta);
 #endif

@@ -9,3 +9,13 @@ int ptl_nn_check_nhwc(const char *fn, ptl_dtype dt, int n, int h, int w, int c)
         return ptl_set_error(PTL_ERR_VALUE, "%s: sizes must be positive (n=%d h=%d w=%d c=%d)", fn, n, h, w, c);
     return 0;
 }
+
+int ptl_nn_check_nhwc_strided(const char *fn, ptl_dtype dt, int n, int h, int w, int c, int ldx, int ldy)
+{
+    if (ptl_nn_check_nhwc(fn, dt, n, h, w, c))
+        return -1;
+    if (ldx < c || ldy < c)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: pixels of %d (x) and %d (y) elements hold no %d channels", fn, ldx,
+                             ldy, c);
+    return 0;
+}

@@ -360,6 +360,7 @@ void ptl_net_exec_free(ptl_net_exec *x)
     free(x->op_needed);
     free(x->grad_needed);
     ptl_net_branches_free(&x->br);
+    free(x->run_ops);
     free(x);
 }
 
@@ -379,6 +380,21 @@ static int env_digit(const char *name, int max, int fallback)
     if (env && env[0] >= '0' && env[0] <= '0' + max && env[1] == '\0')
         return env[0] - '0';
     return fallback;
+}
+
+/* The ops the executor runs, into ops: the description's, with its Concats built in place (on) where every
+ * kernel involved takes channel slices (the conv's BatchNorm writes a slice of its output on every backend).
+ * Returns the parts placed (-1: out of memory). */
+static int run_ops(const ptl_net_exec *x, int on, ptl_net_op *ops)
+{
+    uint8_t slices[PTL_NET_OP_KINDS];
+    for (int k = 0; k < PTL_NET_OP_KINDS; k++)
+        slices[k] = has_own_case((ptl_net_op_kind)k) ? 0 : (uint8_t)x->be->layer[k].slices;
+    slices[PTL_OP_CONV] = PTL_NET_SLICE_OUT;
+    if (on)
+        return ptl_net_cat_in_place(x->desc, slices, ops);
+    memcpy(ops, x->desc->ops, (size_t)x->desc->nops * sizeof *ops);
+    return 0;
 }
 
 int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_exec_ctx *ctx, ptl_runtime *rt,
@@ -413,7 +429,15 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     ptl_net_exec *x = calloc(1, sizeof *x);
     if (!x)
         return oom();
-    x->net = net;
+    x->desc = net;
+    x->run = *net;
+    x->net = &x->run;
+    x->cat_in_place = env_digit("PTL_CAT_IN_PLACE", 1, 1);
+    if (!(x->run_ops = malloc((size_t)(net->nops ? net->nops : 1) * sizeof *x->run_ops))) {
+        free(x);
+        return oom();
+    }
+    x->run.ops = x->run_ops;
     x->be = be;
     x->ctx = ctx;
     x->rt = rt;
@@ -439,7 +463,9 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
             goto fail;
         }
     }
-    PTL_CHECK(ptl_net_grad_plan_build(net, &x->gp));
+    if ((x->cat_parts = run_ops(x, x->cat_in_place, x->run_ops)) < 0)
+        goto fail;
+    PTL_CHECK(ptl_net_grad_plan_build(x->net, &x->gp));
     PTL_CHECK(ptl_net_wtab_build(net, be->cast_biases, &x->wt));
     x->op_frozen = calloc((size_t)net->nops, 1);
     x->op_needed = calloc((size_t)net->nops, 1);
@@ -474,7 +500,7 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     /* padding stays zero in both, so no stale bits are ever read as weights */
     PTL_CHECK(be->zero(ctx, x->wc.ptr, (size_t)x->wt.total * x->csz));
     PTL_CHECK(be->zero(ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz));
-    PTL_CHECK(ptl_net_branches_find(net, &x->br));
+    PTL_CHECK(ptl_net_branches_find(x->net, &x->br));
     x->attached = 1;
     if (be->side_open) {
         PTL_CHECK(ptl_net_exec_set_side_lag(x, env_digit("PTL_SIDE_LAG", PTL_NET_SIDE_MAX_LAG, PTL_NET_SIDE_LAG)));
@@ -561,6 +587,29 @@ static int op_frozen_bits(const ptl_network *net, const ptl_net_op *op, const ui
     return 0;
 }
 
+/* From the ops' frozen bits, in op order (producers first): whether each op's backward runs and each value's
+ * gradient is needed (need, zeroed): a value needs one when an op writing it trains a parameter or passes the
+ * gradient on to an input that needs one; the image needs one only when asked (the backward's d_images).
+ * Returns the count of backwards that run. */
+static int needs_of(const ptl_network *net, const uint8_t *frozen_bits, uint8_t *op_needed, uint8_t *need)
+{
+    int nbackward = 0;
+    for (int i = 0; i < net->nops; i++) {
+        const ptl_net_op *op = &net->ops[i];
+        const uint8_t all = (uint8_t)((1u << op->nparams) - 1);
+        int needed = (frozen_bits[i] & all) != all;
+        for (int j = 0; j < op->nin; j++)
+            needed |= (op->grad_in >> j & 1u) && need[op->ins[j].value];
+        if (op->out >= 0)
+            need[op->out] |= (uint8_t)needed;
+        if (op->out2 >= 0)
+            need[op->out2] |= (uint8_t)needed;
+        op_needed[i] = (uint8_t)needed;
+        nbackward += needed;
+    }
+    return nbackward;
+}
+
 int ptl_net_exec_set_frozen(ptl_net_exec *x, const uint8_t *frozen, int64_t n)
 {
     const ptl_network *net = x->net;
@@ -579,23 +628,9 @@ int ptl_net_exec_set_frozen(ptl_net_exec *x, const uint8_t *frozen, int64_t n)
         oom();
         goto fail;
     }
-    int nbackward = 0;
-    /* in op order (producers first): a value needs a gradient when its op trains a parameter or passes the
-     * gradient on to an input that needs one; the image needs one only when asked (the backward's d_images) */
-    for (int i = 0; i < net->nops; i++) {
-        const ptl_net_op *op = &net->ops[i];
-        PTL_CHECK(op_frozen_bits(net, op, frozen, &bits[i]));
-        const uint8_t all = (uint8_t)((1u << op->nparams) - 1);
-        int needed = (bits[i] & all) != all;
-        for (int j = 0; j < op->nin; j++)
-            needed |= (op->grad_in >> j & 1u) && need[op->ins[j].value];
-        if (op->out >= 0)
-            need[op->out] = (uint8_t)needed;
-        if (op->out2 >= 0)
-            need[op->out2] = (uint8_t)needed;
-        bits[net->nops + i] = (uint8_t)needed;
-        nbackward += needed;
-    }
+    for (int i = 0; i < net->nops; i++)
+        PTL_CHECK(op_frozen_bits(net, &net->ops[i], frozen, &bits[i]));
+    const int nbackward = needs_of(net, bits, bits + net->nops, need);
     memcpy(x->op_frozen, bits, (size_t)net->nops);
     memcpy(x->op_needed, bits + net->nops, (size_t)net->nops);
     memcpy(x->grad_needed, need, (size_t)net->nvalues);
@@ -662,6 +697,40 @@ void ptl_net_exec_set_share_memory(ptl_net_exec *x, int share)
 {
     x->share = share & (PTL_NET_SHARE_GRADIENTS | PTL_NET_SHARE_ACTIVATIONS);
     drop_slots(x);
+}
+
+int ptl_net_exec_set_cat_in_place(ptl_net_exec *x, int on)
+{
+    if (on < 0 || on > 1)
+        return ptl_set_error(PTL_ERR_VALUE, "cat_in_place must be 0 or 1 (got %d)", on);
+    /* the new plans are made aside, so that a failure leaves the executor as it was */
+    ptl_net_op *ops = malloc((size_t)(x->net->nops ? x->net->nops : 1) * sizeof *ops);
+    ptl_network run = x->run;
+    ptl_net_grad_plan gp;
+    ptl_net_branches br;
+    memset(&gp, 0, sizeof gp);
+    memset(&br, 0, sizeof br);
+    run.ops = ops;
+    const int parts = ops ? run_ops(x, on, ops) : oom();
+    if (parts < 0 || ptl_net_grad_plan_build(&run, &gp) || ptl_net_branches_find(&run, &br)) {
+        free(ops);
+        ptl_net_grad_plan_free(&gp);
+        ptl_net_branches_free(&br);
+        return -1;
+    }
+    drop_slots(x);
+    memcpy(x->run_ops, ops, (size_t)x->net->nops * sizeof *ops);
+    free(ops);
+    ptl_net_grad_plan_free(&x->gp);
+    ptl_net_branches_free(&x->br);
+    x->gp = gp;
+    x->br = br;
+    x->cat_in_place = on;
+    x->cat_parts = parts;
+    memset(x->grad_needed, 0, (size_t)x->net->nvalues);
+    x->backward_ops = needs_of(x->net, x->op_frozen, x->op_needed, x->grad_needed);
+    x->branches = x->br.n ? x->branches : 0;
+    return 0;
 }
 
 int ptl_net_exec_zero_grad(ptl_net_exec *x)
@@ -755,6 +824,10 @@ static void make_call(ptl_net_exec *x, int i, int backward, int want_input_grad,
             c->out[c->nout] = value_arg(x, outs[k], backward);
             if (backward)
                 c->out[c->nout].data = NULL; /* dead after its last forward reader */
+            if (k == 0 && op->out_nc) { /* its part of a Concat built in place */
+                c->out[0].c0 = op->out_c0;
+                c->out[0].nc = op->out_nc;
+            }
             c->nout++;
         }
     c->saved = AT(S->saved.ptr, S->L.saved_off[i]);
@@ -764,6 +837,15 @@ static void make_call(ptl_net_exec *x, int i, int backward, int want_input_grad,
     }
     for (int k = 0; k < op->nbuffers; k++)
         c->buffers[k] = PAR(x->buffers, op->buffer[k]);
+}
+
+/* Where conv op i's output (grad 0) or its gradient (1) starts and its row stride: its channels of a Concat
+ * built in place, or the whole value. */
+static void *conv_out(const ptl_net_exec *x, const ptl_net_op *op, int grad, int *ld)
+{
+    const ptl_net_layout *L = &x->cur->L;
+    *ld = x->net->values[op->out].C;
+    return AT(x->cur->arena.ptr, (grad ? L->goff : L->voff)[op->out] + op->out_c0);
 }
 
 static int forward_op(ptl_net_exec *x, int i)
@@ -788,6 +870,8 @@ static int forward_op(ptl_net_exec *x, int i)
             return be->conv_forward(x->q, S->plans[i], in, w, bias, AT(act, vo[op->out]), ws, wsb);
         }
         PTL_CHECK(be->conv_forward(x->q, S->plans[i], in, w, NULL, AT(act, vo[op->z]), ws, wsb));
+        int ld;
+        void *y = conv_out(x, op, 0, &ld);
         return be->batchnorm_forward(x->q, dt, dims(x, op->out).m, op->cout, AT(act, vo[op->z]),
                                      PAR(x->params, op->param[PTL_CONV_GAMMA]),
                                      PAR(x->params, op->param[PTL_CONV_BETA]),
@@ -795,7 +879,7 @@ static int forward_op(ptl_net_exec *x, int i)
                                      PAR(x->buffers, op->buffer[PTL_BN_RUNNING_VAR]),
                                      x->training && !(x->op_frozen[i] & PTL_NET_FROZEN_BN_EVAL),
                                      op->act ? PTL_ACT_SILU : PTL_ACT_NONE, PAR(x->stats, op->stat_off),
-                                     PAR(x->stats, op->stat_off + op->cout), AT(act, vo[op->out]));
+                                     PAR(x->stats, op->stat_off + op->cout), y, ld);
     }
     case PTL_OP_HEAD: {
         const int in = op->ins[0].value;
@@ -1002,10 +1086,13 @@ static int backward_op(ptl_net_exec *x, int i, const void *const d_out[2][2], in
     void *const arena = S->arena.ptr; /* activations at vo, gradients at go */
     void *const scratch = scratch_of(x);
     const uint8_t fz = x->op_frozen[i];
+    int ld;
+    const void *dy;
     switch (op->kind) {
     case PTL_OP_CONV:
+        dy = conv_out(x, op, 1, &ld);
         PTL_CHECK(be->batchnorm_backward(
-            x->q, dt, dims(x, op->out).m, op->cout, AT(arena, vo[op->z]), AT(arena, go[op->out]),
+            x->q, dt, dims(x, op->out).m, op->cout, AT(arena, vo[op->z]), dy, ld,
             PAR(x->params, op->param[PTL_CONV_GAMMA]), PAR(x->params, op->param[PTL_CONV_BETA]),
             PAR(x->stats, op->stat_off),
             PAR(x->stats, op->stat_off + op->cout), x->fwd_training && !(fz & PTL_NET_FROZEN_BN_EVAL),

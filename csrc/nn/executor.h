@@ -11,6 +11,8 @@
  *                 one signature (its inputs' channel ranges, outputs, which inputs get a gradient and which
  *                 the backward reads, its parameters and buffers): all below reads that, not the kinds.
  *   plans         (net_plan.h, derived from the description once, for every backend)
+ *                 - the ops the executor runs: the description's, with each Concat built in place where the
+ *                   backend's kernels take channel slices (its parts' producers write into it);
  *                 - the gradient plan: the backward visits the ops in reverse; the first op to write a
  *                   value's gradient overwrites it, later writers add (so nothing is zeroed in bulk); a
  *                   value whose first write covers only some channels, or that is read before anything
@@ -135,6 +137,9 @@ typedef struct {
     size_t (*scratch_bytes)(const ptl_net_call *c); /* the layer scratch it needs (NULL: none) */
     int overwrites; /* 1: its backward overwrites its input's gradient whatever accumulate says (an op of one
                      * whole input); the executor then has it write the backward's scratch and adds that */
+    int slices;     /* net_plan.h's PTL_NET_SLICE_* its kernels take: inputs (and their gradients) read at
+                     * in[j].c0 in rows of in[j].c, the output written at out[0].c0 (out[0].nc channels) in rows
+                     * of out[0].c, for a Concat built in place */
 } ptl_net_layer;
 
 /* Add and Concat (copy_layers.c): rows written once over the calling backend's add, accumulate, copy and
@@ -144,8 +149,14 @@ int ptl_net_add_backward(ptl_exec_ctx *ctx, const ptl_net_call *c);
 int ptl_net_cat_forward(ptl_exec_ctx *ctx, const ptl_net_call *c);
 int ptl_net_cat_backward(ptl_exec_ctx *ctx, const ptl_net_call *c);
 #define PTL_NET_COPY_LAYERS                                                                                  \
-    [PTL_OP_ADD] = {ptl_net_add_forward, ptl_net_add_backward, NULL, 0},                                     \
-    [PTL_OP_CAT] = {ptl_net_cat_forward, ptl_net_cat_backward, NULL, 0}
+    [PTL_OP_ADD] = {ptl_net_add_forward, ptl_net_add_backward, NULL, 0, PTL_NET_SLICE_OUT},                  \
+    [PTL_OP_CAT] = {ptl_net_cat_forward, ptl_net_cat_backward, NULL, 0, PTL_NET_SLICE_IN}
+
+/* Where an argument's channels start in p (its activation or gradient; NULL stays NULL). */
+static inline void *ptl_net_arg_at(void *p, const ptl_net_arg *a, ptl_dtype dt)
+{
+    return p ? (char *)p + (size_t)a->c0 * ptl_dtype_size(dt) : NULL;
+}
 
 /* Rows (n h w) of one value of call c. */
 static inline int64_t ptl_net_arg_rows(const ptl_net_call *c, const ptl_net_arg *a)
@@ -155,6 +166,11 @@ static inline int64_t ptl_net_arg_rows(const ptl_net_call *c, const ptl_net_arg 
 
 /* The NHWC dimensions of a call's first input, as the one-input kernels take them. */
 #define PTL_NET_CALL_NHWC(c) (c)->B, (c)->in[0].h, (c)->in[0].w, (c)->in[0].c
+/* For a row that takes slices (PTL_NET_SLICE_*): the dimensions of its input's channels, and where its input's
+ * and its output's `field` (data or grad) start with their pixel strides. */
+#define PTL_NET_CALL_NHWC_SLICE(c) (c)->B, (c)->in[0].h, (c)->in[0].w, (c)->in[0].nc
+#define PTL_NET_IN_AT(c, field) ptl_net_arg_at((c)->in[0].field, &(c)->in[0], (c)->dt), (c)->in[0].c
+#define PTL_NET_OUT_AT(c, field) ptl_net_arg_at((c)->out[0].field, &(c)->out[0], (c)->dt), (c)->out[0].c
 /* Output k's data or grad, NULL where the op has no output k. */
 #define PTL_NET_CALL_OUT(c, k, field) ((c)->nout > (k) ? (c)->out[k].field : NULL)
 
@@ -205,12 +221,13 @@ typedef struct ptl_net_backend {
                                 void *ws, size_t ws_bytes);
     int (*conv_backward_bias)(ptl_exec_ctx *ctx, const void *plan, const void *dy, void *db, void *ws,
                               size_t ws_bytes);
+    /* ld: the row stride of y and dy (>= c; c but for a Concat built in place) */
     int (*batchnorm_forward)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x, const void *gamma,
                              const void *beta, void *running_mean, void *running_var, int training, ptl_act act,
-                             void *save_mean, void *save_invstd, void *y);
+                             void *save_mean, void *save_invstd, void *y, int ld);
     int (*batchnorm_backward)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x, const void *dy,
-                              const void *gamma, const void *beta, const void *save_mean, const void *save_invstd,
-                              int training, ptl_act act, void *dx, void *dgamma, void *dbeta);
+                              int ld, const void *gamma, const void *beta, const void *save_mean,
+                              const void *save_invstd, int training, ptl_act act, void *dx, void *dgamma, void *dbeta);
     int (*add)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t n, const void *a, const void *b, void *y);
     int (*accumulate)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t n, const void *x, void *y);
     int (*channel_copy)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *src, int src_c, int src_off,
@@ -311,7 +328,13 @@ typedef struct {
 } ptl_net_slot;
 
 typedef struct ptl_net_exec {
-    const ptl_network *net; /* the description; it must outlive the executor */
+    /* the description (it must outlive the executor), and `net`, the description as the executor runs it:
+     * `run`, a copy whose ops build the Concats in place where the backend's kernels allow
+     * (ptl_net_exec_set_cat_in_place); its storage is the description's */
+    const ptl_network *desc, *net;
+    ptl_network run;
+    ptl_net_op *run_ops;
+    int cat_in_place, cat_parts; /* on or off; the parts it places */
     const ptl_net_backend *be;
     ptl_exec_ctx *ctx;
     ptl_runtime *rt;
@@ -435,6 +458,10 @@ int ptl_net_exec_set_branches(ptl_net_exec *x, int on, int attached);
 void ptl_net_exec_set_conv_options(ptl_net_exec *x, const ptl_net_conv_opts *o);
 /* What shares memory (PTL_NET_SHARE_* flags, net_plan.h); slots are remade. */
 void ptl_net_exec_set_share_memory(ptl_net_exec *x, int share);
+/* Concats built in place (1, the default; the environment variable PTL_CAT_IN_PLACE=0 turns it off when an
+ * executor is made) or by copies (0): net_plan.h's ptl_net_cat_in_place, the same bits either way. The
+ * plans are remade and so are the slots. */
+int ptl_net_exec_set_cat_in_place(ptl_net_exec *x, int on);
 int ptl_net_exec_zero_grad(ptl_net_exec *x);
 /* The recorder of the backend (ARCHITECTURE.md §3; ../cuda/recorder.h): after an eager forward and
  * backward of the current shape, record captures (without running) one forward of `images` and one

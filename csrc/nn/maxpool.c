@@ -15,32 +15,32 @@
 #define PTL_BODY_FILE "maxpool.c"
 #include "float_double.h"
 
-int ptl_maxpool5_forward(ptl_dtype dt, int n, int h, int w, int c, const void *x, void *y)
+int ptl_maxpool5_forward(ptl_dtype dt, int n, int h, int w, int c, const void *x, int ldx, void *y, int ldy)
 {
-    if (ptl_nn_check_nhwc("maxpool5_forward", dt, n, h, w, c))
+    if (ptl_nn_check_nhwc_strided("maxpool5_forward", dt, n, h, w, c, ldx, ldy))
         return -1;
     if (dt == PTL_FLOAT32)
-        maxpool_fwd_f32(n, h, w, c, x, y);
+        maxpool_fwd_f32(n, h, w, c, x, ldx, y, ldy);
     else
-        maxpool_fwd_f64(n, h, w, c, x, y);
+        maxpool_fwd_f64(n, h, w, c, x, ldx, y, ldy);
     return 0;
 }
 
-int ptl_maxpool5_backward(ptl_dtype dt, int n, int h, int w, int c, const void *x, const void *dy, void *dx,
-                          int accumulate)
+int ptl_maxpool5_backward(ptl_dtype dt, int n, int h, int w, int c, const void *x, int ldx, const void *dy, int ldy,
+                          void *dx, int accumulate)
 {
-    if (ptl_nn_check_nhwc("maxpool5_backward", dt, n, h, w, c))
+    if (ptl_nn_check_nhwc_strided("maxpool5_backward", dt, n, h, w, c, ldx, ldy))
         return -1;
     if (dt == PTL_FLOAT32)
-        maxpool_bwd_f32(n, h, w, c, x, dy, dx, accumulate);
+        maxpool_bwd_f32(n, h, w, c, x, ldx, dy, ldy, dx, accumulate);
     else
-        maxpool_bwd_f64(n, h, w, c, x, dy, dx, accumulate);
+        maxpool_bwd_f64(n, h, w, c, x, ldx, dy, ldy, dx, accumulate);
     return 0;
 }
 
 #else
 
-static void F(maxpool_fwd)(int n, int h, int w, int c, const void *xv, void *yv)
+static void F(maxpool_fwd)(int n, int h, int w, int c, const void *xv, int ldx, void *yv, int ldy)
 {
     const T *x = xv;
     T *y = yv;
@@ -51,12 +51,12 @@ static void F(maxpool_fwd)(int n, int h, int w, int c, const void *xv, void *yv)
         const int y0 = oy - R < 0 ? 0 : oy - R, y1 = oy + R >= h ? h - 1 : oy + R;
         for (int ox = 0; ox < w; ox++) {
             const int x0 = ox - R < 0 ? 0 : ox - R, x1 = ox + R >= w ? w - 1 : ox + R;
-            T *yp = y + (r * w + ox) * c;
+            T *yp = y + (r * w + ox) * ldy;
             for (int j = 0; j < c; j++)
                 yp[j] = (T)-INFINITY;
             for (int iy = y0; iy <= y1; iy++)
                 for (int ix = x0; ix <= x1; ix++) {
-                    const T *xp = x + (((int64_t)b * h + iy) * w + ix) * c;
+                    const T *xp = x + (((int64_t)b * h + iy) * w + ix) * ldx;
                     for (int j = 0; j < c; j++) {
                         const T v = xp[j];
                         if (v > yp[j] || v != v)
@@ -69,7 +69,8 @@ static void F(maxpool_fwd)(int n, int h, int w, int c, const void *xv, void *yv)
 
 /* One task per (image, channel block): outputs in scan order scatter into their argmax, so each dx
  * element receives its contributions in a fixed order. */
-static void F(maxpool_bwd)(int n, int h, int w, int c, const void *xv, const void *dyv, void *dxv, int accumulate)
+static void F(maxpool_bwd)(int n, int h, int w, int c, const void *xv, int ldx, const void *dyv, int ldy, void *dxv,
+                           int accumulate)
 {
     const T *x = xv, *dy = dyv;
     T *dx = dxv;
@@ -82,7 +83,7 @@ static void F(maxpool_bwd)(int n, int h, int w, int c, const void *xv, const voi
         const int64_t base = (int64_t)b * h * w;
         if (!accumulate)
             for (int64_t p = 0; p < (int64_t)h * w; p++)
-                memset(dx + (base + p) * c + c0, 0, sizeof(T) * nc);
+                memset(dx + (base + p) * ldx + c0, 0, sizeof(T) * nc);
         for (int oy = 0; oy < h; oy++) {
             const int y0 = oy - R < 0 ? 0 : oy - R, y1 = oy + R >= h ? h - 1 : oy + R;
             for (int ox = 0; ox < w; ox++) {
@@ -96,16 +97,16 @@ static void F(maxpool_bwd)(int n, int h, int w, int c, const void *xv, const voi
                 for (int iy = y0; iy <= y1; iy++)
                     for (int ix = x0; ix <= x1; ix++) {
                         const int64_t p = base + (int64_t)iy * w + ix;
-                        const T *xp = x + p * c + c0;
+                        const T *xp = x + p * ldx + c0;
                         for (int j = 0; j < nc; j++)
                             if (xp[j] > best[j] || (xp[j] != xp[j] && best[j] == best[j]) || arg[j] < 0) {
                                 best[j] = xp[j];
                                 arg[j] = p;
                             }
                     }
-                const T *dyp = dy + (base + (int64_t)oy * w + ox) * c + c0;
+                const T *dyp = dy + (base + (int64_t)oy * w + ox) * ldy + c0;
                 for (int j = 0; j < nc; j++)
-                    dx[arg[j] * c + c0 + j] += dyp[j];
+                    dx[arg[j] * ldx + c0 + j] += dyp[j];
             }
         }
     }

@@ -1,5 +1,6 @@
 /* Max-pool, kernel 5, stride 1, padding 2 (SPPF, spec §1.1), NHWC; padded cells never win.
- *   x, y (n, h, w, c)
+ *   x, y (n, h, w, c): c channels of each pixel, whose channels are ldx (x, dx) and ldy (y, dy) elements
+ *   apart (>= c; more for the channels of a wider tensor, a Concat built in place)
  * Ties: the backward routes each output's gradient to the FIRST maximum of its 5x5 window in scan
  * order (rows top to bottom, then columns left to right), i.e. a later equal value does not replace
  * the current maximum. A NaN wins (and propagates) like in PyTorch.
@@ -15,17 +16,17 @@ extern "C" {
 
 #define PTL_MAXPOOL_K 5
 
-int ptl_maxpool5_forward(ptl_dtype dt, int n, int h, int w, int c, const void *x, void *y);
+int ptl_maxpool5_forward(ptl_dtype dt, int n, int h, int w, int c, const void *x, int ldx, void *y, int ldy);
 /* dx = (accumulate ? dx : 0) + routed dy. The argmax is recomputed from x. */
-int ptl_maxpool5_backward(ptl_dtype dt, int n, int h, int w, int c, const void *x, const void *dy, void *dx,
-                          int accumulate);
+int ptl_maxpool5_backward(ptl_dtype dt, int n, int h, int w, int c, const void *x, int ldx, const void *dy, int ldy,
+                          void *dx, int accumulate);
 
 #ifdef PTL_WITH_CUDA
 struct ptl_cuda_ctx;
 int ptl_maxpool5_forward_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x,
-                              void *y);
+                              int ldx, void *y, int ldy);
 int ptl_maxpool5_backward_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c,
-                               const void *x, const void *dy, void *dx, int accumulate);
+                               const void *x, int ldx, const void *dy, int ldy, void *dx, int accumulate);
 #endif
 
 #ifdef __cplusplus

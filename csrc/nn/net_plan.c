@@ -94,6 +94,71 @@ int ptl_net_grad_plan_build(const ptl_network *net, ptl_net_grad_plan *gp)
     return 0;
 }
 
+/* ----------------------------------------------------------------------------- Concat in place */
+
+/* Whether Concat op k's part j (of value P, whole, at channel `at` of its output) can be built in place. */
+static int part_in_place(const ptl_network *net, const uint8_t *slices, const ptl_net_op *ops, const int *producer,
+                         int k, int j)
+{
+    const ptl_net_part *part = &ops[k].ins[j];
+    const int P = part->value, p = producer[P];
+    if (P == net->input || P == ops[k].out || p < 0 || p > k || part->c0 || part->nc != net->values[P].C ||
+        !(slices[ops[p].kind] & PTL_NET_SLICE_OUT))
+        return 0;
+    for (int r = 0; r < net->nops; r++)
+        for (int q = 0; q < ops[r].nin; q++) {
+            if (ops[r].ins[q].value != P || (r == k && q == j))
+                continue;
+            if (r == k || !(slices[ops[r].kind] & PTL_NET_SLICE_IN) || (ops[r].grad_in >> q & 1u && r > k))
+                return 0;
+        }
+    return 1;
+}
+
+int ptl_net_cat_in_place(const ptl_network *net, const uint8_t slices[PTL_NET_OP_KINDS], ptl_net_op *ops)
+{
+    const int nv = net->nvalues, nops = net->nops;
+    memcpy(ops, net->ops, (size_t)nops * sizeof *ops);
+    /* per value its one producer, writing it as `out` (-1: none, -2: several, or as out2 or z) */
+    int *producer = malloc((size_t)(nv ? nv : 1) * sizeof(int));
+    if (!producer)
+        return oom();
+    for (int v = 0; v < nv; v++)
+        producer[v] = -1;
+    for (int i = 0; i < nops; i++) {
+        const int outs[3] = {ops[i].out, ops[i].out2, ops[i].z};
+        for (int j = 0; j < 3; j++)
+            if (outs[j] >= 0)
+                producer[outs[j]] = producer[outs[j]] == -1 && j == 0 ? i : -2;
+    }
+    int placed = 0;
+    for (int k = 0; k < nops; k++) {
+        if (ops[k].kind != PTL_OP_CAT || ops[k].nin < 2)
+            continue;
+        const int V = ops[k].out;
+        for (int j = 0, at = 0; j < ops[k].nin; at += ops[k].ins[j].nc, j++) {
+            if (!part_in_place(net, slices, ops, producer, k, j))
+                continue;
+            const int P = ops[k].ins[j].value, p = producer[P];
+            ops[p].out = V;
+            ops[p].out_c0 = at;
+            ops[p].out_nc = net->values[P].C;
+            for (int r = 0; r < nops; r++)
+                for (int q = 0; q < ops[r].nin; q++)
+                    if (ops[r].ins[q].value == P) {
+                        ops[r].ins[q].value = V;
+                        ops[r].ins[q].c0 += at;
+                    }
+            ops[k].grad_in &= (uint8_t)~(1u << j);
+            ops[k].keep_in &= (uint8_t)~(1u << j);
+            producer[P] = -2;
+            placed++;
+        }
+    }
+    free(producer);
+    return placed;
+}
+
 /* ------------------------------------------------------------------------------------- branches */
 
 static int root(int *parent, int i)
@@ -135,13 +200,17 @@ int ptl_net_branches_find(const ptl_network *net, ptl_net_branches *br)
     }
     for (int v = 0; v < nv; v++)
         producer[v] = -1;
+    /* the ops writing one value (a Concat built in place) are one chain */
     for (int i = 0; i < nops; i++) {
         part[i] = i;
         const ptl_net_op *op = &net->ops[i];
         const int outs[2] = {op->out, op->out2};
         for (int k = 0; k < 2; k++)
-            if (outs[k] >= 0)
+            if (outs[k] >= 0) {
+                if (producer[outs[k]] >= 0)
+                    unite(part, i, producer[outs[k]]);
                 producer[outs[k]] = i;
+            }
         for (int j = 0; j < op->nin; j++)
             readers[op->ins[j].value]++;
     }
@@ -489,12 +558,17 @@ static void activation_lives(const ptl_network *net, int forward_only, int *born
             if (dies[v] < last)
                 dies[v] = last;
         }
+        /* a Concat built in place has several producers: its value is born with the first */
         const int outs[3] = {op->out, op->z, op->out2};
-        for (int j = 0; j < 3; j++)
-            if (outs[j] >= 0) {
-                born[outs[j]] = t;
-                dies[outs[j]] = j == 1 ? tb : t;
-            }
+        for (int j = 0; j < 3; j++) {
+            const int v = outs[j], last = j == 1 ? tb : t;
+            if (v < 0)
+                continue;
+            if (born[v] < 0)
+                born[v] = t;
+            if (dies[v] < last)
+                dies[v] = last;
+        }
     }
 }
 

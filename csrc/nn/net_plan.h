@@ -54,6 +54,18 @@ typedef struct {
 int ptl_net_branches_find(const ptl_network *net, ptl_net_branches *br);
 void ptl_net_branches_free(ptl_net_branches *br);
 
+/* Concat built in place. A value P that a Concat copies whole into its output V is instead written by P's
+ * producer straight into its channels of V, and read there by P's other readers, when every kernel involved
+ * takes channel slices (per op kind, `slices`: PTL_NET_SLICE_IN, its kernels read slices of their inputs
+ * and write their gradients'; PTL_NET_SLICE_OUT, they write a slice of their output and read its
+ * gradient's), and when the Concat is the first to write P's gradient in the backward (P's other readers
+ * that send it a gradient come before it), so that every gradient gets the same additions in the same order
+ * and the bits are those of the copies. The Concat keeps the part, reading V's own channels (no gradient, no
+ * activation kept), which its row then skips. Writes the rewritten ops (net->nops of them) into ops; returns
+ * the number of parts placed. */
+enum { PTL_NET_SLICE_IN = 1, PTL_NET_SLICE_OUT = 2 };
+int ptl_net_cat_in_place(const ptl_network *net, const uint8_t slices[PTL_NET_OP_KINDS], ptl_net_op *ops);
+
 /* Where each conv's weight (and bias, with cast_biases) sits in the compute-dtype copy. */
 typedef struct {
     ptl_wcast_entry *tab;

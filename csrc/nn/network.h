@@ -86,6 +86,9 @@ typedef struct {
     int nin;
     ptl_net_part ins[PTL_NET_MAX_PARTS]; /* the inputs: the channels each op reads of each value */
     int out, out2;                       /* the outputs (-1: none; an op without outputs writes the head's) */
+    /* out_nc > 0: the op writes its output into channels [out_c0, out_c0 + out_nc) of value `out`, a
+     * Concat's output built in place (net_plan.h's ptl_net_cat_in_place); 0: the whole value */
+    int out_c0, out_nc;
     int z; /* an inner value (-1: none): the forward writes it, the op's own backward reads it and its gradient */
     uint8_t grad_in; /* bit j: the backward writes (or adds) input j's gradient */
     uint8_t keep_in; /* bit j: the backward reads input j's activation (kept from the forward) */

@@ -337,9 +337,10 @@ static PyObject *py_use_weights(PyObject *self, PyObject *args)
 
 /* executor_configure(x, training=None, share_gradients=None, deterministic=None, allow_tf32=None, find=None,
  * share_activations=None, grad=None, side_lag=None, branches=None, attached=None, workspace_limit=None,
- * queue_workspace_limit=None): sets what is given. The conv options (CUDA algorithm choice and its workspace
- * limit, bytes, 0: none), memory sharing, the side lag, the queues' workspace limit (bytes, 0: none) and the
- * branches apply at the next prepare of each shape; grad=False makes the next forwards forward-only. */
+ * queue_workspace_limit=None, cat_in_place=None): sets what is given. The conv options (CUDA algorithm choice
+ * and its workspace limit, bytes, 0: none), memory sharing, the side lag, the queues' workspace limit (bytes,
+ * 0: none), the branches and the Concats built in place apply at the next prepare of each shape; grad=False
+ * makes the next forwards forward-only. */
 /* *out = v for an int v given (not None; out of int's range: -1); -1 with an exception set on failure. */
 static int int_arg(PyObject *v, int *out)
 {
@@ -356,12 +357,12 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"net",  "training",          "share_gradients", "deterministic", "allow_tf32",
                              "find", "share_activations", "grad",            "side_lag",      "branches",
-                             "attached", "workspace_limit", "queue_workspace_limit", NULL};
+                             "attached", "workspace_limit", "queue_workspace_limit", "cat_in_place", NULL};
     PyObject *cap, *v[7] = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None}, *lag = Py_None,
-                   *branches = Py_None, *attached = Py_None, *limit[2] = {Py_None, Py_None};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOOOOOOOOO:executor_configure", kwlist, &cap, &v[0], &v[1],
+                   *branches = Py_None, *attached = Py_None, *limit[2] = {Py_None, Py_None}, *in_place = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOOOOOOOOOO:executor_configure", kwlist, &cap, &v[0], &v[1],
                                      &v[2], &v[3], &v[4], &v[5], &v[6], &lag, &branches, &attached, &limit[0],
-                                     &limit[1]))
+                                     &limit[1], &in_place))
         return NULL;
     ptl_net_exec *x = ptl_py_executor(cap);
     if (!x)
@@ -380,7 +381,12 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw)
             return PyErr_Format(PyExc_ValueError, "%s must be >= 0 bytes (0: no limit), got %lld", kwlist[11 + k], b);
         bytes[k] = (size_t)b;
     }
-    if ((lag != Py_None && ptl_net_exec_set_side_lag(x, n)) ||
+    const int cat = in_place == Py_None ? x->cat_in_place : PyObject_IsTrue(in_place);
+    if (cat < 0)
+        return NULL;
+    /* the Concats first: they may change the branches found */
+    if ((in_place != Py_None && ptl_net_exec_set_cat_in_place(x, cat)) ||
+        (lag != Py_None && ptl_net_exec_set_side_lag(x, n)) ||
         ((branches != Py_None || attached != Py_None) && ptl_net_exec_set_branches(x, on, att)))
         return ptl_raise(self);
     if (limit[1] != Py_None)
@@ -525,12 +531,16 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
                          "workspace_limit", (long long)x->opts.workspace_limit, "queue_workspace_limit",
                          (long long)x->queue_ws_limit);
     PyObject *convs = info ? conv_workspaces(x) : NULL;
-    if (!convs || PyDict_SetItemString(info, "conv_workspaces", convs)) {
+    PyObject *cat = info ? Py_BuildValue("(Oi)", x->cat_in_place ? Py_True : Py_False, x->cat_parts) : NULL;
+    if (!convs || !cat || PyDict_SetItemString(info, "conv_workspaces", convs) ||
+        PyDict_SetItemString(info, "cat_in_place", cat)) {
         Py_XDECREF(convs);
+        Py_XDECREF(cat);
         Py_XDECREF(info);
         return NULL;
     }
     Py_DECREF(convs);
+    Py_DECREF(cat);
     return info;
 }
 
@@ -643,7 +653,8 @@ static PyMethodDef methods[] = {
      "executor_use_weights(x, params, buffers): forwards on other weights (None, None: its own)."},
     {"executor_configure", (PyCFunction)(void (*)(void))py_configure, METH_VARARGS | METH_KEYWORDS,
      "executor_configure(x, training=None, share_gradients=None, deterministic=None, allow_tf32=None, find=None, "
-     "share_activations=None, grad=None, side_lag=None, branches=None, attached=None)."},
+     "share_activations=None, grad=None, side_lag=None, branches=None, attached=None, workspace_limit=None, "
+     "queue_workspace_limit=None, cat_in_place=None)."},
     {"executor_set_frozen", py_set_frozen, METH_VARARGS,
      "executor_set_frozen(x, flags): freeze the tensors flagged 1 (network_entries order; None: none)."},
     {"executor_info", py_info, METH_O, "executor_info(x) -> dict."},

@@ -439,7 +439,7 @@ static PyObject *py_batchnorm_forward(PyObject *m, PyObject *args, PyObject *kwa
     const int64_t c = cs[0], rows = c ? ptl_tensor_numel(x) / c : 0;
     RUN(k.be->batchnorm_forward(k.ctx, x->dtype, rows, (int)c, ptl_tensor_data(x), ptl_tensor_data(g),
                                 ptl_tensor_data(b), ptl_tensor_data(rm), ptl_tensor_data(rv), training, act,
-                                ptl_tensor_data(sm), ptl_tensor_data(si), ptl_tensor_data(y)));
+                                ptl_tensor_data(sm), ptl_tensor_data(si), ptl_tensor_data(y), (int)c));
     return Py_BuildValue("(NNN)", y, sm, si);
 fail:
     Py_XDECREF(y);
@@ -480,7 +480,7 @@ static PyObject *py_batchnorm_backward(PyObject *m, PyObject *args, PyObject *kw
     if (err || kernels_of(m, x, kn, &k))
         return NULL;
     const int64_t c = cs[0], rows = c ? ptl_tensor_numel(x) / c : 0;
-    RUN(k.be->batchnorm_backward(k.ctx, x->dtype, rows, (int)c, ptl_tensor_data(x), ptl_tensor_data(dy),
+    RUN(k.be->batchnorm_backward(k.ctx, x->dtype, rows, (int)c, ptl_tensor_data(x), ptl_tensor_data(dy), (int)c,
                                  ptl_tensor_data(g), ptl_tensor_data(b), ptl_tensor_data(sm), ptl_tensor_data(si),
                                  training, act, ptl_tensor_data(dx), data_or_null(dg), data_or_null(db)));
     Py_RETURN_NONE;
