@@ -360,7 +360,7 @@ void ptl_net_exec_free(ptl_net_exec *x)
     free(x->op_needed);
     free(x->grad_needed);
     ptl_net_branches_free(&x->br);
-    free(x->run_ops);
+    free(x->run.ops);
     free(x);
 }
 
@@ -433,11 +433,10 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     x->run = *net;
     x->net = &x->run;
     x->cat_in_place = env_digit("PTL_CAT_IN_PLACE", 1, 1);
-    if (!(x->run_ops = malloc((size_t)(net->nops ? net->nops : 1) * sizeof *x->run_ops))) {
+    if (!(x->run.ops = malloc((size_t)(net->nops ? net->nops : 1) * sizeof *x->run.ops))) {
         free(x);
         return oom();
     }
-    x->run.ops = x->run_ops;
     x->be = be;
     x->ctx = ctx;
     x->rt = rt;
@@ -463,7 +462,7 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
             goto fail;
         }
     }
-    if ((x->cat_parts = run_ops(x, x->cat_in_place, x->run_ops)) < 0)
+    if ((x->cat_parts = run_ops(x, x->cat_in_place, x->run.ops)) < 0)
         goto fail;
     PTL_CHECK(ptl_net_grad_plan_build(x->net, &x->gp));
     PTL_CHECK(ptl_net_wtab_build(net, be->cast_biases, &x->wt));
@@ -719,8 +718,8 @@ int ptl_net_exec_set_cat_in_place(ptl_net_exec *x, int on)
         return -1;
     }
     drop_slots(x);
-    memcpy(x->run_ops, ops, (size_t)x->net->nops * sizeof *ops);
-    free(ops);
+    free(x->run.ops);
+    x->run.ops = ops;
     ptl_net_grad_plan_free(&x->gp);
     ptl_net_branches_free(&x->br);
     x->gp = gp;

@@ -332,8 +332,7 @@ typedef struct ptl_net_exec {
      * `run`, a copy whose ops build the Concats in place where the backend's kernels allow
      * (ptl_net_exec_set_cat_in_place); its storage is the description's */
     const ptl_network *desc, *net;
-    ptl_network run;
-    ptl_net_op *run_ops;
+    ptl_network run; /* its ops are the executor's own */
     int cat_in_place, cat_parts; /* on or off; the parts it places */
     const ptl_net_backend *be;
     ptl_exec_ctx *ctx;
