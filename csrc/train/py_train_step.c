@@ -10,6 +10,7 @@
 #include "train_step.h"
 #ifdef PTL_WITH_CUDA
 #include "../cuda/py_nccl.h"
+#include "../cuda/upload_queue.h"
 #endif
 
 #define PLAN_CAPSULE "ptl.train_step_plan"
@@ -90,6 +91,10 @@ static int convert_plan(PyObject *module, PyObject *d, ptl_step_plan *p)
         if (!st)
             return -1;
         p->staging = ptl_tensor_data(st);
+#ifdef PTL_WITH_CUDA
+        if (x->device.type == PTL_CUDA && ptl_cuda_upload_open(x->ctx))
+            return ptl_raise_int(module);
+#endif
     }
     if (!PyTuple_Check(grads) || PyTuple_GET_SIZE(grads) != 4) {
         PyErr_SetString(PyExc_TypeError, "plan['grads']: expected a tuple of four tensors");

@@ -8,6 +8,7 @@
 #ifdef PTL_WITH_CUDA
 #include "../cuda/device.h"
 #include "../cuda/nccl_comm.h"
+#include "../cuda/upload_queue.h"
 #include "../data/dataset.h"
 #endif
 
@@ -80,8 +81,8 @@ int ptl_step_plan_check(const ptl_step_plan *p)
 }
 
 /* The host batch into the network input: normalised on the CPU, or copied to the device's staging
- * buffer and normalised there (asynchronously; the loader slot's fence tells the loader when the copy
- * has read its pixels). */
+ * buffer on the upload stream (beside the previous step's work, ../cuda/upload_queue.h) and normalised there
+ * (asynchronously; the loader slot's fence tells the loader when the copy has read its pixels). */
 static int upload(const ptl_step_plan *p, const ptl_step_args *a)
 {
     const ptl_net_exec *x = p->net;
@@ -92,10 +93,12 @@ static int upload(const ptl_step_plan *p, const ptl_step_args *a)
         return ptl_normalize_u8_cpu(a->images, p->input, x->cdt, n);
 #ifdef PTL_WITH_CUDA
     ptl_cuda_ctx *ctx = x->ctx;
-    PTL_CUDA_TRY(cudaMemcpyAsync(p->staging, a->images, (size_t)n, cudaMemcpyHostToDevice, ctx->stream));
+    cudaStream_t copy;
+    PTL_CHECK(ptl_cuda_upload(ctx, p->staging, a->images, (size_t)n, &copy));
     PTL_CHECK(ptl_normalize_u8_cuda(p->staging, p->input, x->cdt, n, ctx->stream));
+    PTL_CHECK(ptl_cuda_upload_read(ctx));
     if (a->loader)
-        PTL_CHECK(ptl_loader_record_fence(a->loader, a->slot, ctx->stream));
+        PTL_CHECK(ptl_loader_record_fence(a->loader, a->slot, copy));
     return 0;
 fail:
     return -1;
