@@ -382,19 +382,29 @@ static int env_digit(const char *name, int max, int fallback)
     return fallback;
 }
 
-/* The ops the executor runs, into ops: the description's, with its Concats built in place (on) where every
- * kernel involved takes channel slices (the conv's BatchNorm writes a slice of its output on every backend).
- * Returns the parts placed (-1: out of memory). */
-static int run_ops(const ptl_net_exec *x, int on, ptl_net_op *ops)
+/* The plans of the ops the executor runs: into ops, the description's, with its Concats built in place (on)
+ * where every kernel involved takes channel slices (the conv's BatchNorm writes a slice of its output on every
+ * backend); their gradient plan and branches into gp and br (zeroed; freed on failure). Returns the parts
+ * placed, -1 on failure. */
+static int plans_make(const ptl_net_exec *x, int on, ptl_net_op *ops, ptl_net_grad_plan *gp, ptl_net_branches *br)
 {
     uint8_t slices[PTL_NET_OP_KINDS];
     for (int k = 0; k < PTL_NET_OP_KINDS; k++)
         slices[k] = has_own_case((ptl_net_op_kind)k) ? 0 : (uint8_t)x->be->layer[k].slices;
     slices[PTL_OP_CONV] = PTL_NET_SLICE_OUT;
+    int parts = 0;
     if (on)
-        return ptl_net_cat_in_place(x->desc, slices, ops);
-    memcpy(ops, x->desc->ops, (size_t)x->desc->nops * sizeof *ops);
-    return 0;
+        parts = ptl_net_cat_in_place(x->desc, slices, ops);
+    else
+        memcpy(ops, x->desc->ops, (size_t)x->desc->nops * sizeof *ops);
+    ptl_network run = *x->desc;
+    run.ops = ops;
+    if (parts < 0 || ptl_net_grad_plan_build(&run, gp) || ptl_net_branches_find(&run, br)) {
+        ptl_net_grad_plan_free(gp);
+        ptl_net_branches_free(br);
+        return -1;
+    }
+    return parts;
 }
 
 int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_exec_ctx *ctx, ptl_runtime *rt,
@@ -462,9 +472,8 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
             goto fail;
         }
     }
-    if ((x->cat_parts = run_ops(x, x->cat_in_place, x->run.ops)) < 0)
+    if ((x->cat_parts = plans_make(x, x->cat_in_place, x->run.ops, &x->gp, &x->br)) < 0)
         goto fail;
-    PTL_CHECK(ptl_net_grad_plan_build(x->net, &x->gp));
     PTL_CHECK(ptl_net_wtab_build(net, be->cast_biases, &x->wt));
     x->op_frozen = calloc((size_t)net->nops, 1);
     x->op_needed = calloc((size_t)net->nops, 1);
@@ -499,7 +508,6 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     /* padding stays zero in both, so no stale bits are ever read as weights */
     PTL_CHECK(be->zero(ctx, x->wc.ptr, (size_t)x->wt.total * x->csz));
     PTL_CHECK(be->zero(ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz));
-    PTL_CHECK(ptl_net_branches_find(x->net, &x->br));
     x->attached = 1;
     if (be->side_open) {
         PTL_CHECK(ptl_net_exec_set_side_lag(x, env_digit("PTL_SIDE_LAG", PTL_NET_SIDE_MAX_LAG, PTL_NET_SIDE_LAG)));
@@ -704,17 +712,13 @@ int ptl_net_exec_set_cat_in_place(ptl_net_exec *x, int on)
         return ptl_set_error(PTL_ERR_VALUE, "cat_in_place must be 0 or 1 (got %d)", on);
     /* the new plans are made aside, so that a failure leaves the executor as it was */
     ptl_net_op *ops = malloc((size_t)(x->net->nops ? x->net->nops : 1) * sizeof *ops);
-    ptl_network run = x->run;
     ptl_net_grad_plan gp;
     ptl_net_branches br;
     memset(&gp, 0, sizeof gp);
     memset(&br, 0, sizeof br);
-    run.ops = ops;
-    const int parts = ops ? run_ops(x, on, ops) : oom();
-    if (parts < 0 || ptl_net_grad_plan_build(&run, &gp) || ptl_net_branches_find(&run, &br)) {
+    const int parts = ops ? plans_make(x, on, ops, &gp, &br) : oom();
+    if (parts < 0) {
         free(ops);
-        ptl_net_grad_plan_free(&gp);
-        ptl_net_branches_free(&br);
         return -1;
     }
     drop_slots(x);
