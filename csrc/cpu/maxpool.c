@@ -5,20 +5,11 @@
 #include <math.h>
 #include <string.h>
 
+#include "../nn/cpu_check.h"
 #include "vector.h"
 
 #define R 2
 #define CB 16 /* channels per block */
-
-static int check(const char *fn, int n, int h, int w, int c, int ldx, int ldy)
-{
-    if (n <= 0 || h <= 0 || w <= 0 || c <= 0)
-        return ptl_set_error(PTL_ERR_VALUE, "%s: sizes must be positive (n=%d h=%d w=%d c=%d)", fn, n, h, w, c);
-    if (ldx < c || ldy < c)
-        return ptl_set_error(PTL_ERR_VALUE, "%s: pixels of %d (x) and %d (y) elements hold no %d channels", fn, ldx,
-                             ldy, c);
-    return 0;
-}
 
 PTL_CPU_CLONES
 static void image_forward(int h, int w, int c, const float *x, int ldx, float *y, int ldy)
@@ -45,7 +36,7 @@ static void image_forward(int h, int w, int c, const float *x, int ldx, float *y
 
 int ptl_cpu_maxpool5_forward(int n, int h, int w, int c, const float *x, int ldx, float *y, int ldy)
 {
-    if (check("cpu_maxpool5_forward", n, h, w, c, ldx, ldy))
+    if (ptl_nn_check_pixels("cpu_maxpool5_forward", n, h, w, c, ldx, ldy))
         return -1;
     const int64_t pixels = (int64_t)h * w;
 #pragma omp parallel for schedule(dynamic, 1) if (n > 1 && n * pixels * c > PTL_CPU_PAR_MIN)
@@ -95,7 +86,7 @@ static void image_backward(int h, int w, int c, const float *x, int ldx, const f
 int ptl_cpu_maxpool5_backward(int n, int h, int w, int c, const float *x, int ldx, const float *dy, int ldy, float *dx,
                               int accumulate)
 {
-    if (check("cpu_maxpool5_backward", n, h, w, c, ldx, ldy))
+    if (ptl_nn_check_pixels("cpu_maxpool5_backward", n, h, w, c, ldx, ldy))
         return -1;
     const int64_t pixels = (int64_t)h * w;
 #pragma omp parallel for schedule(dynamic, 1) if (n > 1 && n * pixels * c > PTL_CPU_PAR_MIN / 4)

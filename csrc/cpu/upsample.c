@@ -3,21 +3,12 @@
 
 #include <string.h>
 
+#include "../nn/cpu_check.h"
 #include "vector.h"
-
-static int check(const char *fn, int n, int h, int w, int c, int ldx, int ldy)
-{
-    if (n <= 0 || h <= 0 || w <= 0 || c <= 0)
-        return ptl_set_error(PTL_ERR_VALUE, "%s: sizes must be positive (n=%d h=%d w=%d c=%d)", fn, n, h, w, c);
-    if (ldx < c || ldy < c)
-        return ptl_set_error(PTL_ERR_VALUE, "%s: pixels of %d (x) and %d (y) elements hold no %d channels", fn, ldx,
-                             ldy, c);
-    return 0;
-}
 
 int ptl_cpu_upsample2x_forward(int n, int h, int w, int c, const float *x, int ldx, float *y, int ldy)
 {
-    if (check("cpu_upsample2x_forward", n, h, w, c, ldx, ldy))
+    if (ptl_nn_check_pixels("cpu_upsample2x_forward", n, h, w, c, ldx, ldy))
         return -1;
     const int64_t rows = (int64_t)n * h, in_row = (int64_t)w * ldx, out_row = (int64_t)2 * w * ldy;
 #pragma omp parallel for schedule(dynamic, 8) if (rows * w * c > PTL_CPU_PAR_MIN)
@@ -60,7 +51,7 @@ static void row_backward(int w, int c, const float *d0, const float *d1, int ldy
 int ptl_cpu_upsample2x_backward(int n, int h, int w, int c, const float *dy, int ldy, float *dx, int ldx,
                                 int accumulate)
 {
-    if (check("cpu_upsample2x_backward", n, h, w, c, ldx, ldy))
+    if (ptl_nn_check_pixels("cpu_upsample2x_backward", n, h, w, c, ldx, ldy))
         return -1;
     const int64_t rows = (int64_t)n * h, out_row = (int64_t)2 * w * ldy;
 #pragma omp parallel for schedule(dynamic, 8) if (rows * w * c > PTL_CPU_PAR_MIN / 4)

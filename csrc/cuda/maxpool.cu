@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "../nn/maxpool.h"
+#include "../nn/cpu_check.h"
 #include "layers_common.cuh"
 
 #define R (PTL_MAXPOOL_K / 2)
@@ -120,21 +121,11 @@ __global__ void maxpool_bwd_kernel(int h, int w, int c, const T *x, int ldx, con
     }
 }
 
-static int check(const char *fn, int n, int h, int w, int c, int ldx, int ldy)
-{
-    if (n <= 0 || h <= 0 || w <= 0 || c <= 0)
-        return ptl_set_error(PTL_ERR_VALUE, "%s: sizes must be positive (n=%d h=%d w=%d c=%d)", fn, n, h, w, c);
-    if (ldx < c || ldy < c)
-        return ptl_set_error(PTL_ERR_VALUE, "%s: pixels of %d (x) and %d (y) elements hold no %d channels", fn, ldx,
-                             ldy, c);
-    return 0;
-}
-
 extern "C" int ptl_maxpool5_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x,
                                          int ldx, void *y, int ldy)
 {
     const int64_t total = (int64_t)n * h * w * c;
-    if (check("maxpool5_forward_cuda", n, h, w, c, ldx, ldy))
+    if (ptl_nn_check_pixels("maxpool5_forward_cuda", n, h, w, c, ldx, ldy))
         return -1;
     PTL_LAYER_DISPATCH("maxpool5_forward_cuda", dt,
                        ptl_launch(maxpool_fwd_kernel<T>, ptl_grid_for(total, 256), 256, 0, ctx->stream, total, h, w, c,
@@ -148,7 +139,7 @@ fail:
 extern "C" int ptl_maxpool5_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c,
                                           const void *x, int ldx, const void *dy, int ldy, void *dx, int accumulate)
 {
-    if (check("maxpool5_backward_cuda", n, h, w, c, ldx, ldy))
+    if (ptl_nn_check_pixels("maxpool5_backward_cuda", n, h, w, c, ldx, ldy))
         return -1;
     const int64_t zblocks = (int64_t)n * ((c + BWD_CW - 1) / BWD_CW);
     if (zblocks > 65535 || (h + TILE - 1) / TILE > 65535)

@@ -2,6 +2,7 @@
  * block in the CPU's order, ((a + b) + c) + d, so float32 results match it bit for bit. Each thread moves
  * V channels of a pixel (ptl_pack) when every width, stride and pointer allows, else one. */
 #include "../nn/upsample.h"
+#include "../nn/cpu_check.h"
 #include "layers_common.cuh"
 
 /* groups: output pixels times cg = c / V; pixels of x are ldx / V packs apart, of y ldy / V */
@@ -51,16 +52,6 @@ __global__ void up_bwd_kernel(int64_t groups, int h, int w, int cg, const T *dy,
     }
 }
 
-static int check(const char *fn, int n, int h, int w, int c, int ldx, int ldy)
-{
-    if (n <= 0 || h <= 0 || w <= 0 || c <= 0)
-        return ptl_set_error(PTL_ERR_VALUE, "%s: sizes must be positive (n=%d h=%d w=%d c=%d)", fn, n, h, w, c);
-    if (ldx < c || ldy < c)
-        return ptl_set_error(PTL_ERR_VALUE, "%s: pixels of %d (x) and %d (y) elements hold no %d channels", fn, ldx,
-                             ldy, c);
-    return 0;
-}
-
 template <typename T, int V>
 static void up_fwd_launch(cudaStream_t st, int n, int h, int w, int c, const T *x, int ldx, T *y, int ldy)
 {
@@ -81,7 +72,7 @@ static void up_bwd_launch(cudaStream_t st, int n, int h, int w, int c, const T *
 extern "C" int ptl_upsample2x_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c,
                                            const void *x, int ldx, void *y, int ldy)
 {
-    if (check("upsample2x_forward_cuda", n, h, w, c, ldx, ldy))
+    if (ptl_nn_check_pixels("upsample2x_forward_cuda", n, h, w, c, ldx, ldy))
         return -1;
     PTL_LAYER_DISPATCH("upsample2x_forward_cuda", dt, {
         constexpr int V = 16 / sizeof(T);
@@ -99,7 +90,7 @@ fail:
 extern "C" int ptl_upsample2x_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c,
                                             const void *dy, int ldy, void *dx, int ldx, int accumulate)
 {
-    if (check("upsample2x_backward_cuda", n, h, w, c, ldx, ldy))
+    if (ptl_nn_check_pixels("upsample2x_backward_cuda", n, h, w, c, ldx, ldy))
         return -1;
     PTL_LAYER_DISPATCH("upsample2x_backward_cuda", dt, {
         constexpr int V = 16 / sizeof(T);
