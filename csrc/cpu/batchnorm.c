@@ -22,12 +22,8 @@ size_t ptl_cpu_batchnorm_workspace(int64_t m, int c)
 
 static int check(const char *fn, int64_t m, int c, int ld, ptl_act act, size_t workspace_bytes, const void *workspace)
 {
-    if (m <= 0 || c <= 0)
-        return ptl_set_error(PTL_ERR_VALUE, "%s: empty input (m=%lld rows, c=%d channels)", fn, (long long)m, c);
-    if (ld < c)
-        return ptl_set_error(PTL_ERR_VALUE, "%s: rows of %d elements hold no %d channels", fn, ld, c);
-    if (act != PTL_ACT_NONE && act != PTL_ACT_SILU)
-        return ptl_set_error(PTL_ERR_VALUE, "%s: unknown activation %d", fn, (int)act);
+    if (ptl_batchnorm_check(fn, m, c, ld, act))
+        return -1;
     const size_t need = ptl_cpu_batchnorm_workspace(m, c);
     if (!workspace || workspace_bytes < need)
         return ptl_set_error(PTL_ERR_VALUE, "%s: workspace of %zu bytes given, %zu needed", fn,

@@ -185,17 +185,6 @@ static void bn_bwd_apply_launch(cudaStream_t st, int64_t m, int c, int ld, const
                    beta, smean, sinv, mean_g, mean_gx, training, silu, dx);
 }
 
-static int check(const char *fn, int64_t m, int c, int ld, ptl_act act)
-{
-    if (m <= 0 || c <= 0)
-        return ptl_set_error(PTL_ERR_VALUE, "%s: empty input (m=%lld rows, c=%d channels)", fn, (long long)m, c);
-    if (act != PTL_ACT_NONE && act != PTL_ACT_SILU)
-        return ptl_set_error(PTL_ERR_VALUE, "%s: unknown activation %d", fn, (int)act);
-    if (ld < c)
-        return ptl_set_error(PTL_ERR_VALUE, "%s: rows of %d elements hold no %d channels", fn, ld, c);
-    return 0;
-}
-
 extern "C" size_t ptl_batchnorm_cuda_scratch_bytes(int64_t m, int c)
 {
     if (m <= 0 || c <= 0)
@@ -321,7 +310,7 @@ extern "C" int ptl_batchnorm_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64
 {
     bn_call k = {ctx, dt, m, c, ld, training, act == PTL_ACT_SILU, x, NULL, gamma, beta, running_mean, running_var,
                  save_mean, save_invstd, y, NULL, NULL, NULL};
-    if (check("batchnorm_forward_cuda", m, c, ld, act))
+    if (ptl_batchnorm_check("batchnorm_forward_cuda", m, c, ld, act))
         return -1;
     if (training && ptl_layers_cuda_scratch(ctx, ptl_batchnorm_cuda_scratch_bytes(m, c), &k.scratch))
         return -1;
@@ -335,7 +324,7 @@ extern "C" int ptl_batchnorm_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int6
 {
     bn_call k = {ctx, dt, m, c, ld, training, act == PTL_ACT_SILU, x, dy, gamma, beta, NULL, NULL,
                  (void *)save_mean, (void *)save_invstd, dx, dgamma, dbeta, NULL};
-    if (check("batchnorm_backward_cuda", m, c, ld, act))
+    if (ptl_batchnorm_check("batchnorm_backward_cuda", m, c, ld, act))
         return -1;
     if (!(training || dgamma || dbeta)) /* one launch: nothing for a graph to save */
         return issue_backward(&k);

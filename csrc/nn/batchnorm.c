@@ -21,18 +21,17 @@ static int check(const char *fn, ptl_dtype dt, int64_t m, int c, int ld, ptl_act
                       ptl_dtype_name(dt));
         return -1;
     }
-    if (m <= 0 || c <= 0) {
-        ptl_set_error(PTL_ERR_VALUE, "%s: empty input (m=%lld rows, c=%d channels)", fn, (long long)m, c);
-        return -1;
-    }
-    if (act != PTL_ACT_NONE && act != PTL_ACT_SILU) {
-        ptl_set_error(PTL_ERR_VALUE, "%s: unknown activation %d", fn, (int)act);
-        return -1;
-    }
-    if (ld < c) {
-        ptl_set_error(PTL_ERR_VALUE, "%s: rows of %d elements hold no %d channels", fn, ld, c);
-        return -1;
-    }
+    return ptl_batchnorm_check(fn, m, c, ld, act);
+}
+
+int ptl_batchnorm_check(const char *fn, int64_t m, int c, int ld, ptl_act act)
+{
+    if (m <= 0 || c <= 0)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: empty input (m=%lld rows, c=%d channels)", fn, (long long)m, c);
+    if (act != PTL_ACT_NONE && act != PTL_ACT_SILU)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: unknown activation %d", fn, (int)act);
+    if (ld < c)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: rows of %d elements hold no %d channels", fn, ld, c);
     return 0;
 }
 

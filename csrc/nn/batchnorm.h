@@ -25,6 +25,10 @@ extern "C" {
 #define PTL_BN_EPS 1e-3
 #define PTL_BN_MOMENTUM 0.03
 
+/* The arguments every backend's BatchNorm checks: m rows of c channels (both positive), rows ld >= c apart,
+ * act NONE or SILU; -1 after ptl_set_error naming fn otherwise. */
+int ptl_batchnorm_check(const char *fn, int64_t m, int c, int ld, ptl_act act);
+
 /* y = act(gamma*(x - mean)*invstd + beta). In training mode running_mean/running_var are updated.
  * y must not alias x when the backward will be run (the backward reads x). y's rows are ld >= c elements
  * apart (x's c): c channels of a wider tensor, such as a Concat built in place. */
