@@ -13,7 +13,10 @@
 
 #define R (PTL_MAXPOOL_K / 2)
 
-/* pixels of x (and dx) are ldx elements apart, of y (and dy) ldy */
+__device__ __forceinline__ int clampi(int i, int n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
+
+/* pixels of x (and dx) are ldx elements apart, of y (and dy) ldy. Cells outside the image are read at a
+ * clamped position and not taken, so the window's 25 loads are issued at once instead of one by one. */
 template <typename T>
 __global__ void maxpool_fwd_kernel(int64_t total, int h, int w, int c, const T *x, int ldx, T *y, int ldy)
 {
@@ -23,16 +26,19 @@ __global__ void maxpool_fwd_kernel(int64_t total, int h, int w, int c, const T *
         const int ch = (int)(i % c);
         const int64_t pix = i / c;
         const int ox = (int)(pix % w), oy = (int)((pix / w) % h);
-        const int64_t b = pix / ((int64_t)w * h);
-        const int y0 = oy - R < 0 ? 0 : oy - R, y1 = oy + R >= h ? h - 1 : oy + R;
-        const int x0 = ox - R < 0 ? 0 : ox - R, x1 = ox + R >= w ? w - 1 : ox + R;
+        const T *xb = x + pix / ((int64_t)w * h) * h * w * ldx + ch;
         float best = -INFINITY;
-        for (int iy = y0; iy <= y1; iy++)
-            for (int ix = x0; ix <= x1; ix++) {
-                const float v = ptl_ld(x + ((b * h + iy) * w + ix) * ldx + ch);
-                if (v > best || v != v)
+#pragma unroll
+        for (int a = 0; a < PTL_MAXPOOL_K; a++) {
+            const int iy = oy - R + a;
+#pragma unroll
+            for (int q = 0; q < PTL_MAXPOOL_K; q++) {
+                const int ix = ox - R + q;
+                const float v = ptl_ld(xb + ((int64_t)clampi(iy, h) * w + clampi(ix, w)) * ldx);
+                if (iy >= 0 && iy < h && ix >= 0 && ix < w && (v > best || v != v))
                     best = v;
             }
+        }
         ptl_st(y + pix * ldy + ch, best);
     }
 }
@@ -79,11 +85,16 @@ __global__ void maxpool_bwd_kernel(int h, int w, int c, const T *x, int ldx, con
             const int iy = ty0 - 2 * R + e / HALO, ox = tx0 - R + e % HALO;
             if (iy < 0 || iy >= h || ox < 0 || ox >= w)
                 continue;
-            const int x0 = ox - R < 0 ? 0 : ox - R, x1 = ox + R >= w ? w - 1 : ox + R;
+            float v[PTL_MAXPOOL_K];
+#pragma unroll
+            for (int q = 0; q < PTL_MAXPOOL_K; q++)
+                v[q] = ptl_ld(xb + ((int64_t)iy * w + clampi(ox - R + q, w)) * ldx + ch);
             float best = -INFINITY;
             int at = -1;
-            for (int ix = x0; ix <= x1; ix++)
-                argmax_step(ptl_ld(xb + ((int64_t)iy * w + ix) * ldx + ch), ix, &best, &at);
+#pragma unroll
+            for (int q = 0; q < PTL_MAXPOOL_K; q++)
+                if (ox - R + q >= 0 && ox - R + q < w)
+                    argmax_step(v[q], ox - R + q, &best, &at);
             rowv[e][tx] = best;
             rowx[e][tx] = (unsigned char)(at - (ox - R));
         }
@@ -111,12 +122,20 @@ __global__ void maxpool_bwd_kernel(int h, int w, int c, const T *x, int ldx, con
             continue;
         const int64_t i = ((int64_t)iy * w + ix) * ldx + ch;
         float s = accumulate ? ptl_ld(dxb + i) : 0.0f;
-        const int y0 = iy - R < 0 ? 0 : iy - R, y1 = iy + R >= h ? h - 1 : iy + R;
-        const int x0 = ix - R < 0 ? 0 : ix - R, x1 = ix + R >= w ? w - 1 : ix + R;
-        for (int oy = y0; oy <= y1; oy++)
-            for (int ox = x0; ox <= x1; ox++)
-                if (arg[(oy - ty0 + R) * HALO + (ox - tx0 + R)][tx] == (iy - oy + R) * PTL_MAXPOOL_K + (ix - ox + R))
-                    s += ptl_ld(dyb + ((int64_t)oy * w + ox) * ldy + ch);
+        /* the 25 outputs in scan order; each is loaded (at a clamped position) and taken only if it picked
+         * this input, so the loads do not wait on the matches */
+#pragma unroll
+        for (int a = 0; a < PTL_MAXPOOL_K; a++) {
+            const int oy = iy - R + a;
+#pragma unroll
+            for (int q = 0; q < PTL_MAXPOOL_K; q++) {
+                const int ox = ix - R + q;
+                const float g = ptl_ld(dyb + ((int64_t)clampi(oy, h) * w + clampi(ox, w)) * ldy + ch);
+                const int cell = (PTL_MAXPOOL_K - 1 - a) * PTL_MAXPOOL_K + (PTL_MAXPOOL_K - 1 - q);
+                if (oy >= 0 && oy < h && ox >= 0 && ox < w && arg[(oy - ty0 + R) * HALO + (ox - tx0 + R)][tx] == cell)
+                    s += g;
+            }
+        }
         ptl_st(dxb + i, s);
     }
 }
