@@ -24,7 +24,7 @@
 #include "launch.cuh"
 
 #define OBJ_THREADS 256
-#define OBJ_SEL_THREADS 128
+#define OBJ_SEL_THREADS 512 /* a box covering the image has ~A candidates: 16 per thread */
 #define OBJ_NB 1024 /* blocks of the grid-stride kernels = length of the partial-sum arrays */
 #define OBJ_KMAX PTL_OBJ_TOPK_O2M
 
@@ -360,17 +360,19 @@ __global__ void __launch_bounds__(OBJ_THREADS) obj_reduce_kernel(ObjBufs w, int 
     }
 }
 
+/* I: the element index's type, 32-bit unsigned where B * A * nc fits (its division is several times cheaper). */
+template <typename I>
 __global__ void __launch_bounds__(OBJ_THREADS)
     obj_cls_kernel(ObjGeom g, ObjBufs w, const void *scores, void *gscores, ptl_dtype dt, double scale,
                    const float *dscale, const double *res)
 {
     ptl_wait_prior();
-    int64_t n = (int64_t)g.B * g.A * g.nc;
+    const I n = (I)g.B * (I)g.A * (I)g.nc;
     float k = (float)(scale * (dscale ? (double)*dscale : 1.0) / res[3]);
     double acc = 0;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t ba = i / g.nc;
-        int c = (int)(i - ba * g.nc);
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+        const I ba = i / (I)g.nc;
+        int c = (int)(i - ba * (I)g.nc);
         int j = w.owner[ba];
         float t = 0;
         if (j >= 0 && w.cls[(ba / g.A) * g.M + j] == c)
@@ -638,8 +640,12 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
             if (nb_cls > OBJ_NB)
                 nb_cls = OBJ_NB;
             double bsc = wt[br] * (double)B * ar->grad_scale;
-            ptl_launch(obj_cls_kernel, nb_cls, OBJ_THREADS, 0, st, g, w, scores, ar->grad_scores[br], ar->dtype,
-                       bsc * ar->gain[1], ar->grad_scale_dev, res);
+            if (ncls <= (int64_t)UINT32_MAX - (int64_t)OBJ_NB * OBJ_THREADS) /* i + the grid's stride fits */
+                ptl_launch(obj_cls_kernel<uint32_t>, nb_cls, OBJ_THREADS, 0, st, g, w, scores, ar->grad_scores[br],
+                           ar->dtype, bsc * ar->gain[1], ar->grad_scale_dev, res);
+            else
+                ptl_launch(obj_cls_kernel<int64_t>, nb_cls, OBJ_THREADS, 0, st, g, w, scores, ar->grad_scores[br],
+                           ar->dtype, bsc * ar->gain[1], ar->grad_scale_dev, res);
             PTL_LAUNCH_CHECK("obj_cls_kernel");
             ptl_launch(obj_box_kernel, nb_anchor, OBJ_THREADS, 0, st, g, w, boxes, ar->grad_boxes[br], ar->dtype,
                        bsc * ar->gain[0], bsc * ar->gain[2], ar->grad_scale_dev, res);
