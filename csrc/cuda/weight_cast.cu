@@ -33,26 +33,45 @@ __global__ void weight_grad_kernel(const ptl_wcast_entry *tab, int n, int64_t to
     }
 }
 
-template <typename T>
-__global__ void head_out_kernel(int64_t total, int64_t hw, int C, int64_t A, int64_t a0, const T *map, float *out)
+/* I: uint32_t where the map and the output have fewer than 2^32 elements (head_narrow), else int64_t. */
+template <typename I>
+__device__ __forceinline__ I head_index(I i, I hw, int C, I A, I a0);
+template <>
+__device__ __forceinline__ uint32_t head_index(uint32_t i, uint32_t hw, int C, uint32_t A, uint32_t a0)
+{
+    return ptl_net_head_index32(i, hw, C, A, a0);
+}
+template <>
+__device__ __forceinline__ int64_t head_index(int64_t i, int64_t hw, int C, int64_t A, int64_t a0)
+{
+    return ptl_net_head_index(i, hw, C, A, a0);
+}
+
+template <typename T, typename I>
+__global__ void head_out_kernel(I total, I hw, int C, I A, I a0, const T *map, float *out)
 {
     ptl_wait_prior();
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        out[ptl_net_head_index(i, hw, C, A, a0)] = ptl_ld(map + i);
+    const I stride = (I)gridDim.x * blockDim.x;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride)
+        out[head_index<I>(i, hw, C, A, a0)] = ptl_ld(map + i);
+}
+
+template <typename T, typename I>
+__global__ void head_grad_kernel(I total, I hw, int C, I A, I a0, const float *d_out, T *gmap, int accumulate)
+{
+    ptl_wait_prior();
+    const I stride = (I)gridDim.x * blockDim.x;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const float d = d_out[head_index<I>(i, hw, C, A, a0)];
+        ptl_st(gmap + i, accumulate ? ptl_ld(gmap + i) + d : d);
     }
 }
 
-template <typename T>
-__global__ void head_grad_kernel(int64_t total, int64_t hw, int C, int64_t A, int64_t a0, const float *d_out, T *gmap,
-                                 int accumulate)
+/* 32-bit indices: the map's elements and the output's, with the grid's stride on top, below 2^32. */
+static int head_narrow(int B, int64_t hw, int C, int64_t A)
 {
-    ptl_wait_prior();
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        const float d = d_out[ptl_net_head_index(i, hw, C, A, a0)];
-        ptl_st(gmap + i, accumulate ? ptl_ld(gmap + i) + d : d);
-    }
+    const int64_t room = (int64_t)UINT32_MAX - (int64_t)ptl_grid_for(INT64_MAX, NET_THREADS) * NET_THREADS;
+    return (int64_t)B * hw * C < room && (int64_t)B * A * C < room;
 }
 
 extern "C" int ptl_net_weight_cast_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n,
@@ -92,9 +111,15 @@ extern "C" int ptl_net_head_out_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int B, int
     const int64_t total = (int64_t)B * hw * C;
     if (total <= 0)
         return 0;
-    PTL_LAYER_DISPATCH("network head output", dt,
-                       ptl_launch(head_out_kernel<T>, ptl_grid_for(total, NET_THREADS), NET_THREADS, 0, stream, total,
-                                  hw, C, A, a0, (const T *)map, (float *)out));
+    if (head_narrow(B, hw, C, A))
+        PTL_LAYER_DISPATCH("network head output", dt,
+                           ptl_launch(head_out_kernel<T, uint32_t>, ptl_grid_for(total, NET_THREADS), NET_THREADS, 0,
+                                      stream, (uint32_t)total, (uint32_t)hw, C, (uint32_t)A, (uint32_t)a0,
+                                      (const T *)map, (float *)out));
+    else
+        PTL_LAYER_DISPATCH("network head output", dt,
+                           ptl_launch(head_out_kernel<T, int64_t>, ptl_grid_for(total, NET_THREADS), NET_THREADS, 0,
+                                      stream, total, hw, C, A, a0, (const T *)map, (float *)out));
     PTL_LAUNCH_CHECK("head_out_kernel");
     return 0;
 fail:
@@ -108,9 +133,15 @@ extern "C" int ptl_net_head_grad_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int B, in
     const int64_t total = (int64_t)B * hw * C;
     if (total <= 0)
         return 0;
-    PTL_LAYER_DISPATCH("network head gradient", dt,
-                       ptl_launch(head_grad_kernel<T>, ptl_grid_for(total, NET_THREADS), NET_THREADS, 0, stream, total,
-                                  hw, C, A, a0, (const float *)d_out, (T *)gmap, accumulate));
+    if (head_narrow(B, hw, C, A))
+        PTL_LAYER_DISPATCH("network head gradient", dt,
+                           ptl_launch(head_grad_kernel<T, uint32_t>, ptl_grid_for(total, NET_THREADS), NET_THREADS, 0,
+                                      stream, (uint32_t)total, (uint32_t)hw, C, (uint32_t)A, (uint32_t)a0,
+                                      (const float *)d_out, (T *)gmap, accumulate));
+    else
+        PTL_LAYER_DISPATCH("network head gradient", dt,
+                           ptl_launch(head_grad_kernel<T, int64_t>, ptl_grid_for(total, NET_THREADS), NET_THREADS, 0,
+                                      stream, total, hw, C, A, a0, (const float *)d_out, (T *)gmap, accumulate));
     PTL_LAUNCH_CHECK("head_grad_kernel");
     return 0;
 fail:

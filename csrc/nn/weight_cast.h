@@ -53,12 +53,17 @@ PTL_HD int64_t ptl_wcast_src(const ptl_wcast_entry *e, int64_t j)
     return e->src + ((co * cin_g + ci) * k + kh) * k + kw;
 }
 
-/* Index in the (B, A, C) head output of element i of a level's (B, hw, C) map at anchor offset a0. */
-PTL_HD int64_t ptl_net_head_index(int64_t i, int64_t hw, int C, int64_t A, int64_t a0)
-{
-    const int64_t row = i / C, b = row / hw;
-    return (b * A + a0 + (row - b * hw)) * C + (i - row * C);
-}
+/* Index in the (B, A, C) head output of element i of a level's (B, hw, C) map at anchor offset a0; the
+ * 32-bit version for the CUDA kernels where the map and the output have fewer than 2^32 elements (its two
+ * divisions per element are several times cheaper). */
+#define PTL_NET_HEAD_INDEX(name, I)                                                                            \
+    PTL_HD I name(I i, I hw, int C, I A, I a0)                                                                 \
+    {                                                                                                          \
+        const I row = i / (I)C, b = row / hw;                                                                  \
+        return (b * A + a0 + (row - b * hw)) * (I)C + (i - row * (I)C);                                        \
+    }
+PTL_NET_HEAD_INDEX(ptl_net_head_index, int64_t)
+PTL_NET_HEAD_INDEX(ptl_net_head_index32, uint32_t)
 
 /* wc[OHWI] = params[OIHW] for every record (CPU: float32 or float64 in and out). */
 int ptl_net_weight_cast(ptl_dtype dt, const ptl_wcast_entry *tab, int n, const void *params, void *wc);
