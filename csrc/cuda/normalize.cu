@@ -5,20 +5,49 @@
 #include "device.h"
 #include "launch.cuh"
 
+/* Element i of dst: src[i] / 255 in float32 (KIND 0), bfloat16 (1) or float16 (2), rounded to nearest even. */
 template <int KIND>
-__global__ void normalize_u8_kernel(const uint8_t *__restrict__ src, void *__restrict__ dst, int64_t n)
+__device__ __forceinline__ void normalize_to(const float x, void *dst, int64_t i)
+{
+    if (KIND == 0)
+        ((float *)dst)[i] = x;
+    else if (KIND == 1)
+        ((uint16_t *)dst)[i] = ptl_f32_to_bf16_bits(ptl_f32_to_bits(x));
+    else
+        ((uint16_t *)dst)[i] = ptl_f32_to_f16_bits(ptl_f32_to_bits(x));
+}
+
+/* Sixteen bytes per thread where src and dst are 16-byte aligned (vec: a batch's images are), so a warp
+ * reads 512 bytes at once instead of 32; the last n % 16 (or all, without vec) one by one. */
+template <int KIND>
+__global__ void normalize_u8_kernel(const uint8_t *__restrict__ src, void *__restrict__ dst, int64_t n, int vec)
 {
     ptl_wait_prior();
-    int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float x = (float)src[i] / 255.0f;
-        if (KIND == 0)
-            ((float *)dst)[i] = x;
-        else if (KIND == 1)
-            ((uint16_t *)dst)[i] = ptl_f32_to_bf16_bits(ptl_f32_to_bits(x));
-        else
-            ((uint16_t *)dst)[i] = ptl_f32_to_f16_bits(ptl_f32_to_bits(x));
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t nv = vec ? n / 16 : 0;
+    for (int64_t v = tid; v < nv; v += stride) {
+        const uint4 pack = reinterpret_cast<const uint4 *>(src)[v];
+        const uint8_t *b = reinterpret_cast<const uint8_t *>(&pack);
+        if (KIND == 0) {
+            __align__(16) float o[16];
+#pragma unroll
+            for (int k = 0; k < 16; k++)
+                normalize_to<KIND>((float)b[k] / 255.0f, o, k);
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                reinterpret_cast<uint4 *>(dst)[4 * v + q] = reinterpret_cast<const uint4 *>(o)[q];
+        } else {
+            __align__(16) uint16_t o[16];
+#pragma unroll
+            for (int k = 0; k < 16; k++)
+                normalize_to<KIND>((float)b[k] / 255.0f, o, k);
+#pragma unroll
+            for (int q = 0; q < 2; q++)
+                reinterpret_cast<uint4 *>(dst)[2 * v + q] = reinterpret_cast<const uint4 *>(o)[q];
+        }
     }
+    for (int64_t i = nv * 16 + tid; i < n; i += stride)
+        normalize_to<KIND>((float)src[i] / 255.0f, dst, i);
 }
 
 extern "C" int ptl_normalize_u8_cuda(const uint8_t *src, void *dst, ptl_dtype dt, int64_t n, void *stream)
@@ -26,18 +55,19 @@ extern "C" int ptl_normalize_u8_cuda(const uint8_t *src, void *dst, ptl_dtype dt
     cudaStream_t st = (cudaStream_t)stream;
     if (n <= 0)
         return 0;
+    const int vec = (((uintptr_t)src | (uintptr_t)dst) & 15) == 0;
     int threads = 256;
-    int64_t want = (n + threads - 1) / threads;
+    int64_t want = ((vec ? (n + 15) / 16 : n) + threads - 1) / threads;
     int blocks = (int)(want < 65535 * 4 ? want : 65535 * 4);
     switch (dt) {
     case PTL_FLOAT32:
-        ptl_launch(normalize_u8_kernel<0>, blocks, threads, 0, st, src, dst, n);
+        ptl_launch(normalize_u8_kernel<0>, blocks, threads, 0, st, src, dst, n, vec);
         break;
     case PTL_BFLOAT16:
-        ptl_launch(normalize_u8_kernel<1>, blocks, threads, 0, st, src, dst, n);
+        ptl_launch(normalize_u8_kernel<1>, blocks, threads, 0, st, src, dst, n, vec);
         break;
     case PTL_FLOAT16:
-        ptl_launch(normalize_u8_kernel<2>, blocks, threads, 0, st, src, dst, n);
+        ptl_launch(normalize_u8_kernel<2>, blocks, threads, 0, st, src, dst, n, vec);
         break;
     default:
         return ptl_set_error(PTL_ERR_TYPE, "normalize: output dtype must be float32, bfloat16 or float16, got %s",
