@@ -414,9 +414,10 @@ def test_silu_forward_backward(dt):
 
 
 @pytest.mark.parametrize("dt", DTYPES)
-def test_add_and_accumulate(dt):
+@pytest.mark.parametrize("shape", [(5, 333), (4, 64)])  # one element a thread; 16-byte packs
+def test_add_and_accumulate(dt, shape):
     rng = np.random.default_rng(10)
-    a, b = rounded(rng.standard_normal((5, 333)), dt), rounded(rng.standard_normal((5, 333)), dt)
+    a, b = rounded(rng.standard_normal(shape), dt), rounded(rng.standard_normal(shape), dt)
     y = C.layer_add(gpu(a, dt), gpu(b, dt))
     acc = gpu(b, dt)
     C.layer_accumulate(gpu(a, dt), acc)
