@@ -67,11 +67,10 @@ __global__ void head_grad_kernel(I total, I hw, int C, I A, I a0, const float *d
     }
 }
 
-/* 32-bit indices: the map's elements and the output's, with the grid's stride on top, below 2^32. */
+/* 32-bit indices (ptl_net_head_fits32) with the grid's largest stride on top. */
 static int head_narrow(int B, int64_t hw, int C, int64_t A)
 {
-    const int64_t room = (int64_t)UINT32_MAX - (int64_t)ptl_grid_for(INT64_MAX, NET_THREADS) * NET_THREADS;
-    return (int64_t)B * hw * C < room && (int64_t)B * A * C < room;
+    return ptl_net_head_fits32(B, hw, C, A, (int64_t)ptl_grid_for(INT64_MAX, NET_THREADS) * NET_THREADS);
 }
 
 extern "C" int ptl_net_weight_cast_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n,

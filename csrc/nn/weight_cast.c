@@ -84,12 +84,31 @@ int ptl_net_wcast_check(const ptl_wcast_entry *tab, int n, int64_t total)
                                           (long long)i, (long long)total);
 }
 
-#define HEAD_OUT(T)                                                                                      \
+/* The head copies for element type T and index type I: the 32-bit one where ptl_net_head_fits32, as the CUDA
+ * copies choose, so that these run the index arithmetic CUDA runs. */
+#define HEAD_OUT(T, I, index)                                                                            \
     do {                                                                                                 \
-        const T *src = map;                                                                              \
-        T *dst = out;                                                                                    \
-        for (int64_t i = 0; i < total; i++)                                                              \
-            dst[ptl_net_head_index(i, hw, C, A, a0)] = src[i];                                           \
+        for (I i = 0; i < (I)total; i++)                                                                 \
+            ((T *)out)[index(i, (I)hw, C, (I)A, (I)a0)] = ((const T *)map)[i];                           \
+    } while (0)
+#define HEAD_GRAD(T, I, index)                                                                           \
+    do {                                                                                                 \
+        for (I i = 0; i < (I)total; i++) {                                                               \
+            const T v = ((const T *)d_out)[index(i, (I)hw, C, (I)A, (I)a0)];                             \
+            ((T *)gmap)[i] = accumulate ? ((T *)gmap)[i] + v : v;                                        \
+        }                                                                                                \
+    } while (0)
+#define HEAD_TYPES(copy)                                                                                 \
+    do {                                                                                                 \
+        const int narrow_ = ptl_net_head_fits32(B, hw, C, A, 0);                                         \
+        if (dt == PTL_FLOAT32 && narrow_)                                                                \
+            copy(float, uint32_t, ptl_net_head_index32);                                                 \
+        else if (dt == PTL_FLOAT32)                                                                      \
+            copy(float, int64_t, ptl_net_head_index);                                                    \
+        else if (narrow_)                                                                                \
+            copy(double, uint32_t, ptl_net_head_index32);                                                \
+        else                                                                                             \
+            copy(double, int64_t, ptl_net_head_index);                                                   \
     } while (0)
 
 int ptl_net_head_out(ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0, const void *map, void *out)
@@ -97,22 +116,9 @@ int ptl_net_head_out(ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t 
     if (check_dt("net_head_out", dt))
         return -1;
     const int64_t total = (int64_t)B * hw * C;
-    if (dt == PTL_FLOAT32)
-        HEAD_OUT(float);
-    else
-        HEAD_OUT(double);
+    HEAD_TYPES(HEAD_OUT);
     return 0;
 }
-
-#define HEAD_GRAD(T)                                                                                     \
-    do {                                                                                                 \
-        const T *d = d_out;                                                                              \
-        T *g = gmap;                                                                                     \
-        for (int64_t i = 0; i < total; i++) {                                                            \
-            const T v = d[ptl_net_head_index(i, hw, C, A, a0)];                                          \
-            g[i] = accumulate ? g[i] + v : v;                                                            \
-        }                                                                                                \
-    } while (0)
 
 int ptl_net_head_grad(ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0, const void *d_out, void *gmap,
                       int accumulate)
@@ -120,9 +126,6 @@ int ptl_net_head_grad(ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t
     if (check_dt("net_head_grad", dt))
         return -1;
     const int64_t total = (int64_t)B * hw * C;
-    if (dt == PTL_FLOAT32)
-        HEAD_GRAD(float);
-    else
-        HEAD_GRAD(double);
+    HEAD_TYPES(HEAD_GRAD);
     return 0;
 }

@@ -65,6 +65,13 @@ PTL_HD int64_t ptl_wcast_src(const ptl_wcast_entry *e, int64_t j)
 PTL_NET_HEAD_INDEX(ptl_net_head_index, int64_t)
 PTL_NET_HEAD_INDEX(ptl_net_head_index32, uint32_t)
 
+/* Whether the 32-bit version serves a copy: the map's and the output's elements, plus `slack` (a CUDA grid's
+ * stride), below 2^32. The CPU copies choose the same way, so they run the index arithmetic CUDA runs. */
+PTL_HD int ptl_net_head_fits32(int B, int64_t hw, int C, int64_t A, int64_t slack)
+{
+    return (int64_t)B * hw * C + slack <= (int64_t)UINT32_MAX && (int64_t)B * A * C + slack <= (int64_t)UINT32_MAX;
+}
+
 /* wc[OHWI] = params[OIHW] for every record (CPU: float32 or float64 in and out). */
 int ptl_net_weight_cast(ptl_dtype dt, const ptl_wcast_entry *tab, int n, const void *params, void *wc);
 /* grads[OIHW] += wgc[OHWI] for every record. */
