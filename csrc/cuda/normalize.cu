@@ -1,5 +1,6 @@
 /* CUDA version of the image normalisation (CPU reference: csrc/data/normalize.c). */
 #include <cuda_runtime.h>
+#include <type_traits>
 
 #include "../data/normalize.h"
 #include "device.h"
@@ -28,23 +29,15 @@ __global__ void normalize_u8_kernel(const uint8_t *__restrict__ src, void *__res
     for (int64_t v = tid; v < nv; v += stride) {
         const uint4 pack = reinterpret_cast<const uint4 *>(src)[v];
         const uint8_t *b = reinterpret_cast<const uint8_t *>(&pack);
-        if (KIND == 0) {
-            __align__(16) float o[16];
+        typedef typename std::conditional<KIND == 0, float, uint16_t>::type O;
+        constexpr int packs = 16 * sizeof(O) / sizeof(uint4);
+        __align__(16) O o[16];
 #pragma unroll
-            for (int k = 0; k < 16; k++)
-                normalize_to<KIND>((float)b[k] / 255.0f, o, k);
+        for (int k = 0; k < 16; k++)
+            normalize_to<KIND>((float)b[k] / 255.0f, o, k);
 #pragma unroll
-            for (int q = 0; q < 4; q++)
-                reinterpret_cast<uint4 *>(dst)[4 * v + q] = reinterpret_cast<const uint4 *>(o)[q];
-        } else {
-            __align__(16) uint16_t o[16];
-#pragma unroll
-            for (int k = 0; k < 16; k++)
-                normalize_to<KIND>((float)b[k] / 255.0f, o, k);
-#pragma unroll
-            for (int q = 0; q < 2; q++)
-                reinterpret_cast<uint4 *>(dst)[2 * v + q] = reinterpret_cast<const uint4 *>(o)[q];
-        }
+        for (int q = 0; q < packs; q++)
+            reinterpret_cast<uint4 *>(dst)[packs * v + q] = reinterpret_cast<const uint4 *>(o)[q];
     }
     for (int64_t i = nv * 16 + tid; i < n; i += stride)
         normalize_to<KIND>((float)src[i] / 255.0f, dst, i);
