@@ -1,11 +1,12 @@
-"""Times the cuDNN convolutions (forward, backward data, backward filter) and the fused BatchNorm+SiLU
-kernels at yolo26n shapes, 640x640, batch 4, on the GPU.
+"""Times the cuDNN convolutions (forward, backward data, backward filter), the fused BatchNorm+SiLU
+kernels and SPPF's 5x5 max-pool at yolo26n shapes, 640x640, batch 4, on the GPU.
 
 Each figure is the median (and min) over --samples wall-clock samples taken after --warmup calls; a
 sample runs the call --inner times back to back and ends with ptl.cuda.synchronize(), and the figure
 is per call. No CUDA events are used.
 
     python benchmarks/layers_cuda.py [--dtype bfloat16] [--batch 4] [--size 640] [--find] [--nondet]
+                                     [--layers conv,bn,maxpool]
 """
 import argparse
 import os
@@ -36,6 +37,8 @@ CONVS = [
     ("head P3 cls 80->80 k1", 8, 80, 80, 1, 1, 1),
 ]
 
+# SPPF's max-pools: input size divisor, channels
+MAXPOOLS = [("SPPF P5 (20x20x128)", 32, 128)]
 BNS = [("P1 (320x320x16)", 2, 16), ("P2 (160x160x32)", 4, 32), ("P3 (80x80x64)", 8, 64), ("P5 (20x20x256)", 32, 256)]
 
 
@@ -63,7 +66,11 @@ def main():
     ap.add_argument("--inner", type=int, default=10)
     ap.add_argument("--find", action="store_true", help="choose algorithms by timing the candidates at plan time")
     ap.add_argument("--nondet", action="store_true", help="allow non-deterministic backward algorithms")
+    ap.add_argument("--layers", default="conv,bn,maxpool", help="comma-separated: which of conv, bn, maxpool to time")
     a = ap.parse_args()
+    layers = set(a.layers.split(","))
+    if not layers <= {"conv", "bn", "maxpool"}:
+        ap.error("--layers: unknown %s (choose among conv, bn, maxpool)" % ", ".join(sorted(layers - {"conv", "bn", "maxpool"})))
     dt, n = a.dtype, a.batch
     rng = np.random.default_rng(0)
     print("device: %s, dtype %s, batch %d, %dx%d, median/min of %d samples x %d calls, microseconds per call"
@@ -71,6 +78,16 @@ def main():
     tiny = ptl.zeros((1,), dt, "cuda")
     t = timeit(lambda: C.layer_accumulate(tiny, tiny), a.warmup, a.samples, a.inner)
     print("floor (binding + one empty kernel launch): %.1f us per call" % (t[0] * 1e6))
+    if "conv" in layers:
+        time_convs(a, rng)
+    if "bn" in layers:
+        time_batchnorms(a, rng)
+    if "maxpool" in layers:
+        time_maxpools(a, rng)
+
+
+def time_convs(a, rng):
+    dt, n = a.dtype, a.batch
     print("%-26s %8s %8s %8s %8s %8s %8s  %-10s %s" % ("conv", "fwd", "min", "bwd_d", "min", "bwd_f", "min",
                                                       "algos", "workspace"))
     total = [0.0, 0.0, 0.0]
@@ -98,6 +115,10 @@ def main():
     print("%-26s %8.1f %8s %8.1f %8s %8.1f" % ("sum of medians", total[0] * 1e6, "", total[1] * 1e6, "",
                                               total[2] * 1e6))
     print()
+
+
+def time_batchnorms(a, rng):
+    dt, n = a.dtype, a.batch
     print("%-26s %8s %8s %8s %8s" % ("batchnorm+silu (train)", "fwd", "min", "bwd", "min"))
     for name, div, c in BNS:
         hw = a.size // div
@@ -114,6 +135,22 @@ def main():
                    a.inner)
         b = timeit(lambda: C.layer_batchnorm_backward(x, dy, ones, zeros, sm, si, True, "silu", dx, dg, db),
                    a.warmup, a.samples, a.inner)
+        print("%-26s %8.1f %8.1f %8.1f %8.1f" % (name, f[0] * 1e6, f[1] * 1e6, b[0] * 1e6, b[1] * 1e6))
+    print()
+
+
+def time_maxpools(a, rng):
+    dt, n = a.dtype, a.batch
+    print("%-26s %8s %8s %8s %8s" % ("maxpool 5x5 (SPPF)", "fwd", "min", "bwd", "min"))
+    for name, div, c in MAXPOOLS:
+        hw = a.size // div
+        x = ptl.tensor(rng.standard_normal((n, hw, hw, c), dtype=np.float32), device="cuda").to(dtype=dt)
+        dy = ptl.tensor(rng.standard_normal((n, hw, hw, c), dtype=np.float32), device="cuda").to(dtype=dt)
+        dx = ptl.zeros((n, hw, hw, c), dt, "cuda")
+        # as in the forward of BatchNorm above, the binding allocates its output
+        f = timeit(lambda: C.layer_maxpool5_forward(x), a.warmup, a.samples, a.inner)
+        # accumulating, as SPPF's backward does into the gradient of the pool before
+        b = timeit(lambda: C.layer_maxpool5_backward(x, dy, dx, True), a.warmup, a.samples, a.inner)
         print("%-26s %8.1f %8.1f %8.1f %8.1f" % (name, f[0] * 1e6, f[1] * 1e6, b[0] * 1e6, b[1] * 1e6))
 
 
