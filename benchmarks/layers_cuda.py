@@ -37,6 +37,7 @@ CONVS = [
     ("head P3 cls 80->80 k1", 8, 80, 80, 1, 1, 1),
 ]
 
+LAYER_KINDS = {"conv", "bn", "maxpool"}
 # SPPF's max-pools: input size divisor, channels
 MAXPOOLS = [("SPPF P5 (20x20x128)", 32, 128)]
 BNS = [("P1 (320x320x16)", 2, 16), ("P2 (160x160x32)", 4, 32), ("P3 (80x80x64)", 8, 64), ("P5 (20x20x256)", 32, 256)]
@@ -69,8 +70,9 @@ def main():
     ap.add_argument("--layers", default="conv,bn,maxpool", help="comma-separated: which of conv, bn, maxpool to time")
     a = ap.parse_args()
     layers = set(a.layers.split(","))
-    if not layers <= {"conv", "bn", "maxpool"}:
-        ap.error("--layers: unknown %s (choose among conv, bn, maxpool)" % ", ".join(sorted(layers - {"conv", "bn", "maxpool"})))
+    if not layers <= LAYER_KINDS:
+        ap.error("--layers: unknown %s (choose among %s)" % (", ".join(sorted(layers - LAYER_KINDS)),
+                                                             ", ".join(sorted(LAYER_KINDS))))
     dt, n = a.dtype, a.batch
     rng = np.random.default_rng(0)
     print("device: %s, dtype %s, batch %d, %dx%d, median/min of %d samples x %d calls, microseconds per call"
@@ -81,9 +83,13 @@ def main():
     if "conv" in layers:
         time_convs(a, rng)
     if "bn" in layers:
-        time_batchnorms(a, rng)
+        time_fwd_bwd(a, rng, "batchnorm+silu (train)", BNS, batchnorm_calls)
     if "maxpool" in layers:
-        time_maxpools(a, rng)
+        time_fwd_bwd(a, rng, "maxpool 5x5 (SPPF)", MAXPOOLS, maxpool_calls)
+
+
+def device_normal(rng, shape, dt):
+    return ptl.tensor(rng.standard_normal(shape, dtype=np.float32), device="cuda").to(dtype=dt)
 
 
 def time_convs(a, rng):
@@ -93,14 +99,14 @@ def time_convs(a, rng):
     total = [0.0, 0.0, 0.0]
     for name, div, cin, cout, k, s, g in CONVS:
         hw = a.size // div
-        x = ptl.tensor(rng.standard_normal((n, hw, hw, cin), dtype=np.float32), device="cuda").to(dtype=dt)
+        x = device_normal(rng, (n, hw, hw, cin), dt)
         w = ptl.tensor(rng.standard_normal((cout, k, k, cin // g), dtype=np.float32) * 0.1,
                        device="cuda").to(dtype=dt)
         plan = C.layer_conv2d_plan(x, w, s, g, deterministic=not a.nondet, find=a.find)
         info = C.layer_cuda_conv2d_plan_info(plan)
         ws = ptl.empty((max(info["workspace"], 1),), "uint8", "cuda")
         y = ptl.empty(info["y_shape"], dt, "cuda")
-        dy = ptl.tensor(rng.standard_normal(info["y_shape"], dtype=np.float32), device="cuda").to(dtype=dt)
+        dy = device_normal(rng, info["y_shape"], dt)
         dx = ptl.empty(tuple(x.shape), dt, "cuda")
         dw = ptl.zeros(tuple(w.shape), dt, "cuda")
         f = timeit(lambda: C.layer_conv2d_forward(plan, x, w, None, y, ws), a.warmup, a.samples, a.inner)
@@ -117,41 +123,38 @@ def time_convs(a, rng):
     print()
 
 
-def time_batchnorms(a, rng):
-    dt, n = a.dtype, a.batch
-    print("%-26s %8s %8s %8s %8s" % ("batchnorm+silu (train)", "fwd", "min", "bwd", "min"))
-    for name, div, c in BNS:
-        hw = a.size // div
-        x = ptl.tensor(rng.standard_normal((n, hw, hw, c), dtype=np.float32), device="cuda").to(dtype=dt)
-        dy = ptl.tensor(rng.standard_normal((n, hw, hw, c), dtype=np.float32), device="cuda").to(dtype=dt)
-        ones = ptl.tensor(np.ones(c, np.float32), device="cuda")
-        zeros = ptl.tensor(np.zeros(c, np.float32), device="cuda")
-        rm, rv = ptl.tensor(np.zeros(c, np.float32), device="cuda"), ptl.tensor(np.ones(c, np.float32), device="cuda")
-        dg, db = ptl.zeros((c,), "float32", "cuda"), ptl.zeros((c,), "float32", "cuda")
-        dx = ptl.empty((n, hw, hw, c), dt, "cuda")
-        _, sm, si = C.layer_batchnorm_forward(x, ones, zeros, rm, rv, True, "silu")
-        # the forward binding allocates its outputs (a test binding): this times kernels plus that allocation
-        f = timeit(lambda: C.layer_batchnorm_forward(x, ones, zeros, rm, rv, True, "silu"), a.warmup, a.samples,
-                   a.inner)
-        b = timeit(lambda: C.layer_batchnorm_backward(x, dy, ones, zeros, sm, si, True, "silu", dx, dg, db),
-                   a.warmup, a.samples, a.inner)
+def time_fwd_bwd(a, rng, title, table, calls):
+    """Each (name, size divisor, channels) of table: the forward and backward calls(x, dy) returns, on random
+    maps of that shape."""
+    print("%-26s %8s %8s %8s %8s" % (title, "fwd", "min", "bwd", "min"))
+    for name, div, c in table:
+        shape = (a.batch, a.size // div, a.size // div, c)
+        x, dy = device_normal(rng, shape, a.dtype), device_normal(rng, shape, a.dtype)
+        fwd, bwd = calls(x, dy)
+        f = timeit(fwd, a.warmup, a.samples, a.inner)
+        b = timeit(bwd, a.warmup, a.samples, a.inner)
         print("%-26s %8.1f %8.1f %8.1f %8.1f" % (name, f[0] * 1e6, f[1] * 1e6, b[0] * 1e6, b[1] * 1e6))
     print()
 
 
-def time_maxpools(a, rng):
-    dt, n = a.dtype, a.batch
-    print("%-26s %8s %8s %8s %8s" % ("maxpool 5x5 (SPPF)", "fwd", "min", "bwd", "min"))
-    for name, div, c in MAXPOOLS:
-        hw = a.size // div
-        x = ptl.tensor(rng.standard_normal((n, hw, hw, c), dtype=np.float32), device="cuda").to(dtype=dt)
-        dy = ptl.tensor(rng.standard_normal((n, hw, hw, c), dtype=np.float32), device="cuda").to(dtype=dt)
-        dx = ptl.zeros((n, hw, hw, c), dt, "cuda")
-        # as in the forward of BatchNorm above, the binding allocates its output
-        f = timeit(lambda: C.layer_maxpool5_forward(x), a.warmup, a.samples, a.inner)
-        # accumulating, as SPPF's backward does into the gradient of the pool before
-        b = timeit(lambda: C.layer_maxpool5_backward(x, dy, dx, True), a.warmup, a.samples, a.inner)
-        print("%-26s %8.1f %8.1f %8.1f %8.1f" % (name, f[0] * 1e6, f[1] * 1e6, b[0] * 1e6, b[1] * 1e6))
+def batchnorm_calls(x, dy):
+    c = x.shape[-1]
+    ones = ptl.tensor(np.ones(c, np.float32), device="cuda")
+    zeros = ptl.tensor(np.zeros(c, np.float32), device="cuda")
+    rm, rv = ptl.tensor(np.zeros(c, np.float32), device="cuda"), ptl.tensor(np.ones(c, np.float32), device="cuda")
+    dg, db = ptl.zeros((c,), "float32", "cuda"), ptl.zeros((c,), "float32", "cuda")
+    dx = ptl.empty(tuple(x.shape), x.dtype, "cuda")
+    _, sm, si = C.layer_batchnorm_forward(x, ones, zeros, rm, rv, True, "silu")
+    # the forward binding allocates its outputs (a test binding): this times kernels plus that allocation
+    return (lambda: C.layer_batchnorm_forward(x, ones, zeros, rm, rv, True, "silu"),
+            lambda: C.layer_batchnorm_backward(x, dy, ones, zeros, sm, si, True, "silu", dx, dg, db))
+
+
+def maxpool_calls(x, dy):
+    dx = ptl.zeros(tuple(x.shape), x.dtype, "cuda")
+    # the forward binding allocates its output, as BatchNorm's; the backward accumulates, as SPPF's do (each
+    # pooled map's gradient also has the Concat's part)
+    return lambda: C.layer_maxpool5_forward(x), lambda: C.layer_maxpool5_backward(x, dy, dx, True)
 
 
 if __name__ == "__main__":
