@@ -651,18 +651,20 @@ __global__ void dw_backward_input_kernel(I groups, ptl_conv2d_desc d, const T *d
     }
 }
 
-template <typename T>
+/* I: the pixel index's type, 32-bit where both activations' sizes fit (its divisions are several times
+ * cheaper than 64-bit ones). */
+template <typename T, typename I>
 struct dw_grad_op {
     static constexpr int K = DW_TAPS;
     const T *x, *dy;
     ptl_conv2d_desc d;
-    __device__ void operator()(int64_t r, int ch, double *acc) const
+    __device__ void operator()(int64_t row, int ch, double *acc) const
     {
-        const int c = d.cout;
-        const int ox = (int)(r % d.wo);
-        const int64_t t = r / d.wo;
-        const int oy = (int)(t % d.ho);
-        const int64_t b = t / d.ho;
+        const I r = (I)row, c = (I)d.cout;
+        const int ox = (int)(r % (I)d.wo);
+        const I t = r / (I)d.wo;
+        const int oy = (int)(t % (I)d.ho);
+        const I b = t / (I)d.ho;
         const double g = (double)ptl_ld(dy + r * c + ch);
         for (int ky = 0; ky < DW_K; ky++) {
             const int iy = oy * d.stride + ky - d.pad;
@@ -671,7 +673,7 @@ struct dw_grad_op {
             for (int kx = 0; kx < DW_K; kx++) {
                 const int ix = ox * d.stride + kx - d.pad;
                 if (ix >= 0 && ix < d.w)
-                    acc[ky * DW_K + kx] += g * (double)ptl_ld(x + ((b * d.h + iy) * d.w + ix) * c + ch);
+                    acc[ky * DW_K + kx] += g * (double)ptl_ld(x + ((b * (I)d.h + iy) * (I)d.w + ix) * c + ch);
             }
         }
     }
@@ -692,13 +694,19 @@ __global__ void dw_grad_finish(int c, int nchunks, const double *part, T *dw)
         ptl_st(dw + item, (float)((double)ptl_ld(dw + item) + s));
 }
 
+/* Whether both activations' element counts fit 32-bit indices. */
+static int dw_int32_ok(const ptl_conv2d_plan *p)
+{
+    return (int64_t)p->d.n * p->d.h * p->d.w * p->d.cin < INT32_MAX &&
+           (int64_t)p->d.n * p->d.ho * p->d.wo * p->d.cout < INT32_MAX;
+}
+
 /* Launches kernel<T, I, V> over `total` elements, V channels per thread (a 16-byte pack when the channel
  * count and the pointers allow it), with 32-bit indices when both activations' sizes fit. */
 #define DW_LAUNCH_V(kernel, p, total, V, ...)                                                                     \
     do {                                                                                                          \
         const int64_t groups_ = (total) / (V);                                                                    \
-        if ((int64_t)(p)->d.n * (p)->d.h * (p)->d.w * (p)->d.cin < INT32_MAX &&                                   \
-            (int64_t)(p)->d.n * (p)->d.ho * (p)->d.wo * (p)->d.cout < INT32_MAX)                                  \
+        if (dw_int32_ok(p))                                                                                       \
             ptl_launch(kernel<T, int, V>, ptl_grid_for(groups_, 256), 256, 0, ctx->stream, (int)groups_,          \
                        __VA_ARGS__);                                                                              \
         else                                                                                                      \
@@ -773,8 +781,12 @@ extern "C" int ptl_conv2d_backward_weight_cuda(ptl_cuda_ctx *ctx, const ptl_conv
         const int c = p->d.cout;
         double *part = (double *)workspace;
         PTL_LAYER_DISPATCH("conv2d_backward_weight_cuda", p->dt, {
-            ptl_colsum_launch(p->dw_geom, rows, c, dw_grad_op<T>{(const T *)x, (const T *)dy, p->d}, part,
-                              ctx->stream);
+            if (dw_int32_ok(p))
+                ptl_colsum_launch(p->dw_geom, rows, c, dw_grad_op<T, int>{(const T *)x, (const T *)dy, p->d}, part,
+                                  ctx->stream);
+            else
+                ptl_colsum_launch(p->dw_geom, rows, c, dw_grad_op<T, int64_t>{(const T *)x, (const T *)dy, p->d},
+                                  part, ctx->stream);
             PTL_LAUNCH_CHECK("dw_grad_partials");
             ptl_launch(dw_grad_finish<T>, ptl_colsum_finish_blocks(c * DW_TAPS), PTL_COLSUM_FINISH_THREADS, 0,
                        ctx->stream, c, p->dw_geom.nchunks, part, (T *)dw);
