@@ -360,27 +360,85 @@ __global__ void __launch_bounds__(OBJ_THREADS) obj_reduce_kernel(ObjBufs w, int 
     }
 }
 
-/* I: the element index's type, 32-bit unsigned where B * A * nc fits (its division is several times cheaper). */
-template <typename I>
+/* V consecutive scores as floats: one 16-byte load per 8 half-width or 4 float32 values when V is 8 (the
+ * caller checks alignment), else element by element. */
+template <int V>
+__device__ __forceinline__ void obj_ld_v(const void *p, ptl_dtype dt, int64_t i, float *x)
+{
+    if (V == 8 && dt != PTL_FLOAT32) {
+        const uint4 u = *reinterpret_cast<const uint4 *>((const uint16_t *)p + i);
+        const uint32_t h[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const uint16_t e = (uint16_t)(h[k / 2] >> (16 * (k % 2)));
+            x[k] = ptl_bits_to_f32(dt == PTL_BFLOAT16 ? ptl_bf16_to_f32_bits(e) : ptl_f16_to_f32_bits(e));
+        }
+    } else if (V == 8) {
+        const float4 u0 = reinterpret_cast<const float4 *>((const float *)p + i)[0];
+        const float4 u1 = reinterpret_cast<const float4 *>((const float *)p + i)[1];
+        const float f[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            x[k] = f[k];
+    } else {
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            x[k] = obj_ld(p, dt, i + k);
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void obj_st_v(void *p, ptl_dtype dt, int64_t i, const float *x)
+{
+    if (V == 8 && dt != PTL_FLOAT32) {
+        uint32_t h[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const uint32_t b = ptl_f32_to_bits(x[k]);
+            h[k / 2] |= (uint32_t)(dt == PTL_BFLOAT16 ? ptl_f32_to_bf16_bits(b) : ptl_f32_to_f16_bits(b))
+                        << (16 * (k % 2));
+        }
+        *reinterpret_cast<uint4 *>((uint16_t *)p + i) = make_uint4(h[0], h[1], h[2], h[3]);
+    } else if (V == 8) {
+        reinterpret_cast<float4 *>((float *)p + i)[0] = make_float4(x[0], x[1], x[2], x[3]);
+        reinterpret_cast<float4 *>((float *)p + i)[1] = make_float4(x[4], x[5], x[6], x[7]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            obj_st(p, dt, i + k, x[k]);
+    }
+}
+
+/* Classification BCE and its gradient, V consecutive classes of one anchor a thread (8 when nc and the
+ * pointers allow 16-byte access: one owner lookup and one division per 8 scores). I: the group index's type,
+ * 32-bit unsigned where B * A * nc fits (its division is several times cheaper). */
+template <typename I, int V>
 __global__ void __launch_bounds__(OBJ_THREADS)
     obj_cls_kernel(ObjGeom g, ObjBufs w, const void *scores, void *gscores, ptl_dtype dt, double scale,
                    const float *dscale, const double *res)
 {
     ptl_wait_prior();
-    const I n = (I)g.B * (I)g.A * (I)g.nc;
+    const I ncv = (I)(g.nc / V);
+    const I n = (I)g.B * (I)g.A * ncv;
     float k = (float)(scale * (dscale ? (double)*dscale : 1.0) / res[3]);
     double acc = 0;
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
-        const I ba = i / (I)g.nc;
-        int c = (int)(i - ba * (I)g.nc);
-        int j = w.owner[ba];
-        float t = 0;
-        if (j >= 0 && w.cls[(ba / g.A) * g.M + j] == c)
-            t = w.nval[ba];
-        float x = obj_ld(scores, dt, i);
-        acc += (double)obj_f_bce(x, t);
+        const I ba = i / ncv;
+        const int c0 = (int)(i - ba * ncv) * V;
+        const int j = w.owner[ba];
+        const int tc = j >= 0 ? w.cls[(ba / g.A) * g.M + j] : -1;
+        const float tv = j >= 0 ? w.nval[ba] : 0.0f;
+        const int64_t e = (int64_t)ba * g.nc + c0;
+        float x[V], gx[V];
+        obj_ld_v<V>(scores, dt, e, x);
+#pragma unroll
+        for (int q = 0; q < V; q++) {
+            const float t = c0 + q == tc ? tv : 0.0f;
+            acc += (double)obj_f_bce(x[q], t);
+            gx[q] = (obj_f_sigmoid(x[q]) - t) * k;
+        }
         if (gscores)
-            obj_st(gscores, dt, i, (obj_f_sigmoid(x) - t) * k);
+            obj_st_v<V>(gscores, dt, e, gx);
     }
     obj_block_sum(acc, &w.part[1 * OBJ_NB + blockIdx.x]);
 }
@@ -636,16 +694,26 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
             ptl_launch(obj_reduce_kernel, 1, OBJ_THREADS, 0, st, w, 3, 4, res);
             PTL_LAUNCH_CHECK("obj_reduce_kernel");
             int64_t ncls = BA * ar->nc;
-            unsigned nb_cls = (unsigned)((ncls + OBJ_THREADS - 1) / OBJ_THREADS);
+            const int v8 = ar->nc % 8 == 0 && (((uintptr_t)scores | (uintptr_t)ar->grad_scores[br]) & 15) == 0;
+            const int64_t ncls_threads = v8 ? ncls / 8 : ncls;
+            unsigned nb_cls = (unsigned)((ncls_threads + OBJ_THREADS - 1) / OBJ_THREADS);
             if (nb_cls > OBJ_NB)
                 nb_cls = OBJ_NB;
             double bsc = wt[br] * (double)B * ar->grad_scale;
-            if (ncls <= (int64_t)UINT32_MAX - (int64_t)OBJ_NB * OBJ_THREADS) /* i + the grid's stride fits */
-                ptl_launch(obj_cls_kernel<uint32_t>, nb_cls, OBJ_THREADS, 0, st, g, w, scores, ar->grad_scores[br],
-                           ar->dtype, bsc * ar->gain[1], ar->grad_scale_dev, res);
+            const int narrow = ncls <= (int64_t)UINT32_MAX - (int64_t)OBJ_NB * OBJ_THREADS; /* i + stride fits */
+            const double ks = bsc * ar->gain[1];
+            if (v8 && narrow)
+                ptl_launch(obj_cls_kernel<uint32_t, 8>, nb_cls, OBJ_THREADS, 0, st, g, w, scores,
+                           ar->grad_scores[br], ar->dtype, ks, ar->grad_scale_dev, res);
+            else if (v8)
+                ptl_launch(obj_cls_kernel<int64_t, 8>, nb_cls, OBJ_THREADS, 0, st, g, w, scores,
+                           ar->grad_scores[br], ar->dtype, ks, ar->grad_scale_dev, res);
+            else if (narrow)
+                ptl_launch(obj_cls_kernel<uint32_t, 1>, nb_cls, OBJ_THREADS, 0, st, g, w, scores,
+                           ar->grad_scores[br], ar->dtype, ks, ar->grad_scale_dev, res);
             else
-                ptl_launch(obj_cls_kernel<int64_t>, nb_cls, OBJ_THREADS, 0, st, g, w, scores, ar->grad_scores[br],
-                           ar->dtype, bsc * ar->gain[1], ar->grad_scale_dev, res);
+                ptl_launch(obj_cls_kernel<int64_t, 1>, nb_cls, OBJ_THREADS, 0, st, g, w, scores,
+                           ar->grad_scores[br], ar->dtype, ks, ar->grad_scale_dev, res);
             PTL_LAUNCH_CHECK("obj_cls_kernel");
             ptl_launch(obj_box_kernel, nb_anchor, OBJ_THREADS, 0, st, g, w, boxes, ar->grad_boxes[br], ar->dtype,
                        bsc * ar->gain[0], bsc * ar->gain[2], ar->grad_scale_dev, res);
