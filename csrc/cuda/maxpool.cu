@@ -48,7 +48,7 @@ __global__ void maxpool_fwd_kernel(int64_t total, int h, int w, int c, const T *
  * shared memory, in two passes: each row's segment of 5, then the window's 5 rows' results, both by
  * argmax_step's rule, which picks the cell a row-major scan of the whole window picks. Then each input sums, in output scan order, the gradients of the outputs that
  * picked it. Scanning each of the 25 windows for each of its 25 inputs would load every value 625 times. */
-#define TILE 8
+#define TILE 4
 #define HALO (TILE + 2 * R)       /* outputs per side whose windows reach the tile */
 #define ROWS (TILE + 4 * R)       /* input rows those windows cover */
 #define BWD_CW 32
