@@ -16,6 +16,7 @@
 template <typename T>
 struct bn_stat_op {
     static constexpr int K = 2;
+    static constexpr int ROWS_AT_ONCE = 4;
     const T *x;
     int c;
     __device__ void operator()(int64_t r, int ch, double *acc) const
@@ -31,6 +32,7 @@ struct bn_stat_op {
 template <typename T>
 struct bn_grad_op {
     static constexpr int K = 2;
+    static constexpr int ROWS_AT_ONCE = 1;
     const T *x, *dy;
     const float *gamma, *beta, *mean, *invstd;
     int c, ld, silu;
@@ -83,6 +85,35 @@ __global__ void bn_eval_stats(int c, const float *rm, const float *rv, float *sm
     sinv[ch] = (float)(1.0 / sqrt((double)rv[ch] + PTL_BN_EPS));
 }
 
+/* V per-channel floats from p + ch0: 16-byte loads when V is a multiple of 4 (the launches take V > 1 only when
+ * every per-channel array is 16-byte aligned), else one by one. A scalar load per element and array was most of
+ * these passes' instructions. */
+template <int V>
+__device__ __forceinline__ void bn_channel_params(const float *p, int ch0, float *out)
+{
+    if (V % 4 == 0) {
+#pragma unroll
+        for (int k = 0; k < V; k += 4) {
+            const float4 q = *reinterpret_cast<const float4 *>(p + ch0 + k);
+            out[k] = q.x;
+            out[k + 1] = q.y;
+            out[k + 2] = q.z;
+            out[k + 3] = q.w;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            out[k] = p[ch0 + k];
+    }
+}
+
+/* Whether the per-channel arrays allow bn_channel_params' 16-byte loads (NULL ones are not read). */
+static int bn_params_aligned(const float *a, const float *b, const float *c, const float *d, const float *e,
+                             const float *f)
+{
+    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e | (uintptr_t)f) & 15) == 0;
+}
+
 /* The element-wise passes move V elements per thread (ptl_pack), indexing with I = int when m*ld fits; y's
  * and dy's rows are ld apart (x's and dx's c). */
 template <typename T, typename I, int V>
@@ -95,11 +126,15 @@ __global__ void bn_apply(I groups, int c, int ld, const T *x, const float *gamma
         const I r = gi * V / c;
         const int ch0 = (int)(gi * V - r * c);
         const ptl_pack<T, V> xv = reinterpret_cast<const ptl_pack<T, V> *>(x)[gi];
+        float mu[V], is[V], ga[V], be[V];
+        bn_channel_params<V>(smean, ch0, mu);
+        bn_channel_params<V>(sinv, ch0, is);
+        bn_channel_params<V>(gamma, ch0, ga);
+        bn_channel_params<V>(beta, ch0, be);
         ptl_pack<T, V> yv;
 #pragma unroll
         for (int k = 0; k < V; k++) {
-            const int ch = ch0 + k;
-            const float z = (ptl_ld(&xv.v[k]) - smean[ch]) * sinv[ch] * gamma[ch] + beta[ch];
+            const float z = (ptl_ld(&xv.v[k]) - mu[k]) * is[k] * ga[k] + be[k];
             ptl_st(&yv.v[k], silu ? z * ptl_sigmoidf(z) : z);
         }
         reinterpret_cast<ptl_pack<T, V> *>(y)[(r * ld + ch0) / V] = yv;
@@ -153,19 +188,28 @@ __global__ void bn_bwd_apply(I groups, int c, int ld, const T *x, const T *dy, c
         const int ch0 = (int)(gi * V - r * c);
         const ptl_pack<T, V> xv = reinterpret_cast<const ptl_pack<T, V> *>(x)[gi];
         const ptl_pack<T, V> dyv = reinterpret_cast<const ptl_pack<T, V> *>(dy)[(r * ld + ch0) / V];
+        float mu[V], is[V], ga[V], be[V], mg[V], mgx[V];
+        bn_channel_params<V>(smean, ch0, mu);
+        bn_channel_params<V>(sinv, ch0, is);
+        bn_channel_params<V>(gamma, ch0, ga);
+        if (silu)
+            bn_channel_params<V>(beta, ch0, be);
+        if (training) {
+            bn_channel_params<V>(mean_g, ch0, mg);
+            bn_channel_params<V>(mean_gx, ch0, mgx);
+        }
         ptl_pack<T, V> dxv;
 #pragma unroll
         for (int k = 0; k < V; k++) {
-            const int ch = ch0 + k;
-            const float xhat = (ptl_ld(&xv.v[k]) - smean[ch]) * sinv[ch];
+            const float xhat = (ptl_ld(&xv.v[k]) - mu[k]) * is[k];
             float g = ptl_ld(&dyv.v[k]);
             if (silu) {
-                const float z = xhat * gamma[ch] + beta[ch];
+                const float z = xhat * ga[k] + be[k];
                 const float s = ptl_sigmoidf(z);
                 g = g * (s * (1.0f + z * (1.0f - s)));
             }
-            const float scale = gamma[ch] * sinv[ch];
-            ptl_st(&dxv.v[k], training ? scale * (g - mean_g[ch] - xhat * mean_gx[ch]) : scale * g);
+            const float scale = ga[k] * is[k];
+            ptl_st(&dxv.v[k], training ? scale * (g - mg[k] - xhat * mgx[k]) : scale * g);
         }
         reinterpret_cast<ptl_pack<T, V> *>(dx)[gi] = dxv;
     }
@@ -212,7 +256,7 @@ static int bn_forward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const flo
         ptl_launch(bn_eval_stats, cblocks, 128, 0, st, c, rm, rv, smean, sinv);
         PTL_LAUNCH_CHECK("bn_eval_stats");
     }
-    if (ptl_vec_ok(c | ld, 16 / sizeof(T), x, y, y))
+    if (ptl_vec_ok(c | ld, 16 / sizeof(T), x, y, y) && bn_params_aligned(gamma, beta, smean, sinv, NULL, NULL))
         bn_apply_launch<T, 16 / sizeof(T)>(st, m, c, ld, x, gamma, beta, smean, sinv, silu, y);
     else
         bn_apply_launch<T, 1>(st, m, c, ld, x, gamma, beta, smean, sinv, silu, y);
@@ -241,7 +285,8 @@ static int bn_backward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const T 
         mean_g = mg;
         mean_gx = mg + c;
     }
-    if (ptl_vec_ok(c | ld, 16 / sizeof(T), x, dy, dx))
+    if (ptl_vec_ok(c | ld, 16 / sizeof(T), x, dy, dx) &&
+        bn_params_aligned(gamma, beta, smean, sinv, mean_g, mean_gx))
         bn_bwd_apply_launch<T, 16 / sizeof(T)>(st, m, c, ld, x, dy, gamma, beta, smean, sinv, mean_g, mean_gx,
                                                training, silu, dx);
     else

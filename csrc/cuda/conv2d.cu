@@ -548,6 +548,7 @@ __global__ void bias_add_kernel(I total, int c, const T *bias, T *y)
 template <typename T>
 struct bias_grad_op {
     static constexpr int K = 1;
+    static constexpr int ROWS_AT_ONCE = 1;
     const T *dy;
     int c;
     __device__ void operator()(int64_t r, int ch, double *acc) const { acc[0] += (double)ptl_ld(dy + r * c + ch); }
@@ -656,6 +657,7 @@ __global__ void dw_backward_input_kernel(I groups, ptl_conv2d_desc d, const T *d
 template <typename T, typename I>
 struct dw_grad_op {
     static constexpr int K = DW_TAPS;
+    static constexpr int ROWS_AT_ONCE = 1;
     const T *x, *dy;
     ptl_conv2d_desc d;
     __device__ void operator()(int64_t row, int ch, double *acc) const

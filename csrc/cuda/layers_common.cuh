@@ -110,8 +110,11 @@ static inline size_t ptl_colsum_part_bytes(int64_t m, int c, int k)
     return (size_t)k * g.nchunks * (size_t)c * sizeof(double);
 }
 
-/* F provides `static constexpr int K` and `__device__ void operator()(int64_t row, int ch, double *acc)`
- * adding the row's contribution to acc[0..K). */
+/* F provides `static constexpr int K`, `static constexpr int ROWS_AT_ONCE` and
+ * `__device__ void operator()(int64_t row, int ch, double *acc)` adding the row's contribution to acc[0..K).
+ * ROWS_AT_ONCE > 1 loads that many of a thread's rows together: faster where a row is a load and a few adds
+ * (BatchNorm's statistics), slower where a row is much arithmetic and the registers it takes cost occupancy
+ * (BatchNorm's backward sums: benchmarks/RESULTS.md, issue 22, tenth session). */
 template <typename F>
 __global__ void ptl_colsum_partials(int64_t m, int c, int64_t rows_per_chunk, F f, double *part)
 {
@@ -129,10 +132,26 @@ __global__ void ptl_colsum_partials(int64_t m, int c, int64_t rows_per_chunk, F 
 #pragma unroll
     for (int q = 0; q < K; q++)
         acc[q] = 0.0;
-    if (ch < c)
+    if (ch < c) {
+        if constexpr (F::ROWS_AT_ONCE > 1) {
+            /* Whole groups of rows first, with no bound test between them, so that their loads are in flight
+             * together (a test after each row keeps one row's loads in flight); the additions keep the rows'
+             * order either way. */
+            constexpr int U = F::ROWS_AT_ONCE;
+            const int64_t first = r0 + ty;
+            int64_t n = first < r1 ? (r1 - first + ry - 1) / ry : 0, r = first;
+            for (; n >= U; n -= U, r += U * (int64_t)ry)
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    f(r + u * (int64_t)ry, ch, acc);
+            for (; n > 0; n--, r += ry)
+                f(r, ch, acc);
+        } else {
 #pragma unroll 4
-        for (int64_t r = r0 + ty; r < r1; r += ry)
-            f(r, ch, acc);
+            for (int64_t r = r0 + ty; r < r1; r += ry)
+                f(r, ch, acc);
+        }
+    }
     const int tid = ty * cw + tx;
 #pragma unroll
     for (int q = 0; q < K; q++)
