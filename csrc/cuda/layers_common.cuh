@@ -113,8 +113,8 @@ static inline size_t ptl_colsum_part_bytes(int64_t m, int c, int k)
 /* F provides `static constexpr int K`, `static constexpr int ROWS_AT_ONCE` and
  * `__device__ void operator()(int64_t row, int ch, double *acc)` adding the row's contribution to acc[0..K).
  * ROWS_AT_ONCE > 1 loads that many of a thread's rows together: faster where a row is a load and a few adds
- * (BatchNorm's statistics), slower where a row is much arithmetic and the registers it takes cost occupancy
- * (BatchNorm's backward sums: benchmarks/RESULTS.md, issue 22, tenth session). */
+ * (BatchNorm's statistics), no faster or slower where a row is much arithmetic (BatchNorm's backward sums, the
+ * depthwise weight gradient: benchmarks/RESULTS.md, issue 22, tenth session). */
 template <typename F>
 __global__ void ptl_colsum_partials(int64_t m, int c, int64_t rows_per_chunk, F f, double *part)
 {
