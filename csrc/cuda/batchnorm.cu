@@ -107,13 +107,6 @@ __device__ __forceinline__ void bn_channel_params(const float *p, int ch0, float
     }
 }
 
-/* Whether the per-channel arrays allow bn_channel_params' 16-byte loads (NULL ones are not read). */
-static int bn_params_aligned(const float *a, const float *b, const float *c, const float *d, const float *e,
-                             const float *f)
-{
-    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e | (uintptr_t)f) & 15) == 0;
-}
-
 /* The element-wise passes move V elements per thread (ptl_pack), indexing with I = int when m*ld fits; y's
  * and dy's rows are ld apart (x's and dx's c). */
 template <typename T, typename I, int V>
@@ -256,7 +249,8 @@ static int bn_forward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const flo
         ptl_launch(bn_eval_stats, cblocks, 128, 0, st, c, rm, rv, smean, sinv);
         PTL_LAUNCH_CHECK("bn_eval_stats");
     }
-    if (ptl_vec_ok(c | ld, 16 / sizeof(T), x, y, y) && bn_params_aligned(gamma, beta, smean, sinv, NULL, NULL))
+    if (ptl_vec_ok(c | ld, 16 / sizeof(T), x, y, y) && ptl_aligned16(gamma, beta, smean) &&
+        ptl_aligned16(sinv, NULL, NULL))
         bn_apply_launch<T, 16 / sizeof(T)>(st, m, c, ld, x, gamma, beta, smean, sinv, silu, y);
     else
         bn_apply_launch<T, 1>(st, m, c, ld, x, gamma, beta, smean, sinv, silu, y);
@@ -285,8 +279,8 @@ static int bn_backward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const T 
         mean_g = mg;
         mean_gx = mg + c;
     }
-    if (ptl_vec_ok(c | ld, 16 / sizeof(T), x, dy, dx) &&
-        bn_params_aligned(gamma, beta, smean, sinv, mean_g, mean_gx))
+    if (ptl_vec_ok(c | ld, 16 / sizeof(T), x, dy, dx) && ptl_aligned16(gamma, beta, smean) &&
+        ptl_aligned16(sinv, mean_g, mean_gx))
         bn_bwd_apply_launch<T, 16 / sizeof(T)>(st, m, c, ld, x, dy, gamma, beta, smean, sinv, mean_g, mean_gx,
                                                training, silu, dx);
     else

@@ -44,7 +44,7 @@ __global__ void accumulate_kernel(int64_t groups, const T *x, T *y)
 #define EW_LAUNCH(kernel, n, p0, p1, p2, ...)                                                                    \
     do {                                                                                                         \
         constexpr int vv_ = 16 / sizeof(T);                                                                      \
-        if ((n) % vv_ == 0 && (((uintptr_t)(p0) | (uintptr_t)(p1) | (uintptr_t)(p2)) & 15) == 0)                 \
+        if (ptl_vec_ok(n, vv_, p0, p1, p2))                                                                     \
             ptl_launch(kernel<T, vv_>, ptl_grid_for((n) / vv_, 256), 256, 0, ctx->stream, (n) / vv_, __VA_ARGS__); \
         else                                                                                                     \
             ptl_launch(kernel<T, 1>, ptl_grid_for(n, 256), 256, 0, ctx->stream, n, __VA_ARGS__);                 \

@@ -16,9 +16,16 @@
 
 #include <cuda_runtime.h>
 
+#include <stdint.h>
 #include <utility>
 
 #include "device.h"
+
+/* Whether every pointer allows 16-byte vector accesses (NULL counts as aligned: it is not read). */
+static inline int ptl_aligned16(const void *a, const void *b, const void *c)
+{
+    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
+}
 
 __device__ __forceinline__ void ptl_wait_prior(void)
 {

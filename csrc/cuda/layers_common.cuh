@@ -48,9 +48,9 @@ struct alignas(sizeof(T) * V) ptl_pack {
     T v[V];
 };
 
-static inline int ptl_vec_ok(int width, int v, const void *a, const void *b, const void *c)
+static inline int ptl_vec_ok(int64_t width, int v, const void *a, const void *b, const void *c)
 {
-    return width % v == 0 && (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
+    return width % v == 0 && ptl_aligned16(a, b, c);
 }
 
 /* Blocks for a grid-stride loop over n items with `threads` per block: enough to fill the GPU, never

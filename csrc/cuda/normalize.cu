@@ -48,7 +48,7 @@ extern "C" int ptl_normalize_u8_cuda(const uint8_t *src, void *dst, ptl_dtype dt
     cudaStream_t st = (cudaStream_t)stream;
     if (n <= 0)
         return 0;
-    const int vec = (((uintptr_t)src | (uintptr_t)dst) & 15) == 0;
+    const int vec = ptl_aligned16(src, dst, NULL);
     int threads = 256;
     int64_t want = ((vec ? (n + 15) / 16 : n) + threads - 1) / threads;
     int blocks = (int)(want < 65535 * 4 ? want : 65535 * 4);

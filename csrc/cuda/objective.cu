@@ -694,7 +694,7 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
             ptl_launch(obj_reduce_kernel, 1, OBJ_THREADS, 0, st, w, 3, 4, res);
             PTL_LAUNCH_CHECK("obj_reduce_kernel");
             int64_t ncls = BA * ar->nc;
-            const int v8 = ar->nc % 8 == 0 && (((uintptr_t)scores | (uintptr_t)ar->grad_scores[br]) & 15) == 0;
+            const int v8 = ar->nc % 8 == 0 && ptl_aligned16(scores, ar->grad_scores[br], NULL);
             const int64_t ncls_threads = v8 ? ncls / 8 : ncls;
             unsigned nb_cls = (unsigned)((ncls_threads + OBJ_THREADS - 1) / OBJ_THREADS);
             if (nb_cls > OBJ_NB)
