@@ -657,27 +657,43 @@ __global__ void dw_backward_input_kernel(I groups, ptl_conv2d_desc d, const T *d
 template <typename T, typename I>
 struct dw_grad_op {
     static constexpr int K = DW_TAPS;
-    static constexpr int ROWS_AT_ONCE = 1;
+    static constexpr int ROWS_AT_ONCE = 2;
+    /* dy's value and the taps' x values, `inside` bit k set where tap k lies in the image */
+    struct Row {
+        T g, xs[DW_TAPS];
+        unsigned inside;
+    };
     const T *x, *dy;
     ptl_conv2d_desc d;
-    __device__ void operator()(int64_t row, int ch, double *acc) const
+    __device__ Row load(int64_t row, int ch) const
     {
         const I r = (I)row, c = (I)d.cout;
         const int ox = (int)(r % (I)d.wo);
         const I t = r / (I)d.wo;
         const int oy = (int)(t % (I)d.ho);
         const I b = t / (I)d.ho;
-        const double g = (double)ptl_ld(dy + r * c + ch);
-        for (int ky = 0; ky < DW_K; ky++) {
-            const int iy = oy * d.stride + ky - d.pad;
-            if (iy < 0 || iy >= d.h)
-                continue;
+        Row v;
+        v.g = dy[r * c + ch];
+        v.inside = 0;
+#pragma unroll
+        for (int ky = 0; ky < DW_K; ky++)
+#pragma unroll
             for (int kx = 0; kx < DW_K; kx++) {
-                const int ix = ox * d.stride + kx - d.pad;
-                if (ix >= 0 && ix < d.w)
-                    acc[ky * DW_K + kx] += g * (double)ptl_ld(x + ((b * (I)d.h + iy) * (I)d.w + ix) * c + ch);
+                const int iy = oy * d.stride + ky - d.pad, ix = ox * d.stride + kx - d.pad;
+                const bool in = iy >= 0 && iy < d.h && ix >= 0 && ix < d.w;
+                /* outside: v.g, any value (add skips the tap) */
+                v.xs[ky * DW_K + kx] = in ? x[((b * (I)d.h + iy) * (I)d.w + ix) * c + ch] : v.g;
+                v.inside |= (unsigned)in << (ky * DW_K + kx);
             }
-        }
+        return v;
+    }
+    __device__ void add(const Row &v, int ch, double *acc) const
+    {
+        const double g = (double)ptl_ld(&v.g);
+#pragma unroll
+        for (int k = 0; k < DW_TAPS; k++)
+            if (v.inside >> k & 1u)
+                acc[k] += g * (double)ptl_ld(&v.xs[k]);
     }
 };
 
