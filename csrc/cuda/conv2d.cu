@@ -549,9 +549,11 @@ template <typename T>
 struct bias_grad_op {
     static constexpr int K = 1;
     static constexpr int ROWS_AT_ONCE = 1;
+    typedef T Row;
     const T *dy;
     int c;
-    __device__ void operator()(int64_t r, int ch, double *acc) const { acc[0] += (double)ptl_ld(dy + r * c + ch); }
+    __device__ Row load(int64_t r, int ch) const { return dy[r * c + ch]; }
+    __device__ void add(const Row &v, int, double *acc) const { acc[0] += (double)ptl_ld(&v); }
 };
 
 template <typename T>

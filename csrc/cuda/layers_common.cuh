@@ -110,12 +110,10 @@ static inline size_t ptl_colsum_part_bytes(int64_t m, int c, int k)
     return (size_t)k * g.nchunks * (size_t)c * sizeof(double);
 }
 
-/* F provides `static constexpr int K` and `static constexpr int ROWS_AT_ONCE`. With ROWS_AT_ONCE == 1 it provides
- * `__device__ void operator()(int64_t row, int ch, double *acc)` adding the row's contribution to acc[0..K). With
- * ROWS_AT_ONCE > 1 it splits that in two, `Row load(int64_t row, int ch)` reading the row's raw values and
- * `void add(const Row &, int ch, double *acc)` adding them, and a thread loads that many rows before adding any.
- * Loading first is what gets the rows' loads in flight together where a row is much arithmetic: BatchNorm's
- * backward sums, grouped without it, got slower; staged, 1.4x faster (benchmarks/RESULTS.md, issue 22). */
+/* F provides `static constexpr int K`, `static constexpr int ROWS_AT_ONCE`, `Row load(int64_t row, int ch)` reading a
+ * row's raw values and `void add(const Row &, int ch, double *acc)` adding them to acc[0..K). A thread loads
+ * ROWS_AT_ONCE rows before adding any: that is what gets their loads in flight together where a row is much
+ * arithmetic (BatchNorm's backward sums, grouped without it, got slower; staged, 1.4x faster: RESULTS.md, issue 22). */
 template <typename F>
 __global__ void ptl_colsum_partials(int64_t m, int c, int64_t rows_per_chunk, F f, double *part)
 {
@@ -134,29 +132,22 @@ __global__ void ptl_colsum_partials(int64_t m, int c, int64_t rows_per_chunk, F 
     for (int q = 0; q < K; q++)
         acc[q] = 0.0;
     if (ch < c) {
-        if constexpr (F::ROWS_AT_ONCE > 1) {
-            /* Whole groups of rows first, with no bound test between them, so that their loads are in flight
-             * together (a test after each row keeps one row's loads in flight); the additions keep the rows'
-             * order either way. */
-            constexpr int U = F::ROWS_AT_ONCE;
-            const int64_t first = r0 + ty;
-            int64_t n = first < r1 ? (r1 - first + ry - 1) / ry : 0, r = first;
-            for (; n >= U; n -= U, r += U * (int64_t)ry) {
-                typename F::Row v[U];
+        /* Whole groups of rows first, with no bound test between them (a test after each row keeps one row's
+         * loads in flight), then the rest one by one; the additions keep the rows' order either way. */
+        constexpr int U = F::ROWS_AT_ONCE;
+        const int64_t first = r0 + ty;
+        int64_t n = first < r1 ? (r1 - first + ry - 1) / ry : 0, r = first;
+        for (; n >= U; n -= U, r += U * (int64_t)ry) {
+            typename F::Row v[U];
 #pragma unroll
-                for (int u = 0; u < U; u++)
-                    v[u] = f.load(r + u * (int64_t)ry, ch);
+            for (int u = 0; u < U; u++)
+                v[u] = f.load(r + u * (int64_t)ry, ch);
 #pragma unroll
-                for (int u = 0; u < U; u++)
-                    f.add(v[u], ch, acc);
-            }
-            for (; n > 0; n--, r += ry)
-                f.add(f.load(r, ch), ch, acc);
-        } else {
-#pragma unroll 4
-            for (int64_t r = r0 + ty; r < r1; r += ry)
-                f(r, ch, acc);
+            for (int u = 0; u < U; u++)
+                f.add(v[u], ch, acc);
         }
+        for (; n > 0; n--, r += ry)
+            f.add(f.load(r, ch), ch, acc);
     }
     const int tid = ty * cw + tx;
 #pragma unroll
