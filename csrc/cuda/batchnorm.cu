@@ -64,6 +64,8 @@ __global__ void bn_fwd_finish(int64_t m, int c, int nchunks, const double *part,
     const int ch = ptl_colsum_finish_channel();
     if (ch >= c)
         return;
+    /* loaded by every lane before the sums, so that their latency hides behind the sums' */
+    const float shift = ptl_ld(x + ch), rm0 = rm[ch], rv0 = rv[ch];
     double sums[2];
     ptl_colsum_finish_n<2>(part, nchunks, c, 0, ch, sums);
     const double s = sums[0], q = sums[1];
@@ -73,12 +75,12 @@ __global__ void bn_fwd_finish(int64_t m, int c, int nchunks, const double *part,
     double var = q / (double)m - ms * ms;
     if (var < 0.0)
         var = 0.0;
-    const double mean = (double)ptl_ld(x + ch) + ms;
+    const double mean = (double)shift + ms;
     const double unbiased = m > 1 ? var * (double)m / (double)(m - 1) : var;
     smean[ch] = (float)mean;
     sinv[ch] = (float)(1.0 / sqrt(var + PTL_BN_EPS));
-    rm[ch] = (float)((1.0 - PTL_BN_MOMENTUM) * (double)rm[ch] + PTL_BN_MOMENTUM * mean);
-    rv[ch] = (float)((1.0 - PTL_BN_MOMENTUM) * (double)rv[ch] + PTL_BN_MOMENTUM * unbiased);
+    rm[ch] = (float)((1.0 - PTL_BN_MOMENTUM) * (double)rm0 + PTL_BN_MOMENTUM * mean);
+    rv[ch] = (float)((1.0 - PTL_BN_MOMENTUM) * (double)rv0 + PTL_BN_MOMENTUM * unbiased);
 }
 
 __global__ void bn_eval_stats(int c, const float *rm, const float *rv, float *smean, float *sinv)
@@ -161,6 +163,8 @@ __global__ void bn_bwd_finish(int64_t m, int c, int nchunks, const double *part,
     const int ch = ptl_colsum_finish_channel();
     if (ch >= c)
         return;
+    /* loaded before the sums, as in bn_fwd_finish */
+    const float db0 = dbeta ? dbeta[ch] : 0.0f, dg0 = dgamma ? dgamma[ch] : 0.0f;
     double sums[2];
     ptl_colsum_finish_n<2>(part, nchunks, c, 0, ch, sums);
     const double sg = sums[0], sgx = sums[1];
@@ -169,9 +173,9 @@ __global__ void bn_bwd_finish(int64_t m, int c, int nchunks, const double *part,
     mean_g[ch] = (float)(sg / (double)m);
     mean_gx[ch] = (float)(sgx / (double)m);
     if (dbeta)
-        dbeta[ch] = (float)((double)dbeta[ch] + sg);
+        dbeta[ch] = (float)((double)db0 + sg);
     if (dgamma)
-        dgamma[ch] = (float)((double)dgamma[ch] + sgx);
+        dgamma[ch] = (float)((double)dg0 + sgx);
 }
 
 /* dx may alias dy (ld == c): each element is read and then written by the same thread. */

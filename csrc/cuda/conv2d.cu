@@ -563,9 +563,10 @@ __global__ void bias_grad_finish(int c, int nchunks, const double *part, T *db)
     const int ch = ptl_colsum_finish_channel();
     if (ch >= c)
         return;
+    const float db0 = ptl_ld(db + ch); /* loaded before the sums, so that its latency hides behind theirs */
     const double s = ptl_colsum_finish(part, nchunks, c, 0, ch);
     if ((threadIdx.x & 31) == 0)
-        ptl_st(db + ch, (float)((double)ptl_ld(db + ch) + s));
+        ptl_st(db + ch, (float)((double)db0 + s));
 }
 
 /* ---------------------------------------------------------------- depthwise 3x3
@@ -709,9 +710,10 @@ __global__ void dw_grad_finish(int c, int nchunks, const double *part, T *dw)
     if (item >= c * DW_TAPS)
         return;
     const int ch = item / DW_TAPS, q = item % DW_TAPS;
+    const float dw0 = ptl_ld(dw + item); /* as in bias_grad_finish */
     const double s = ptl_colsum_finish(part, nchunks, c, q, ch);
     if ((threadIdx.x & 31) == 0)
-        ptl_st(dw + item, (float)((double)ptl_ld(dw + item) + s));
+        ptl_st(dw + item, (float)((double)dw0 + s));
 }
 
 /* Whether both activations' element counts fit 32-bit indices. */
