@@ -198,15 +198,17 @@ __global__ void __launch_bounds__(OBJ_SEL_THREADS)
             top[ntop++] = m;
     }
     __syncthreads();
-    if (threadIdx.x != 0)
-        return;
-    int ns = 0;
-    for (int i = 0; i < ntop; i++) {
-        int64_t a = obj_key_anchor(top[i]);
+    /* the selected anchors claimed one per thread (distinct anchors: no order among them to keep); one thread
+     * doing them in turn was a chain of dependent loads and atomics */
+    if ((int)threadIdx.x < ntop) {
+        const int64_t a = obj_key_anchor(top[threadIdx.x]);
         float al, u = obj_pair(g, w, boxes, scores, dt, b, bj, a, &al);
         obj_claim(w, (int64_t)b * g.A + a, j, al, u);
-        sel[ns++] = (int32_t)a;
+        sel[threadIdx.x] = (int32_t)a;
     }
+    if (threadIdx.x != 0)
+        return;
+    int ns = ntop;
     /* fewer than topk non-zero metrics: lowest-index zero-metric anchors, kept where candidates */
     int r = topk - ntop;
     for (int64_t a = 0; a < g.A && r > 0; a++) {
