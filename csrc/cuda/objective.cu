@@ -230,30 +230,66 @@ __global__ void __launch_bounds__(OBJ_SEL_THREADS)
         sel[ns] = -1;
 }
 
+/* One warp per selected (image, GT, k) entry. An anchor that several GTs selected goes to the GT of the
+ * largest overlap (CIoU), the first on ties, and to GT 0 when GT 0's overlap is NaN: what a scan over the
+ * GTs in order, replacing the best only by a strictly greater value, picks. Lane l scans GTs l, l + 32, ...
+ * that way, and a shuffle tree takes the largest, the lowest GT on ties; one thread scanning every GT made
+ * this a chain as long as the image's GT count. */
+__device__ __forceinline__ bool obj_conflict_beats(float ov, int j, float bov, int best)
+{
+    return j >= 0 && (best < 0 || ov > bov || (ov == bov && j < best));
+}
+
 __global__ void obj_conflict_kernel(ObjGeom g, ObjBufs w, const void *boxes, const void *scores, ptl_dtype dt,
                                     int topk)
 {
     ptl_wait_prior();
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
     if (i >= (int64_t)g.B * g.M * topk)
         return;
-    int32_t a = w.sel[i];
+    const int32_t a = w.sel[i];
     if (a < 0)
         return;
-    int b = (int)(i / ((int64_t)g.M * topk));
-    int64_t ba = (int64_t)b * g.A + a;
-    int c = w.claim[ba];
-    if (c <= 1 || atomicCAS(&w.claim[ba], c, -1) != c)
+    const int b = (int)(i / ((int64_t)g.M * topk));
+    const int64_t ba = (int64_t)b * g.A + a;
+    int won = 0;
+    if (lane == 0) {
+        const int c = w.claim[ba];
+        won = c > 1 && atomicCAS(&w.claim[ba], c, -1) == c;
+    }
+    if (!__shfl_sync(0xffffffffu, won, 0))
         return;
-    int n = w.count[b], best = 0;
-    float bal, bov = obj_pair(g, w, boxes, scores, dt, b, (int64_t)b * g.M, a, &bal);
-    for (int j = 1; j < n; j++) {
+    const int n = w.count[b];
+    int best = -1;
+    float bov = 0.0f, bal = 0.0f, ov0 = 0.0f, al0 = 0.0f;
+    for (int j = lane; j < n; j += 32) {
         float al, ov = obj_pair(g, w, boxes, scores, dt, b, (int64_t)b * g.M + j, a, &al);
-        if (ov > bov) {
+        if (j == 0) {
+            ov0 = ov;
+            al0 = al;
+        }
+        if (ov == ov && (best < 0 || ov > bov)) { /* NaN never wins (unless GT 0's, below) */
+            best = j;
             bov = ov;
             bal = al;
-            best = j;
         }
+    }
+    for (int off = 16; off > 0; off /= 2) {
+        const int oj = __shfl_xor_sync(0xffffffffu, best, off);
+        const float oov = __shfl_xor_sync(0xffffffffu, bov, off), oal = __shfl_xor_sync(0xffffffffu, bal, off);
+        if (obj_conflict_beats(oov, oj, bov, best)) {
+            best = oj;
+            bov = oov;
+            bal = oal;
+        }
+    }
+    if (lane != 0)
+        return;
+    if (ov0 != ov0) { /* lane 0 scanned GT 0 (n >= 2 here) */
+        best = 0;
+        bov = ov0;
+        bal = al0;
     }
     w.owner[ba] = best;
     w.palign[ba] = bal;
@@ -667,8 +703,8 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
                                topk);
                     PTL_LAUNCH_CHECK("obj_select_kernel");
                     int64_t nsel = BM * topk;
-                    ptl_launch(obj_conflict_kernel, (unsigned)((nsel + OBJ_THREADS - 1) / OBJ_THREADS), OBJ_THREADS, 0,
-                               st, g, w, boxes, scores, ar->dtype, topk);
+                    ptl_launch(obj_conflict_kernel, (unsigned)((nsel * 32 + OBJ_THREADS - 1) / OBJ_THREADS),
+                               OBJ_THREADS, 0, st, g, w, boxes, scores, ar->dtype, topk); /* a warp per entry */
                     PTL_LAUNCH_CHECK("obj_conflict_kernel");
                     int top1 = topk2s[br] != topk;
                     if (top1) {
