@@ -46,8 +46,9 @@ __global__ void maxpool_fwd_kernel(int64_t total, int h, int w, int c, const T *
 /* Backward tiles: a block takes TILE x TILE input pixels of one image and BWD_CW channels. It first finds
  * the argmax of every output whose window can reach the tile (the tile and an R-wide halo) once, into
  * shared memory, in two passes: each row's segment of 5, then the window's 5 rows' results, both by
- * argmax_step's rule, which picks the cell a row-major scan of the whole window picks. Then each input sums, in output scan order, the gradients of the outputs that
- * picked it. Scanning each of the 25 windows for each of its 25 inputs would load every value 625 times. */
+ * argmax_step's rule, which picks the cell a row-major scan of the whole window picks. Then each input
+ * sums, in output scan order, the gradients of the outputs that picked it. Scanning each of the 25 windows
+ * for each of its 25 inputs would load every value 625 times. */
 #define TILE 4
 #define HALO (TILE + 2 * R)       /* outputs per side whose windows reach the tile */
 #define ROWS (TILE + 4 * R)       /* input rows those windows cover */

@@ -233,11 +233,14 @@ __global__ void __launch_bounds__(OBJ_SEL_THREADS)
 /* One warp per selected (image, GT, k) entry. An anchor that several GTs selected goes to the GT of the
  * largest overlap (CIoU), the first on ties, and to GT 0 when GT 0's overlap is NaN: what a scan over the
  * GTs in order, replacing the best only by a strictly greater value, picks. Lane l scans GTs l, l + 32, ...
- * that way, and a shuffle tree takes the largest, the lowest GT on ties; one thread scanning every GT made
- * this a chain as long as the image's GT count. */
+ * and a shuffle tree combines the lanes, both by obj_conflict_beats; one thread scanning every GT made this a
+ * chain as long as the image's GT count. */
+
+/* Whether GT j with overlap ov replaces the best so far (best < 0: none): a larger overlap, or an equal one of
+ * a lower GT; a NaN overlap never does (GT 0's is handled apart). */
 __device__ __forceinline__ bool obj_conflict_beats(float ov, int j, float bov, int best)
 {
-    return j >= 0 && (best < 0 || ov > bov || (ov == bov && j < best));
+    return j >= 0 && ov == ov && (best < 0 || ov > bov || (ov == bov && j < best));
 }
 
 __global__ void obj_conflict_kernel(ObjGeom g, ObjBufs w, const void *boxes, const void *scores, ptl_dtype dt,
@@ -269,7 +272,7 @@ __global__ void obj_conflict_kernel(ObjGeom g, ObjBufs w, const void *boxes, con
             ov0 = ov;
             al0 = al;
         }
-        if (ov == ov && (best < 0 || ov > bov)) { /* NaN never wins (unless GT 0's, below) */
+        if (obj_conflict_beats(ov, j, bov, best)) {
             best = j;
             bov = ov;
             bal = al;
