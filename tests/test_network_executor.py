@@ -450,10 +450,11 @@ def test_no_block_leaks():
 
 @pytest.mark.parametrize("cast_biases", [False, True])
 def test_weight_table_search(cast_biases):
-    """The CUDA weight kernels find each element's record by binary search over the table and map it back
-    to OIHW (csrc/nn/weight_cast.h); on the CPU backend's table (weights only) and the CUDA backend's
-    (weights and biases) that search agrees element by element, padding included, with the per-record
-    walk the CPU uses."""
+    """The CUDA weight kernels find each run's record by binary search over the table and then walk the run
+    (csrc/nn/weight_cast.h), the cast in the copy's OHWI order, the gradient in the master's OIHW order; on the
+    CPU backend's table (weights only) and the CUDA backend's (weights and biases) the search and the runs of
+    both orders from every multiple of 4 map each element as the per-record walk the CPU uses does, padding
+    and runs across records included."""
     det = Detector("yolo26n", num_classes=80)
     convs = sum(1 for n, _, s in det.parameter_table() if len(s) == 4)
     biases = sum(1 for n, _, s in det.parameter_table() if n.endswith(".bias") and "bn" not in n)

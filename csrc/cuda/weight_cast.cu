@@ -7,29 +7,73 @@
 
 #define NET_THREADS 256
 
+/* Each thread takes runs of V = 16 / sizeof(T) consecutive elements of the compute-dtype copy (one walk each,
+ * ptl_wcast_walk), moved as one 16-byte access where the run lies in one record and `vec` (the copy 16-byte
+ * aligned) allows. */
 template <typename T>
-__global__ void weight_cast_kernel(const ptl_wcast_entry *tab, int n, int64_t total, const float *src, T *dst)
+__global__ void weight_cast_kernel(const ptl_wcast_entry *tab, int n, int64_t total, const float *src, T *dst, int vec)
 {
     ptl_wait_prior();
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        const ptl_wcast_entry *e = tab + ptl_wcast_find(tab, n, i);
-        const int64_t s = ptl_wcast_src(e, i - e->dst);
-        if (s >= 0)
-            ptl_st(dst + i, src[s]);
+    constexpr int V = 16 / sizeof(T);
+    static_assert(V <= PTL_WCAST_RUN && V % 4 == 0, "ptl_net_wcast_check walks runs of this length");
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x * V;
+    for (int64_t i0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * V; i0 < total; i0 += stride) {
+        const int m = total - i0 < V ? (int)(total - i0) : V;
+        ptl_wcast_walk w;
+        ptl_wcast_walk_at(&w, tab, n, i0, 0);
+        ptl_pack<T, V> out;
+        unsigned ok = 0;
+#pragma unroll
+        for (int u = 0; u < V; u++) {
+            const int64_t s = u < m ? ptl_wcast_walk_src(&w) : -1;
+            if (s >= 0) {
+                ptl_st(&out.v[u], src[s]);
+                ok |= 1u << u;
+            }
+            ptl_wcast_walk_next(&w);
+        }
+        if (vec && ok == (1u << V) - 1)
+            *reinterpret_cast<ptl_pack<T, V> *>(dst + i0) = out;
+        else
+#pragma unroll
+            for (int u = 0; u < V; u++)
+                if (ok >> u & 1)
+                    dst[i0 + u] = out.v[u];
     }
 }
 
+/* The reverse of weight_cast_kernel: runs of V consecutive master elements (ptl_wcast_walk in the master
+ * order), each receiving its one addition, the copy's elements gathered. */
 template <typename T>
 __global__ void weight_grad_kernel(const ptl_wcast_entry *tab, int n, int64_t total, const T *g, float *grad)
 {
     ptl_wait_prior();
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        const ptl_wcast_entry *e = tab + ptl_wcast_find(tab, n, i);
-        const int64_t s = ptl_wcast_src(e, i - e->dst);
-        if (s >= 0)
-            grad[s] += ptl_ld(g + i);
+    constexpr int V = 16 / sizeof(T);
+    static_assert(V <= PTL_WCAST_RUN && V % 4 == 0, "ptl_net_wcast_check walks runs of this length");
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x * V;
+    for (int64_t i0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * V; i0 < total; i0 += stride) {
+        const int m = total - i0 < V ? (int)(total - i0) : V;
+        ptl_wcast_walk w;
+        ptl_wcast_walk_at(&w, tab, n, i0, 1);
+        int64_t s[V], d[V];
+        float acc[V], add[V];
+#pragma unroll
+        for (int u = 0; u < V; u++) {
+            s[u] = u < m ? ptl_wcast_walk_src(&w) : -1;
+            d[u] = ptl_wcast_walk_dst(&w);
+            ptl_wcast_walk_next(&w);
+        }
+        /* every read before any write, so that they are in flight together (the run's elements are distinct) */
+#pragma unroll
+        for (int u = 0; u < V; u++)
+            if (s[u] >= 0) {
+                acc[u] = grad[s[u]];
+                add[u] = ptl_ld(g + d[u]);
+            }
+#pragma unroll
+        for (int u = 0; u < V; u++)
+            if (s[u] >= 0)
+                grad[s[u]] = acc[u] + add[u];
     }
 }
 
@@ -73,6 +117,13 @@ static int head_narrow(int B, int64_t hw, int C, int64_t A)
     return ptl_net_head_fits32(B, hw, C, A, (int64_t)ptl_grid_for(INT64_MAX, NET_THREADS) * NET_THREADS);
 }
 
+/* The kernels' runs over a copy of `total` elements: 16 bytes each. */
+static int64_t runs(int64_t total, ptl_dtype dt)
+{
+    const int64_t v = 16 / (int64_t)ptl_dtype_size(dt);
+    return (total + v - 1) / v;
+}
+
 extern "C" int ptl_net_weight_cast_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n,
                                         int64_t total, const void *params, void *wc)
 {
@@ -80,8 +131,9 @@ extern "C" int ptl_net_weight_cast_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const p
     if (total <= 0 || n <= 0)
         return 0;
     PTL_LAYER_DISPATCH("network weight cast", dt,
-                       ptl_launch(weight_cast_kernel<T>, ptl_grid_for(total, NET_THREADS), NET_THREADS, 0, stream, tab,
-                                  n, total, (const float *)params, (T *)wc));
+                       ptl_launch(weight_cast_kernel<T>, ptl_grid_for(runs(total, dt), NET_THREADS), NET_THREADS, 0,
+                                  stream, tab, n, total, (const float *)params, (T *)wc,
+                                  ptl_aligned16(wc, NULL, NULL)));
     PTL_LAUNCH_CHECK("weight_cast_kernel");
     return 0;
 fail:
@@ -95,8 +147,8 @@ extern "C" int ptl_net_weight_grad_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const p
     if (total <= 0 || n <= 0)
         return 0;
     PTL_LAYER_DISPATCH("network weight gradient", dt,
-                       ptl_launch(weight_grad_kernel<T>, ptl_grid_for(total, NET_THREADS), NET_THREADS, 0, stream, tab,
-                                  n, total, (const T *)g, (float *)grads));
+                       ptl_launch(weight_grad_kernel<T>, ptl_grid_for(runs(total, dt), NET_THREADS), NET_THREADS, 0,
+                                  stream, tab, n, total, (const T *)g, (float *)grads));
     PTL_LAUNCH_CHECK("weight_grad_kernel");
     return 0;
 fail:

@@ -1,7 +1,7 @@
 /* CPU reference of the executor's weight casts and head copies (weight_cast.h). The head copies walk
  * their output element by element with the CUDA kernels' index arithmetic (../cuda/weight_cast.cu);
  * the weight casts walk each record in nested loops (several times faster than the per-element
- * search), and ptl_net_wcast_check compares the two walks on a table. */
+ * search), and ptl_net_wcast_check compares that walk with the search and the CUDA kernels' runs. */
 #include "weight_cast.h"
 
 #include "conv2d.h"
@@ -80,8 +80,32 @@ int ptl_net_wcast_check(const ptl_wcast_entry *tab, int n, int64_t total)
             if (ptl_wcast_find(tab, n, i) != r || ptl_wcast_src(&tab[r], i - e->dst) != -1)
                 return ptl_set_error(PTL_ERR_RUNTIME, "weight table: padding element %lld is mapped", (long long)i);
     }
-    return i == total ? 0 : ptl_set_error(PTL_ERR_RUNTIME, "weight table: covers %lld of %lld elements",
-                                          (long long)i, (long long)total);
+    if (i != total)
+        return ptl_set_error(PTL_ERR_RUNTIME, "weight table: covers %lld of %lld elements", (long long)i,
+                             (long long)total);
+    for (int oihw = 0; oihw < 2; oihw++)
+        for (int64_t i0 = 0; i0 < total; i0 += 4) {
+            ptl_wcast_walk w;
+            ptl_wcast_walk_at(&w, tab, n, i0, oihw);
+            for (int u = 0; u < PTL_WCAST_RUN && i0 + u < total; u++, ptl_wcast_walk_next(&w)) {
+                /* OHWI order: the copy's element i0 + u; master order: the record's master element at the same
+                 * offset; either way the pair the search gives for the copy element */
+                const ptl_wcast_entry *e = &tab[ptl_wcast_find(tab, n, i0 + u)];
+                const int64_t j = i0 + u - e->dst, size = (int64_t)e->cout * e->cin_g * e->k * e->k;
+                const int64_t src = w.e != e ? -2 : ptl_wcast_walk_src(&w), dst = ptl_wcast_walk_dst(&w);
+                const int64_t want_src = oihw ? (j < size ? e->src + j : -1) : ptl_wcast_src(e, j);
+                const int dst_ok = want_src < 0 ? dst == -1
+                                   : oihw       ? dst >= e->dst && ptl_wcast_src(e, dst - e->dst) == src
+                                                : dst == i0 + u;
+                if (src != want_src || !dst_ok)
+                    return ptl_set_error(PTL_ERR_RUNTIME,
+                                         "weight table: the %s walk from element %lld maps element %lld to master "
+                                         "%lld and copy %lld, expected master %lld",
+                                         oihw ? "master-order" : "copy-order", (long long)i0, (long long)(i0 + u),
+                                         (long long)src, (long long)dst, (long long)want_src);
+            }
+        }
+    return 0;
 }
 
 /* The head copies for element type T and index type I: the 32-bit one where ptl_net_head_fits32, as the CUDA

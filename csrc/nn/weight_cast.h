@@ -23,6 +23,9 @@ typedef struct {
     int cout, cin_g, k, pad_;
 } ptl_wcast_entry;
 
+/* The longest run a CUDA thread walks: 16 bytes of bfloat16 or float16 (float32's are 4 elements). */
+#define PTL_WCAST_RUN 8
+
 /* The last record starting at or before element `i` of the OHWI copy. */
 PTL_HD int ptl_wcast_find(const ptl_wcast_entry *tab, int n, int64_t i)
 {
@@ -53,6 +56,89 @@ PTL_HD int64_t ptl_wcast_src(const ptl_wcast_entry *e, int64_t j)
     return e->src + ((co * cin_g + ci) * k + kh) * k + kw;
 }
 
+/* A walk over consecutive elements of the OHWI copy from element i on (the CUDA kernels' per-thread runs): the
+ * record, and the element's coordinates (co, kh, kw, ci) in it, found once and then advanced one element at a
+ * time without a division (a search and four 64-bit divisions per element made the cast instruction-bound).
+ * With oihw the offsets within each record are taken in the master order instead: the walk's element i is
+ * then master element src + (i - dst) of its record, so that a run's master elements are consecutive (the
+ * gradient's read-add-writes) while the copy's are gathered. Either order visits each element once. */
+typedef struct {
+    const ptl_wcast_entry *e, *last;
+    int64_t i, next, co; /* the element; where the record after e starts (INT64_MAX: e is the last) */
+    int kh, kw, ci, oihw;
+} ptl_wcast_walk;
+
+PTL_HD void ptl_wcast_walk_at(ptl_wcast_walk *w, const ptl_wcast_entry *tab, int n, int64_t i, int oihw)
+{
+    const ptl_wcast_entry *e = tab + ptl_wcast_find(tab, n, i);
+    int64_t j = i - e->dst;
+    w->e = e;
+    w->last = tab + n - 1;
+    w->i = i;
+    w->next = e < w->last ? e[1].dst : INT64_MAX;
+    w->oihw = oihw;
+    if (oihw) {
+        w->kw = (int)(j % e->k);
+        j /= e->k;
+        w->kh = (int)(j % e->k);
+        j /= e->k;
+        w->ci = (int)(j % e->cin_g);
+        w->co = j / e->cin_g;
+    } else {
+        w->ci = (int)(j % e->cin_g);
+        j /= e->cin_g;
+        w->kw = (int)(j % e->k);
+        j /= e->k;
+        w->kh = (int)(j % e->k);
+        w->co = j / e->k;
+    }
+}
+
+/* The walk's element's offsets in the master parameters and in the copy; -1 in the padding after a record. */
+PTL_HD int64_t ptl_wcast_walk_src(const ptl_wcast_walk *w)
+{
+    const ptl_wcast_entry *e = w->e;
+    return w->co < e->cout ? e->src + ((w->co * e->cin_g + w->ci) * e->k + w->kh) * e->k + w->kw : -1;
+}
+
+PTL_HD int64_t ptl_wcast_walk_dst(const ptl_wcast_walk *w)
+{
+    const ptl_wcast_entry *e = w->e;
+    return w->co < e->cout ? e->dst + ((w->co * e->k + w->kh) * e->k + w->kw) * e->cin_g + w->ci : -1;
+}
+
+/* past a record's end co only grows: the padding maps to nothing */
+PTL_HD void ptl_wcast_walk_next(ptl_wcast_walk *w)
+{
+    const ptl_wcast_entry *e = w->e;
+    if (++w->i == w->next) {
+        w->e++;
+        w->next = w->e < w->last ? w->e[1].dst : INT64_MAX;
+        w->co = 0;
+        w->kh = w->kw = w->ci = 0;
+    } else if (w->oihw) {
+        if (++w->kw == e->k) {
+            w->kw = 0;
+            if (++w->kh == e->k) {
+                w->kh = 0;
+                if (++w->ci == e->cin_g) {
+                    w->ci = 0;
+                    w->co++;
+                }
+            }
+        }
+    } else if (++w->ci == e->cin_g) {
+        w->ci = 0;
+        if (++w->kw == e->k) {
+            w->kw = 0;
+            if (++w->kh == e->k) {
+                w->kh = 0;
+                w->co++;
+            }
+        }
+    }
+}
+
 /* Index in the (B, A, C) head output of element i of a level's (B, hw, C) map at anchor offset a0; the
  * 32-bit version for the CUDA kernels where the map and the output have fewer than 2^32 elements (its two
  * divisions per element are several times cheaper). */
@@ -76,9 +162,10 @@ PTL_HD int ptl_net_head_fits32(int B, int64_t hw, int C, int64_t A, int64_t slac
 int ptl_net_weight_cast(ptl_dtype dt, const ptl_wcast_entry *tab, int n, const void *params, void *wc);
 /* grads[OIHW] += wgc[OHWI] for every record. */
 int ptl_net_weight_grad(ptl_dtype dt, const ptl_wcast_entry *tab, int n, const void *wgc, void *grads);
-/* Checks that the per-element search (ptl_wcast_find, ptl_wcast_src, what the CUDA kernels use) maps
- * every element of a copy of `total` elements as the per-record walk does; -1 naming the first
- * mismatch (tests). */
+/* Checks that the per-element search (ptl_wcast_find, ptl_wcast_src) maps every element of a copy of `total`
+ * elements as the per-record walk does, and that the CUDA kernels' walks (ptl_wcast_walk in both orders,
+ * PTL_WCAST_RUN elements from every multiple of 4) map them as the search does; -1 naming the first mismatch
+ * (tests). */
 int ptl_net_wcast_check(const ptl_wcast_entry *tab, int n, int64_t total);
 /* out[(b*A + a0 + i)*C + c] = map[(b*hw + i)*C + c] for a level's map (B, hw, C); the backward
  * gmap[...] (= or +=, accumulate 0 or 1) d_out[...]. */
