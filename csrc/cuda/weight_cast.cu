@@ -7,62 +7,66 @@
 
 #define NET_THREADS 256
 
-/* Each thread takes runs of V = 16 / sizeof(T) consecutive elements of the compute-dtype copy (one walk each,
- * ptl_wcast_walk), moved as one 16-byte access where the run lies in one record and `vec` (the copy 16-byte
- * aligned) allows. */
+/* Each thread of the weight kernels takes runs of V = 16 / sizeof(T) consecutive elements (ptl_wcast_walk: one
+ * table search a run). wcast_run gives a run's master and copy offsets (-1: past the copy's end, or padding),
+ * walked in the copy's order or (oihw) the master's. */
+template <int V>
+__device__ __forceinline__ void wcast_run(const ptl_wcast_entry *tab, int n, int64_t total, int64_t i0, int oihw,
+                                          int64_t *s, int64_t *d)
+{
+    static_assert(V <= PTL_WCAST_RUN && V % 4 == 0, "ptl_net_wcast_check walks runs of this length");
+    ptl_wcast_walk w;
+    ptl_wcast_walk_at(&w, tab, n, i0, oihw);
+#pragma unroll
+    for (int u = 0; u < V; u++) {
+        const bool in = i0 + u < total;
+        s[u] = in ? ptl_wcast_walk_src(&w) : -1;
+        d[u] = in ? ptl_wcast_walk_dst(&w) : -1;
+        ptl_wcast_walk_next(&w);
+    }
+}
+
+/* In the copy's order, a run stored as one 16-byte access where it lies in one record and `vec` (the copy
+ * 16-byte aligned) allows. */
 template <typename T>
 __global__ void weight_cast_kernel(const ptl_wcast_entry *tab, int n, int64_t total, const float *src, T *dst, int vec)
 {
     ptl_wait_prior();
     constexpr int V = 16 / sizeof(T);
-    static_assert(V <= PTL_WCAST_RUN && V % 4 == 0, "ptl_net_wcast_check walks runs of this length");
     const int64_t stride = (int64_t)gridDim.x * blockDim.x * V;
     for (int64_t i0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * V; i0 < total; i0 += stride) {
-        const int m = total - i0 < V ? (int)(total - i0) : V;
-        ptl_wcast_walk w;
-        ptl_wcast_walk_at(&w, tab, n, i0, 0);
+        int64_t s[V], d[V];
+        wcast_run<V>(tab, n, total, i0, 0, s, d);
         ptl_pack<T, V> out;
         unsigned ok = 0;
 #pragma unroll
-        for (int u = 0; u < V; u++) {
-            const int64_t s = u < m ? ptl_wcast_walk_src(&w) : -1;
-            if (s >= 0) {
-                ptl_st(&out.v[u], src[s]);
+        for (int u = 0; u < V; u++)
+            if (s[u] >= 0) {
+                ptl_st(&out.v[u], src[s[u]]);
                 ok |= 1u << u;
             }
-            ptl_wcast_walk_next(&w);
-        }
         if (vec && ok == (1u << V) - 1)
             *reinterpret_cast<ptl_pack<T, V> *>(dst + i0) = out;
         else
 #pragma unroll
             for (int u = 0; u < V; u++)
                 if (ok >> u & 1)
-                    dst[i0 + u] = out.v[u];
+                    dst[i0 + u] = out.v[u]; /* d[u], in the copy's order */
     }
 }
 
-/* The reverse of weight_cast_kernel: runs of V consecutive master elements (ptl_wcast_walk in the master
- * order), each receiving its one addition, the copy's elements gathered. */
+/* The reverse, in the master's order (a run's read-add-writes consecutive, the copy's elements gathered): each
+ * master element receives its one addition. */
 template <typename T>
 __global__ void weight_grad_kernel(const ptl_wcast_entry *tab, int n, int64_t total, const T *g, float *grad)
 {
     ptl_wait_prior();
     constexpr int V = 16 / sizeof(T);
-    static_assert(V <= PTL_WCAST_RUN && V % 4 == 0, "ptl_net_wcast_check walks runs of this length");
     const int64_t stride = (int64_t)gridDim.x * blockDim.x * V;
     for (int64_t i0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * V; i0 < total; i0 += stride) {
-        const int m = total - i0 < V ? (int)(total - i0) : V;
-        ptl_wcast_walk w;
-        ptl_wcast_walk_at(&w, tab, n, i0, 1);
         int64_t s[V], d[V];
         float acc[V], add[V];
-#pragma unroll
-        for (int u = 0; u < V; u++) {
-            s[u] = u < m ? ptl_wcast_walk_src(&w) : -1;
-            d[u] = ptl_wcast_walk_dst(&w);
-            ptl_wcast_walk_next(&w);
-        }
+        wcast_run<V>(tab, n, total, i0, 1, s, d);
         /* every read before any write, so that they are in flight together (the run's elements are distinct) */
 #pragma unroll
         for (int u = 0; u < V; u++)
