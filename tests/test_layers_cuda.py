@@ -353,6 +353,73 @@ def test_batchnorm_forward_backward_match_cpu(shape, training, act, dt):
     assert rel(host(dbg), N(db_ref)) <= 1e-5
 
 
+CONV_BN_CASES = [
+    # (n, h, w, cin, cout, k, stride), x's mean
+    ((2, 9, 7, 16, 24, 3, 1), 0.0),      # 24 channels: a 32-wide channel tile, part of it past cout
+    ((2, 10, 10, 32, 64, 3, 2), 4.0),    # stride 2; a mean far from 0 tests the shifted sums
+    ((3, 11, 13, 64, 128, 1, 1), 0.0),   # 1x1, two channel tiles, a last row tile of 45 rows
+    ((1, 20, 20, 8, 16, 3, 1), 2.0),     # 8 input channels: k = 72, a k slice half past k's end
+    ((2, 17, 15, 48, 80, 3, 1), -3.0),   # 80 channels: a second channel tile of 16
+    ((4, 256, 160, 8, 16, 3, 1), 1.0),   # 2560 row tiles on 256 blocks: 10 tiles a block in one pipeline
+    ((2, 8, 8, 3, 16, 3, 2), 0.0),       # 3 input channels: the plan's convolution, then BatchNorm
+]
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+@pytest.mark.parametrize("act", [None, "silu"])
+@pytest.mark.parametrize("case,mean", CONV_BN_CASES)
+def test_conv2d_batchnorm_forward_matches_cpu(case, mean, act, dt, monkeypatch):
+    """The training forward of a Conv layer (conv2d_bn.h), fused wherever the kernel takes the shape
+    (PTL_CONV_BN=1): z against the CPU convolution, and the statistics, running statistics and y against the CPU
+    BatchNorm of the GPU's own z (so they measure the fused sums alone); a rerun gives the same bits."""
+    monkeypatch.setenv("PTL_CONV_BN", "1")
+    n, h, w, cin, cout, k, s = case
+    rng = np.random.default_rng(seed((case, act, dt)))
+    x = rounded(mean + rng.standard_normal((n, h, w, cin)), dt)
+    wt = rounded(rng.standard_normal((cout, k, k, cin)) / np.sqrt(k * k * cin), dt)
+    xg, wg = gpu(x, dt), gpu(wt, dt)
+    plan = C.layer_conv2d_plan(xg, wg, s, 1)
+    info = C.layer_cuda_conv2d_plan_info(plan)
+    assert info["conv_bn_fused"] == (cin % 8 == 0)
+    ws = empty((info["workspace"],), "uint8") if info["workspace"] else None
+    _, gamma, beta, rm, rv = bn_inputs((1, cout), dt, rng)
+    gamma, beta, rm, rv = (rounded(a, "float32") for a in (gamma, beta, rm, rv))
+    runs = []
+    for _ in range(2):
+        rmg, rvg = g32(rm), g32(rv)
+        z, y, sm, si = C.layer_conv2d_batchnorm_forward(plan, xg, wg, g32(gamma), g32(beta), rmg, rvg, act, ws)
+        runs.append((z, y, sm, si, rmg, rvg))
+    assert all(same_bits(a, b) for a, b in zip(*runs))
+    z, y, sm, si, rmg, rvg = runs[0]
+    assert z.dtype == y.dtype == dt and tuple(z.shape) == tuple(info["y_shape"])
+    rp, x64, w64 = cpu_conv(x, wt, s, 1)
+    assert rel(host(z), N(C.layer_conv2d_forward(rp, x64, w64, None))) <= tol(dt, 0)
+    rm_ref, rv_ref = T64(rm), T64(rv)
+    y_ref, sm_ref, si_ref = C.layer_batchnorm_forward(T64(host(z)), T64(gamma), T64(beta), rm_ref, rv_ref, True,
+                                                      act)
+    for got, ref in ((sm, sm_ref), (si, si_ref), (rmg, rm_ref), (rvg, rv_ref)):
+        assert rel(host(got), N(ref)) <= 1e-6
+    assert rel(host(y), N(y_ref)) <= tol(dt, 0)
+
+
+@pytest.mark.parametrize("mode", [None, "0", "1"])
+def test_conv2d_batchnorm_fusion_choice(mode, monkeypatch):
+    """Which Conv layers run fused: none unless PTL_CONV_BN=1, then every shape the kernel takes (bfloat16 or
+    float16, groups 1, 1x1 or 3x3, channel counts multiples of 8)."""
+    if mode is None:
+        monkeypatch.delenv("PTL_CONV_BN", raising=False)
+    else:
+        monkeypatch.setenv("PTL_CONV_BN", mode)
+    cases = [((2, 8, 8, 16, 32, 3, 1, 1), "bfloat16", True), ((2, 8, 8, 16, 16, 1, 1, 1), "float16", True),
+             ((2, 8, 8, 16, 16, 3, 1, 1), "float32", False), ((2, 8, 8, 16, 16, 3, 1, 16), "bfloat16", False),
+             ((2, 8, 8, 12, 16, 3, 1, 1), "bfloat16", False), ((2, 8, 8, 16, 12, 3, 1, 1), "bfloat16", False),
+             ((2, 8, 8, 16, 16, 5, 1, 1), "bfloat16", False)]
+    for (n, h, w, cin, cout, k, s, g), dt, takes in cases:
+        x, wt = gpu(np.zeros((n, h, w, cin)), dt), gpu(np.zeros((cout, k, k, cin // g)), dt)
+        fused = C.layer_cuda_conv2d_plan_info(C.layer_conv2d_plan(x, wt, s, g))["conv_bn_fused"]
+        assert fused == (takes and mode == "1"), (mode, cin, cout, k, g, dt)
+
+
 @pytest.mark.parametrize("dt", ["float32", "bfloat16"])
 def test_batchnorm_dx_may_alias_dy_and_params_grads_optional(dt):
     rng = np.random.default_rng(7)

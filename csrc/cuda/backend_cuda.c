@@ -9,6 +9,7 @@
 #include "../nn/upsample.h"
 #include "../nn/weight_cast.h"
 #include "conv2d.h"
+#include "conv2d_bn.h"
 #include "device.h"
 #include "layer_scratch.h"
 #include "recorder.h"
@@ -141,6 +142,15 @@ static int cuda_conv_forward(ptl_cuda_ctx *ctx, const void *plan, const void *x,
     return ptl_conv2d_forward_cuda(ctx, (const ptl_conv2d_plan *)plan, x, w, bias, y, ws, ws_bytes);
 }
 
+static int cuda_conv_batchnorm_forward(ptl_cuda_ctx *ctx, const void *plan, const void *x, const void *w, void *z,
+                                       void *ws, size_t ws_bytes, const void *gamma, const void *beta,
+                                       void *running_mean, void *running_var, ptl_act act, void *save_mean,
+                                       void *save_invstd, void *y, int ld)
+{
+    return ptl_conv2d_bn_forward_cuda(ctx, (const ptl_conv2d_plan *)plan, x, w, z, ws, ws_bytes, gamma, beta,
+                                      running_mean, running_var, act, save_mean, save_invstd, y, ld);
+}
+
 static int cuda_conv_backward_input(ptl_cuda_ctx *ctx, const void *plan, const void *dy, const void *w, void *dx,
                                     void *ws, size_t ws_bytes)
 {
@@ -182,6 +192,7 @@ const ptl_net_backend ptl_net_backend_cuda = {
     .conv_backward_weight = cuda_conv_backward_weight,
     .conv_backward_bias = cuda_conv_backward_bias,
     .batchnorm_forward = ptl_batchnorm_forward_cuda,
+    .conv_batchnorm_forward = cuda_conv_batchnorm_forward,
     .batchnorm_backward = ptl_batchnorm_backward_cuda,
     .add = ptl_add_cuda,
     .accumulate = ptl_accumulate_cuda,

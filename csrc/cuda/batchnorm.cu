@@ -5,10 +5,12 @@
  * column reduction of layers_common.cuh (fixed geometry, fixed-order trees, no atomics), so every
  * result is bitwise reproducible run to run. Launches per call: training forward 3 (partial sums,
  * per-channel finish, apply), backward 3 (the same), eval forward 2 and eval backward 1 (3 when
- * dgamma/dbeta are wanted); a pass of two or three that comes again with the same pointers is relaunched as
- * one graph (call_graph.h). The partial sums live in the per-device layer scratch (conv2d.h). */
+ * dgamma/dbeta are wanted), and 2 after a convolution that summed its output itself (finish, apply:
+ * conv2d_bn.h); a pass of two or three that comes again with the same pointers is relaunched as one graph
+ * (call_graph.h). The partial sums live in the per-device layer scratch (conv2d.h). */
 #include "../nn/batchnorm.h"
 #include "call_graph.h"
+#include "conv2d_bn.h"
 #include "layers_common.cuh"
 
 /* Forward statistics: sums of (x - shift) and (x - shift)^2, shift = the channel's first value, which
@@ -56,6 +58,23 @@ struct bn_grad_op {
     }
 };
 
+/* The channel's mean, 1/std and running statistics from its sums s and q of (x - shift) and (x - shift)^2 over
+ * m rows (lane 0 of the channel's warp stores them). */
+__device__ __forceinline__ void bn_fwd_store(int64_t m, int ch, double shift, double s, double q, float rm0, float rv0,
+                                             float *rm, float *rv, float *smean, float *sinv)
+{
+    const double ms = s / (double)m;
+    double var = q / (double)m - ms * ms;
+    if (var < 0.0)
+        var = 0.0;
+    const double mean = shift + ms;
+    const double unbiased = m > 1 ? var * (double)m / (double)(m - 1) : var;
+    smean[ch] = (float)mean;
+    sinv[ch] = (float)(1.0 / sqrt(var + PTL_BN_EPS));
+    rm[ch] = (float)((1.0 - PTL_BN_MOMENTUM) * (double)rm0 + PTL_BN_MOMENTUM * mean);
+    rv[ch] = (float)((1.0 - PTL_BN_MOMENTUM) * (double)rv0 + PTL_BN_MOMENTUM * unbiased);
+}
+
 template <typename T>
 __global__ void bn_fwd_finish(int64_t m, int c, int nchunks, const double *part, const T *x, float *rm,
                               float *rv, float *smean, float *sinv)
@@ -68,19 +87,52 @@ __global__ void bn_fwd_finish(int64_t m, int c, int nchunks, const double *part,
     const float shift = ptl_ld(x + ch), rm0 = rm[ch], rv0 = rv[ch];
     double sums[2];
     ptl_colsum_finish_n<2>(part, nchunks, c, 0, ch, sums);
-    const double s = sums[0], q = sums[1];
     if (threadIdx.x & 31)
         return;
-    const double ms = s / (double)m;
-    double var = q / (double)m - ms * ms;
-    if (var < 0.0)
-        var = 0.0;
-    const double mean = (double)shift + ms;
-    const double unbiased = m > 1 ? var * (double)m / (double)(m - 1) : var;
-    smean[ch] = (float)mean;
-    sinv[ch] = (float)(1.0 / sqrt(var + PTL_BN_EPS));
-    rm[ch] = (float)((1.0 - PTL_BN_MOMENTUM) * (double)rm0 + PTL_BN_MOMENTUM * mean);
-    rv[ch] = (float)((1.0 - PTL_BN_MOMENTUM) * (double)rv0 + PTL_BN_MOMENTUM * unbiased);
+    bn_fwd_store(m, ch, (double)shift, sums[0], sums[1], rm0, rv0, rm, rv, smean, sinv);
+}
+
+/* The finish from the fused convolution's chunks (conv2d_bn.cu): chunk i's sums are relative to its own shift
+ * h_i over n_i rows; moved to the channel's first value h_0 (chunk 0's shift) with d = h_i - h_0, they are
+ * s_i + n_i d and q_i + d (2 s_i + n_i d). Lane l takes chunks l, l + 32, ... in order, then a fixed shuffle
+ * tree combines the lanes. */
+__global__ void bn_fwd_finish_chunks(int64_t m, int c, int nchunks, const double *part, float *rm, float *rv,
+                                     float *smean, float *sinv)
+{
+    ptl_wait_prior();
+    const int ch = ptl_colsum_finish_channel(), lane = threadIdx.x & 31;
+    if (ch >= c)
+        return;
+    const int64_t qs = (int64_t)nchunks * c;
+    const double h0 = part[2 * qs + ch];
+    const float rm0 = rm[ch], rv0 = rv[ch];
+    double s = 0.0, q = 0.0;
+    /* U chunks' loads at once, then their additions in order (one chunk at a time kept a load in flight) */
+    constexpr int U = 4;
+    for (int i0 = lane; i0 < nchunks; i0 += 32 * U) {
+        double v[U][4];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + 32 * u;
+            const int64_t at = (int64_t)(i < nchunks ? i : 0) * c + ch;
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                v[u][k] = i < nchunks ? part[k * qs + at] : 0.0;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const double d = v[u][2] - h0;
+            s += v[u][0] + v[u][3] * d;
+            q += v[u][1] + d * (2.0 * v[u][0] + v[u][3] * d);
+        }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+        s += __shfl_down_sync(0xffffffffu, s, off);
+        q += __shfl_down_sync(0xffffffffu, q, off);
+    }
+    if (lane == 0)
+        bn_fwd_store(m, ch, h0, s, q, rm0, rv0, rm, rv, smean, sinv);
 }
 
 __global__ void bn_eval_stats(int c, const float *rm, const float *rv, float *smean, float *sinv)
@@ -236,8 +288,25 @@ extern "C" size_t ptl_batchnorm_cuda_scratch_bytes(int64_t m, int c)
 {
     if (m <= 0 || c <= 0)
         return 0;
-    /* partial sums, then mean_g and mean_gx for the backward */
-    return ptl_colsum_part_bytes(m, c, 2) + 2 * (size_t)c * sizeof(float);
+    /* partial sums (the unfused pass's or the fused convolution's), then mean_g and mean_gx for the backward */
+    const size_t colsum = ptl_colsum_part_bytes(m, c, 2), fused = ptl_conv2d_bn_part_bytes(m, c);
+    return (colsum > fused ? colsum : fused) + 2 * (size_t)c * sizeof(float);
+}
+
+/* The apply, 16 bytes a thread where widths and pointers allow. */
+template <typename T>
+static int bn_apply_any(cudaStream_t st, int64_t m, int c, int ld, const T *x, const float *gamma, const float *beta,
+                        const float *smean, const float *sinv, int silu, T *y)
+{
+    if (ptl_vec_ok(c | ld, 16 / sizeof(T), x, y, y) && ptl_aligned16(gamma, beta, smean) &&
+        ptl_aligned16(sinv, NULL, NULL))
+        bn_apply_launch<T, 16 / sizeof(T)>(st, m, c, ld, x, gamma, beta, smean, sinv, silu, y);
+    else
+        bn_apply_launch<T, 1>(st, m, c, ld, x, gamma, beta, smean, sinv, silu, y);
+    PTL_LAUNCH_CHECK("bn_apply");
+    return 0;
+fail:
+    return -1;
 }
 
 template <typename T>
@@ -259,13 +328,21 @@ static int bn_forward(ptl_cuda_ctx *ctx, int64_t m, int c, const T *x, const flo
         ptl_launch(bn_eval_stats, cblocks, 128, 0, st, c, rm, rv, smean, sinv);
         PTL_LAUNCH_CHECK("bn_eval_stats");
     }
-    if (ptl_vec_ok(c | ld, 16 / sizeof(T), x, y, y) && ptl_aligned16(gamma, beta, smean) &&
-        ptl_aligned16(sinv, NULL, NULL))
-        bn_apply_launch<T, 16 / sizeof(T)>(st, m, c, ld, x, gamma, beta, smean, sinv, silu, y);
-    else
-        bn_apply_launch<T, 1>(st, m, c, ld, x, gamma, beta, smean, sinv, silu, y);
-    PTL_LAUNCH_CHECK("bn_apply");
-    return 0;
+    return bn_apply_any<T>(st, m, c, ld, x, gamma, beta, smean, sinv, silu, y);
+fail:
+    return -1;
+}
+
+template <typename T>
+static int bn_forward_from_sums(ptl_cuda_ctx *ctx, int64_t m, int c, int nchunks, const double *part, const T *x,
+                                const float *gamma, const float *beta, float *rm, float *rv, int silu, float *smean,
+                                float *sinv, T *y, int ld)
+{
+    cudaStream_t st = ctx->stream;
+    ptl_launch(bn_fwd_finish_chunks, ptl_colsum_finish_blocks(c), PTL_COLSUM_FINISH_THREADS, 0, st, m, c, nchunks,
+               part, rm, rv, smean, sinv);
+    PTL_LAUNCH_CHECK("bn_fwd_finish_chunks");
+    return bn_apply_any<T>(st, m, c, ld, x, gamma, beta, smean, sinv, silu, y);
 fail:
     return -1;
 }
@@ -380,4 +457,18 @@ extern "C" int ptl_batchnorm_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int6
     if (ptl_layers_cuda_scratch(ctx, ptl_batchnorm_cuda_scratch_bytes(m, c), &k.scratch))
         return -1;
     return run(&k, issue_backward);
+}
+
+extern "C" int ptl_batchnorm_forward_from_sums_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t m, int c, int nchunks,
+                                                    const double *part, const void *z, const void *gamma,
+                                                    const void *beta, void *running_mean, void *running_var, int silu,
+                                                    void *save_mean, void *save_invstd, void *y, int ld)
+{
+    PTL_LAYER_DISPATCH("batchnorm_forward_from_sums_cuda", dt,
+                       return bn_forward_from_sums<T>(ctx, m, c, nchunks, part, (const T *)z, (const float *)gamma,
+                                                      (const float *)beta, (float *)running_mean,
+                                                      (float *)running_var, silu, (float *)save_mean,
+                                                      (float *)save_invstd, (T *)y, ld));
+fail:
+    return -1;
 }

@@ -851,6 +851,21 @@ static void *conv_out(const ptl_net_exec *x, const ptl_net_op *op, int grad, int
     return AT(x->cur->arena.ptr, (grad ? L->goff : L->voff)[op->out] + op->out_c0);
 }
 
+int ptl_net_conv_batchnorm_forward(const ptl_net_backend *be, ptl_exec_ctx *ctx, const void *plan, ptl_dtype dt,
+                                   int64_t m, int c, const void *x, const void *w, void *z, void *ws, size_t ws_bytes,
+                                   const void *gamma, const void *beta, void *running_mean, void *running_var,
+                                   ptl_act act, void *save_mean, void *save_invstd, void *y, int ld)
+{
+    if (be->conv_batchnorm_forward)
+        return be->conv_batchnorm_forward(ctx, plan, x, w, z, ws, ws_bytes, gamma, beta, running_mean, running_var,
+                                          act, save_mean, save_invstd, y, ld);
+    PTL_CHECK(be->conv_forward(ctx, plan, x, w, NULL, z, ws, ws_bytes));
+    return be->batchnorm_forward(ctx, dt, m, c, z, gamma, beta, running_mean, running_var, 1, act, save_mean,
+                                 save_invstd, y, ld);
+fail:
+    return -1;
+}
+
 static int forward_op(ptl_net_exec *x, int i)
 {
     const ptl_net_backend *be = x->be;
@@ -872,17 +887,19 @@ static int forward_op(ptl_net_exec *x, int i)
                 x->wt.op_b[i] >= 0 ? AT(x->wc.ptr, x->wt.op_b[i]) : PAR(x->params, op->param[PTL_CONV_BIAS]);
             return be->conv_forward(x->q, S->plans[i], in, w, bias, AT(act, vo[op->out]), ws, wsb);
         }
-        PTL_CHECK(be->conv_forward(x->q, S->plans[i], in, w, NULL, AT(act, vo[op->z]), ws, wsb));
         int ld;
-        void *y = conv_out(x, op, 0, &ld);
-        return be->batchnorm_forward(x->q, dt, dims(x, op->out).m, op->cout, AT(act, vo[op->z]),
-                                     PAR(x->params, op->param[PTL_CONV_GAMMA]),
-                                     PAR(x->params, op->param[PTL_CONV_BETA]),
-                                     PAR(x->buffers, op->buffer[PTL_BN_RUNNING_MEAN]),
-                                     PAR(x->buffers, op->buffer[PTL_BN_RUNNING_VAR]),
-                                     x->training && !(x->op_frozen[i] & PTL_NET_FROZEN_BN_EVAL),
-                                     op->act ? PTL_ACT_SILU : PTL_ACT_NONE, PAR(x->stats, op->stat_off),
-                                     PAR(x->stats, op->stat_off + op->cout), y, ld);
+        void *y = conv_out(x, op, 0, &ld), *z = AT(act, vo[op->z]);
+        const int64_t m = dims(x, op->out).m;
+        void *gamma = PAR(x->params, op->param[PTL_CONV_GAMMA]), *beta = PAR(x->params, op->param[PTL_CONV_BETA]);
+        void *rm = PAR(x->buffers, op->buffer[PTL_BN_RUNNING_MEAN]);
+        void *rv = PAR(x->buffers, op->buffer[PTL_BN_RUNNING_VAR]);
+        void *sm = PAR(x->stats, op->stat_off), *si = PAR(x->stats, op->stat_off + op->cout);
+        const ptl_act a = op->act ? PTL_ACT_SILU : PTL_ACT_NONE;
+        if (x->training && !(x->op_frozen[i] & PTL_NET_FROZEN_BN_EVAL))
+            return ptl_net_conv_batchnorm_forward(be, x->q, S->plans[i], dt, m, op->cout, in, w, z, ws, wsb, gamma,
+                                                  beta, rm, rv, a, sm, si, y, ld);
+        PTL_CHECK(be->conv_forward(x->q, S->plans[i], in, w, NULL, z, ws, wsb));
+        return be->batchnorm_forward(x->q, dt, m, op->cout, z, gamma, beta, rm, rv, 0, a, sm, si, y, ld);
     }
     case PTL_OP_HEAD: {
         const int in = op->ins[0].value;

@@ -225,6 +225,12 @@ typedef struct ptl_net_backend {
     int (*batchnorm_forward)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x, const void *gamma,
                              const void *beta, void *running_mean, void *running_var, int training, ptl_act act,
                              void *save_mean, void *save_invstd, void *y, int ld);
+    /* a convolution without bias, then training-mode BatchNorm of its output z (NULL: the two calls above;
+     * ptl_net_conv_batchnorm_forward chooses) */
+    int (*conv_batchnorm_forward)(ptl_exec_ctx *ctx, const void *plan, const void *x, const void *w, void *z,
+                                  void *ws, size_t ws_bytes, const void *gamma, const void *beta, void *running_mean,
+                                  void *running_var, ptl_act act, void *save_mean, void *save_invstd, void *y,
+                                  int ld);
     int (*batchnorm_backward)(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x, const void *dy,
                               int ld, const void *gamma, const void *beta, const void *save_mean,
                               const void *save_invstd, int training, ptl_act act, void *dx, void *dgamma, void *dbeta);
@@ -268,6 +274,12 @@ int ptl_net_conv_plans_each(int (*one)(ptl_exec_ctx *ctx, const ptl_conv2d_desc 
                                        const ptl_net_conv_opts *o, int bias, void **plan),
                             void (*drop)(void *plan), ptl_exec_ctx *ctx, int n, const ptl_conv2d_desc *d, ptl_dtype dt,
                             const ptl_net_conv_opts *o, const uint8_t *bias, void **plans);
+/* z = conv(x, w) by `plan` (dtype dt, m output rows, c output channels), then y = BatchNorm(z) in training mode
+ * (y's rows ld apart): through be->conv_batchnorm_forward where the backend has one, else its two calls. */
+int ptl_net_conv_batchnorm_forward(const ptl_net_backend *be, ptl_exec_ctx *ctx, const void *plan, ptl_dtype dt,
+                                   int64_t m, int c, const void *x, const void *w, void *z, void *ws, size_t ws_bytes,
+                                   const void *gamma, const void *beta, void *running_mean, void *running_var,
+                                   ptl_act act, void *save_mean, void *save_invstd, void *y, int ld);
 /* The convolution a plan of ptl_net_backend_cpu describes (for backends built on its plans). */
 const ptl_conv2d_desc *ptl_net_cpu_plan_desc(const void *plan);
 /* Blocks the CPU backend holds now, over all executors (tests check that nothing leaks). */

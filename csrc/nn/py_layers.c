@@ -448,6 +448,43 @@ fail:
     return NULL;
 }
 
+/* layer_conv2d_batchnorm_forward(plan, x, w, gamma, beta, running_mean, running_var, act, workspace=None)
+ * -> (z, y, save_mean, save_invstd): z = conv(x, w), then y = BatchNorm(z) in training mode, as the network's
+ * Conv layers run them (on CUDA fused with PTL_CONV_BN=1 where the plan allows it: ../cuda/conv2d_bn.h). */
+static PyObject *py_conv2d_batchnorm_forward(PyObject *m, PyObject *args)
+{
+    PyObject *o[2], *po, *go, *bo, *rmo, *rvo, *acto, *wso = Py_None;
+    conv_call c;
+    ptl_act act;
+    if (!PyArg_ParseTuple(args, "OOOOOOOO|O:layer_conv2d_batchnorm_forward", &po, &o[0], &o[1], &go, &bo, &rmo,
+                          &rvo, &acto, &wso) ||
+        parse_act(acto, &act) ||
+        conv_call_args(m, po, o, (const char *[]){"x", "w"}, (const int[]){CONV_X, CONV_W}, 2, 0, wso, &c))
+        return NULL;
+    const ptl_conv2d_desc *d = &c.p->d;
+    const int64_t ys[4] = {d->n, d->ho, d->wo, d->cout}, cs[1] = {d->cout};
+    PtlTensor *x = c.t[0], *g, *b, *rm, *rv, *z = NULL, *y = NULL, *sm = NULL, *si = NULL;
+    if (!(g = par(m, go, "gamma", x, cs)) || !(b = par(m, bo, "beta", x, cs)) ||
+        !(rm = par(m, rmo, "running_mean", x, cs)) || !(rv = par(m, rvo, "running_var", x, cs)))
+        return NULL;
+    if (!(z = out_arg(m, NULL, "z", x, 4, ys, x->dtype)) || !(y = out_arg(m, NULL, "y", x, 4, ys, x->dtype)) ||
+        !(sm = out_arg(m, NULL, "save_mean", x, 1, cs, par_dtype(x))) ||
+        !(si = out_arg(m, NULL, "save_invstd", x, 1, cs, par_dtype(x))))
+        goto fail;
+    RUN(ptl_net_conv_batchnorm_forward(c.p->be, c.p->ctx, c.p->plan, c.p->dt, ys[0] * ys[1] * ys[2], d->cout,
+                                       ptl_tensor_data(x), ptl_tensor_data(c.t[1]), ptl_tensor_data(z), c.ws,
+                                       c.ws_bytes, ptl_tensor_data(g), ptl_tensor_data(b), ptl_tensor_data(rm),
+                                       ptl_tensor_data(rv), act, ptl_tensor_data(sm), ptl_tensor_data(si),
+                                       ptl_tensor_data(y), d->cout));
+    return Py_BuildValue("(NNNN)", z, y, sm, si);
+fail:
+    Py_XDECREF(z);
+    Py_XDECREF(y);
+    Py_XDECREF(sm);
+    Py_XDECREF(si);
+    return NULL;
+}
+
 /* layer_batchnorm_backward(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma, dbeta, *,
  * cpu_kernels=None): dx overwritten (may be dy itself); dgamma/dbeta (or None) accumulated. */
 static PyObject *py_batchnorm_backward(PyObject *m, PyObject *args, PyObject *kwargs)
@@ -944,6 +981,8 @@ static PyMethodDef methods[] = {
     {"layer_batchnorm_forward", KEYWORDS(py_batchnorm_forward),
      "(x, gamma, beta, running_mean, running_var, training, act, y=None, save_mean=None, save_invstd=None, *, "
      "cpu_kernels=None) -> (y, save_mean, save_invstd)"},
+    {"layer_conv2d_batchnorm_forward", py_conv2d_batchnorm_forward, METH_VARARGS,
+     "(plan, x, w, gamma, beta, running_mean, running_var, act, workspace=None) -> (z, y, save_mean, save_invstd)"},
     {"layer_batchnorm_backward", KEYWORDS(py_batchnorm_backward),
      "(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma|None, dbeta|None, *, cpu_kernels=None)"},
     {"layer_silu_forward", KEYWORDS(py_silu_forward), "(x, y=None, *, cpu_kernels=None) -> silu(x)"},
