@@ -125,6 +125,10 @@ def test_conv2d_backward_finite_differences(case):
     dx_ws = T(np.full(x.shape, np.nan))  # the transposed-weight path: a workspace of w's size
     C.layer_conv2d_backward_input(plan, T(r), T(w), dx_ws, T(np.empty(w.size)))
     np.testing.assert_allclose(N(dx_ws), N(dx), rtol=1e-12, atol=1e-12)
+    x0 = rng.standard_normal(x.shape)  # add=True: added onto, as for an input with several consumers
+    dx_add = T(x0)
+    C.layer_conv2d_backward_input(plan, T(r), T(w), dx_add, None, True)
+    np.testing.assert_allclose(N(dx_add) - x0, N(dx), rtol=1e-12, atol=1e-12)
     assert_grad(N(dw) - w0, numgrad(loss, [x, w, b], 1))
     assert_grad(N(db) - b0, numgrad(loss, [x, w, b], 2))
 

@@ -230,6 +230,30 @@ def test_conv2d_reruns_are_bitwise_equal(case, dt, cudnn_api):
         assert same_bits(a, b)
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("case", [(2, 16, 16, 32, 64, 3, 2, 1), (2, 12, 12, 16, 24, 3, 1, 1),
+                                  (2, 16, 16, 64, 32, 1, 1, 1), (2, 10, 10, 64, 64, 3, 1, 64),
+                                  (2, 11, 11, 16, 16, 3, 2, 16)])  # cuDNN (two), GEMM, depthwise (two)
+def test_conv2d_backward_input_adds(case, dt, cudnn_api):
+    """dx += dL/dx in one call (an input with several consumers, as the executor adds it): the CPU reference's
+    sum within the dtype's rounding, and the same bits from run to run."""
+    rng = np.random.default_rng(seed(case) + 7)
+    x, wt, xg, wg, plan, info, ws = conv_setup(case, dt, rng)
+    assert info["adds_input_grad"]
+    dy = rounded(rng.standard_normal(info["y_shape"]), dt)
+    dx0 = rounded(rng.standard_normal(x.shape), dt)
+    rp, _, w64 = cpu_conv(x, wt, case[6], case[7])
+    ref = T64(dx0)
+    C.layer_conv2d_backward_input(rp, T64(dy), w64, ref, None, True)
+    outs = []
+    for _ in range(2):
+        dx = gpu(dx0, dt)
+        C.layer_conv2d_backward_input(plan, gpu(dy, dt), wg, dx, ws, True)
+        outs.append(dx)
+    assert rel(host(outs[0]), N(ref)) <= tol(dt, 1e-4)
+    assert same_bits(*outs)
+
+
 @pytest.mark.parametrize("case", [(2, 20, 20, 16, 32, 3, 1, 1), (2, 20, 20, 32, 16, 3, 2, 1),
                                   (2, 16, 16, 32, 32, 1, 1, 1), (2, 20, 20, 32, 32, 3, 1, 32)])
 def test_conv2d_forward_only_plans(case, cudnn_api):

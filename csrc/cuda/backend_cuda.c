@@ -157,6 +157,12 @@ static int cuda_conv_backward_input(ptl_cuda_ctx *ctx, const void *plan, const v
     return ptl_conv2d_backward_input_cuda(ctx, (const ptl_conv2d_plan *)plan, dy, w, dx, ws, ws_bytes);
 }
 
+static int cuda_conv_backward_input_add(ptl_cuda_ctx *ctx, const void *plan, const void *dy, const void *w,
+                                        void *dx, void *scratch, void *ws, size_t ws_bytes)
+{
+    return ptl_conv2d_backward_input_add_cuda(ctx, (const ptl_conv2d_plan *)plan, dy, w, dx, scratch, ws, ws_bytes);
+}
+
 static int cuda_conv_backward_weight(ptl_cuda_ctx *ctx, const void *plan, const void *x, const void *dy, void *dw,
                                      void *ws, size_t ws_bytes)
 {
@@ -189,6 +195,7 @@ const ptl_net_backend ptl_net_backend_cuda = {
     .weight_grad = ptl_net_weight_grad_cuda,
     .conv_forward = cuda_conv_forward,
     .conv_backward_input = cuda_conv_backward_input,
+    .conv_backward_input_add = cuda_conv_backward_input_add,
     .conv_backward_weight = cuda_conv_backward_weight,
     .conv_backward_bias = cuda_conv_backward_bias,
     .batchnorm_forward = ptl_batchnorm_forward_cuda,

@@ -9,6 +9,7 @@
 #include "conv2d_find.h"
 #include "layers_common.cuh"
 #include "call_graph.h"
+#include "../nn/elementwise.h"
 
 /* Pointer sets whose calls' graphs a plan's direction keeps: every convolution of its shape, on up to four
  * queues (call_graph.h). */
@@ -33,8 +34,10 @@ struct ptl_conv2d_plan {
     int gemm;                    /* 1x1, stride 1, ungrouped: plain cuBLAS GEMMs instead of cuDNN */
     cublasComputeType_t gemm_ct; /* its compute type */
     int depthwise;               /* 3x3, groups == cin == cout: the direct kernels below instead of cuDNN */
-    ptl_cudnn_conv_exec *exec[3]; /* graph-API plans per direction (all three, or none: the legacy API) */
-    ptl_call_graphs *calls[3];    /* each direction's library calls relaunched as graphs (call_graph.h) */
+    /* graph-API plans per direction: the first three, or none (the legacy API); backward data adding to dx
+     * where cuDNN has an engine for it */
+    ptl_cudnn_conv_exec *exec[PTL_CONV_DIRECTIONS];
+    ptl_call_graphs *calls[PTL_CONV_DIRECTIONS]; /* each direction's library calls relaunched as graphs */
     ptl_colsum_geom dw_geom;     /* the depthwise weight gradient's reduction over output pixels */
     size_t ws_f, ws_bd, ws_bf, ws_bias, ws;
     ptl_colsum_geom bias_geom;
@@ -265,7 +268,7 @@ extern "C" void ptl_conv2d_plan_destroy(ptl_conv2d_plan *p)
         cudnnDestroyConvolutionDescriptor(p->cbd);
     if (p->cbf)
         cudnnDestroyConvolutionDescriptor(p->cbf);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < PTL_CONV_DIRECTIONS; i++) {
         ptl_cudnn_conv_exec_destroy(p->exec[i]);
         ptl_call_graphs_destroy(p->calls[i]);
     }
@@ -381,9 +384,17 @@ extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, cudnnHandle_t cudnn, co
             p->af = (cudnnConvolutionFwdAlgo_t)ptl_cudnn_conv_exec_engine(p->exec[0]);
             p->abd = (cudnnConvolutionBwdDataAlgo_t)(p->exec[1] ? ptl_cudnn_conv_exec_engine(p->exec[1]) : -1);
             p->abf = (cudnnConvolutionBwdFilterAlgo_t)(p->exec[2] ? ptl_cudnn_conv_exec_engine(p->exec[2]) : -1);
+            /* optional: without it, adding runs the overwriting plan into the caller's scratch and an add */
+            if (!o->forward_only &&
+                ptl_cudnn_conv_exec_create(ctx, cudnn, d, dt, PTL_CONV_BACKWARD_DATA_ADD, strict, o,
+                                           &p->exec[PTL_CONV_BACKWARD_DATA_ADD]))
+                goto fail;
+            if (p->exec[PTL_CONV_BACKWARD_DATA_ADD] &&
+                ptl_cudnn_conv_exec_workspace(p->exec[PTL_CONV_BACKWARD_DATA_ADD]) > p->ws_bd)
+                p->ws_bd = ptl_cudnn_conv_exec_workspace(p->exec[PTL_CONV_BACKWARD_DATA_ADD]);
             goto sizes;
         }
-        for (int i = 0; i < 3; i++) { /* an engine missing for one direction: all of them go legacy */
+        for (int i = 0; i < ndirs; i++) { /* an engine missing for one direction: all of them go legacy */
             ptl_cudnn_conv_exec_destroy(p->exec[i]);
             p->exec[i] = NULL;
         }
@@ -393,7 +404,7 @@ extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, cudnnHandle_t cudnn, co
 
 sizes:
     if (!p->depthwise)
-        for (int i = 0; i < (o->forward_only ? 1 : 3); i++)
+        for (int i = 0; i < (o->forward_only ? 1 : PTL_CONV_DIRECTIONS); i++)
             if (!(p->calls[i] = ptl_call_graphs_create(CALL_KEYS)))
                 goto fail;
     if (o->forward_only) {
@@ -511,12 +522,15 @@ static int issue_library_call(void *arg)
                                               k->workspace_bytes, &zero, p->yd, c));
         return 0;
     case PTL_CONV_BACKWARD_DATA:
+    case PTL_CONV_BACKWARD_DATA_ADD: {
+        const float beta = k->dir == PTL_CONV_BACKWARD_DATA_ADD ? 1.0f : 0.0f;
         if (p->gemm)
-            return gemm(ctx, p, CUBLAS_OP_N, CUBLAS_OP_N, d->cin, (int)pixels_in, d->cout, b, d->cin, c, d->cout, 0.0f,
+            return gemm(ctx, p, CUBLAS_OP_N, CUBLAS_OP_N, d->cin, (int)pixels_in, d->cout, b, d->cin, c, d->cout, beta,
                         a, d->cin);
         PTL_CUDNN_TRY(cudnnConvolutionBackwardData(ctx->cudnn, &one, p->wd, b, p->yd, c, p->cbd, p->abd, k->workspace,
-                                                   k->workspace_bytes, &zero, p->xd, a));
+                                                   k->workspace_bytes, &beta, p->xd, a));
         return 0;
+    }
     case PTL_CONV_BACKWARD_FILTER:
         if (p->gemm)
             return gemm(ctx, p, CUBLAS_OP_N, CUBLAS_OP_T, d->cin, d->cout, (int)pixels_in, a, d->cin, c, d->cout, 1.0f,
@@ -614,10 +628,10 @@ __global__ void dw_forward_kernel(I groups, ptl_conv2d_desc d, const T *x, const
     }
 }
 
-template <typename T, typename I, int V>
-__global__ void dw_backward_input_kernel(I groups, ptl_conv2d_desc d, const T *dy, const T *w, T *dx)
+/* ADD: dx += the gradient (rounded once, from the float sum) instead of dx = it */
+template <typename T, typename I, int V, bool ADD>
+__device__ void dw_backward_input(I groups, const ptl_conv2d_desc &d, const T *dy, const T *w, T *dx)
 {
-    ptl_wait_prior();
     typedef ptl_pack<T, V> P;
     const I stride = (I)gridDim.x * blockDim.x;
     const int cg = d.cin / V;
@@ -648,11 +662,31 @@ __global__ void dw_backward_input_kernel(I groups, ptl_conv2d_desc d, const T *d
             }
         }
         P xv;
+        if (ADD) {
+            xv = reinterpret_cast<const P *>(dx)[i];
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                acc[k] += ptl_ld(&xv.v[k]);
+        }
 #pragma unroll
         for (int k = 0; k < V; k++)
             ptl_st(&xv.v[k], acc[k]);
         reinterpret_cast<P *>(dx)[i] = xv;
     }
+}
+
+template <typename T, typename I, int V>
+__global__ void dw_backward_input_kernel(I groups, ptl_conv2d_desc d, const T *dy, const T *w, T *dx)
+{
+    ptl_wait_prior();
+    dw_backward_input<T, I, V, false>(groups, d, dy, w, dx);
+}
+
+template <typename T, typename I, int V>
+__global__ void dw_backward_input_add_kernel(I groups, ptl_conv2d_desc d, const T *dy, const T *w, T *dx)
+{
+    ptl_wait_prior();
+    dw_backward_input<T, I, V, true>(groups, d, dy, w, dx);
 }
 
 /* I: the pixel index's type, 32-bit where both activations' sizes fit (its divisions are several times
@@ -775,22 +809,58 @@ fail:
     return -1;
 }
 
-extern "C" int ptl_conv2d_backward_input_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *dy,
-                                              const void *w, void *dx, void *workspace, size_t workspace_bytes)
+/* dx = dL/dx, or with add dx += dL/dx in the same call (a plan that adds_in_place) */
+static int backward_input(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *dy, const void *w, void *dx,
+                          int add, void *workspace, size_t workspace_bytes)
 {
-    if (check_exec("conv2d_backward_input_cuda", ctx, p, 1, p->ws_bd, workspace_bytes))
+    const char *fn = add ? "conv2d_backward_input_add_cuda" : "conv2d_backward_input_cuda";
+    if (check_exec(fn, ctx, p, 1, p->ws_bd, workspace_bytes))
         return -1;
     if (p->depthwise) {
         const int64_t total = (int64_t)p->d.n * p->d.h * p->d.w * p->d.cin;
-        DW_LAUNCH("conv2d_backward_input_cuda", dw_backward_input_kernel, p, total, dy, w, dx);
+        if (add)
+            DW_LAUNCH(fn, dw_backward_input_add_kernel, p, total, dy, w, dx);
+        else
+            DW_LAUNCH(fn, dw_backward_input_kernel, p, total, dy, w, dx);
         return 0;
     }
     {
-        const library_call k = {ctx, p, PTL_CONV_BACKWARD_DATA, dx, w, dy, workspace, workspace_bytes};
+        const ptl_conv_direction dir = add ? PTL_CONV_BACKWARD_DATA_ADD : PTL_CONV_BACKWARD_DATA;
+        const library_call k = {ctx, p, dir, dx, w, dy, workspace, workspace_bytes};
         return run_library_call(&k);
     }
 fail:
     return -1;
+}
+
+extern "C" int ptl_conv2d_backward_input_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *dy,
+                                              const void *w, void *dx, void *workspace, size_t workspace_bytes)
+{
+    return backward_input(ctx, p, dy, w, dx, 0, workspace, workspace_bytes);
+}
+
+/* Whether backward data adds to dx in one call: cuBLAS and the legacy API through beta, the direct kernel,
+ * or a graph-API plan made for adding. */
+static int adds_in_place(const ptl_conv2d_plan *p)
+{
+    return p->gemm || p->depthwise || !p->exec[PTL_CONV_FORWARD] || p->exec[PTL_CONV_BACKWARD_DATA_ADD];
+}
+
+extern "C" int ptl_conv2d_plan_adds_input_grad(const ptl_conv2d_plan *p) { return adds_in_place(p); }
+
+extern "C" int ptl_conv2d_backward_input_add_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *dy,
+                                                  const void *w, void *dx, void *scratch, void *workspace,
+                                                  size_t workspace_bytes)
+{
+    if (check_exec("conv2d_backward_input_add_cuda", ctx, p, 1, p->ws_bd, workspace_bytes))
+        return -1;
+    if (adds_in_place(p))
+        return backward_input(ctx, p, dy, w, dx, 1, workspace, workspace_bytes);
+    if (!scratch)
+        return ptl_set_error(PTL_ERR_VALUE, "conv2d_backward_input_add_cuda: the plan adds through a scratch buffer "
+                                            "of dx's size, and none was given");
+    return backward_input(ctx, p, dy, w, scratch, 0, workspace, workspace_bytes) ||
+           ptl_accumulate_cuda(ctx, p->dt, (int64_t)p->d.n * p->d.h * p->d.w * p->d.cin, scratch, dx);
 }
 
 extern "C" int ptl_conv2d_backward_weight_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *x,

@@ -105,6 +105,12 @@ int ptl_conv2d_forward_cuda(struct ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, 
 /* dx = dL/dx (overwrite). */
 int ptl_conv2d_backward_input_cuda(struct ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *dy,
                                    const void *w, void *dx, void *workspace, size_t workspace_bytes);
+/* dx += dL/dx, rounded once where the plan adds in place (ptl_conv2d_plan_adds_input_grad); otherwise dL/dx
+ * goes to scratch (dx's size; NULL raises) and is added. For an input with several consumers. */
+int ptl_conv2d_backward_input_add_cuda(struct ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *dy,
+                                       const void *w, void *dx, void *scratch, void *workspace,
+                                       size_t workspace_bytes);
+int ptl_conv2d_plan_adds_input_grad(const ptl_conv2d_plan *p);
 /* dw += dL/dw. */
 int ptl_conv2d_backward_weight_cuda(struct ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, const void *x,
                                     const void *dy, void *dw, void *workspace, size_t workspace_bytes);

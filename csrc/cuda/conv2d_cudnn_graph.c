@@ -101,15 +101,16 @@ static int operation(ptl_conv_direction dir, bdesc a, bdesc b, bdesc c, bdesc co
         {CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA}};
-    const float alpha = 1.0f, beta = dir == PTL_CONV_BACKWARD_FILTER ? 1.0f : 0.0f;
+    const int k = dir == PTL_CONV_BACKWARD_DATA_ADD ? PTL_CONV_BACKWARD_DATA : dir;
+    const float alpha = 1.0f, beta = dir == PTL_CONV_FORWARD || dir == PTL_CONV_BACKWARD_DATA ? 0.0f : 1.0f;
     cudnnStatus_t st;
-    PTL_CUDNN_TRY(cudnnBackendCreateDescriptor(type[dir], out));
-    PTL_CHECK(set_desc(*out, attr[dir][0], a));
-    PTL_CHECK(set_desc(*out, attr[dir][1], b));
-    PTL_CHECK(set_desc(*out, attr[dir][2], c));
-    PTL_CHECK(set_desc(*out, attr[dir][3], conv));
-    PTL_CHECK(set(*out, attr[dir][4], CUDNN_TYPE_FLOAT, 1, &alpha));
-    PTL_CHECK(set(*out, attr[dir][5], CUDNN_TYPE_FLOAT, 1, &beta));
+    PTL_CUDNN_TRY(cudnnBackendCreateDescriptor(type[k], out));
+    PTL_CHECK(set_desc(*out, attr[k][0], a));
+    PTL_CHECK(set_desc(*out, attr[k][1], b));
+    PTL_CHECK(set_desc(*out, attr[k][2], c));
+    PTL_CHECK(set_desc(*out, attr[k][3], conv));
+    PTL_CHECK(set(*out, attr[k][4], CUDNN_TYPE_FLOAT, 1, &alpha));
+    PTL_CHECK(set(*out, attr[k][5], CUDNN_TYPE_FLOAT, 1, &beta));
     st = cudnnBackendFinalize(*out);
     if (not_supported(st)) {
         drop(out);

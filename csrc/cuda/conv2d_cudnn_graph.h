@@ -23,14 +23,16 @@ extern "C" {
 
 #define PTL_CUDNN_GRAPH_FIND 8
 
-/* The three operations; their tensors, in variant-pack order: forward (x, w, y), backward data
- * (dx, w, dy), backward filter (x, dw, dy). The backward filter adds to dw (beta 1), the others
- * overwrite. */
+/* The operations; their tensors, in variant-pack order: forward (x, w, y), backward data (dx, w, dy),
+ * backward filter (x, dw, dy). The backward filter adds to dw (beta 1), and backward data adding adds to
+ * dx (for an input with several consumers); the other two overwrite. */
 typedef enum {
     PTL_CONV_FORWARD = 0,
     PTL_CONV_BACKWARD_DATA = 1,
     PTL_CONV_BACKWARD_FILTER = 2,
+    PTL_CONV_BACKWARD_DATA_ADD = 3,
 } ptl_conv_direction;
+#define PTL_CONV_DIRECTIONS 4
 
 typedef struct ptl_cudnn_conv_exec ptl_cudnn_conv_exec;
 

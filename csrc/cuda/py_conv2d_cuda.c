@@ -8,7 +8,8 @@
 #include "layer_scratch.h"
 
 /* layer_cuda_conv2d_plan_info(plan) -> dict: shapes, workspace bytes, algorithms, tensor-core use, the path
- * that runs it (ptl_conv2d_plan_path), whether its convolution with BatchNorm runs fused (conv2d_bn.h). */
+ * that runs it (ptl_conv2d_plan_path), whether its convolution with BatchNorm runs fused (conv2d_bn.h),
+ * whether its backward data adds to dx in one call (ptl_conv2d_plan_adds_input_grad). */
 static PyObject *py_conv2d_plan_info(PyObject *m, PyObject *po)
 {
     (void)m;
@@ -21,12 +22,13 @@ static PyObject *py_conv2d_plan_info(PyObject *m, PyObject *po)
     const ptl_conv2d_desc *d = ptl_conv2d_plan_desc(p);
     int algo[3], top[3];
     ptl_conv2d_plan_algos(p, algo, top);
-    return Py_BuildValue("{s(iiii)s(iiii)snsss(iii)s(OOO)sssO}", "x_shape", d->n, d->h, d->w, d->cin, "y_shape",
+    return Py_BuildValue("{s(iiii)s(iiii)snsss(iii)s(OOO)sssOsO}", "x_shape", d->n, d->h, d->w, d->cin, "y_shape",
                          d->n, d->ho, d->wo, d->cout, "workspace", (Py_ssize_t)ptl_conv2d_plan_workspace(p), "dtype",
                          ptl_dtype_name(ptl_conv2d_plan_dtype(p)), "algos", algo[0], algo[1], algo[2], "tensor_op",
                          top[0] ? Py_True : Py_False, top[1] ? Py_True : Py_False, top[2] ? Py_True : Py_False,
                          "path", ptl_conv2d_plan_path(p), "conv_bn_fused",
-                         ptl_conv2d_bn_fused(p) ? Py_True : Py_False);
+                         ptl_conv2d_bn_fused(p) ? Py_True : Py_False, "adds_input_grad",
+                         ptl_conv2d_plan_adds_input_grad(p) ? Py_True : Py_False);
 }
 
 /* layer_cuda_reserve_scratch(device_index, bytes): grows the per-device layer scratch once. */

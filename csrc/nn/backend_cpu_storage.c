@@ -66,6 +66,15 @@ static int round_call(ptl_dtype storage, const ptl_net_call *c, int backward)
         return REF.conv_backward_input(ctx, p, dy, w, dx, ws, wsb) ||                                              \
                round_values(STORAGE, dx, (int64_t)d->n * d->h * d->w * d->cin);                                    \
     }                                                                                                              \
+    /* as CUDA adds it: the float32 gradient added, then rounded once */                                           \
+    static int NAME##_conv_backward_input_add(ptl_exec_ctx *ctx, const void *p, const void *dy, const void *w,     \
+                                              void *dx, void *scratch, void *ws, size_t wsb)                       \
+    {                                                                                                              \
+        const ptl_conv2d_desc *d = ptl_net_cpu_plan_desc(p);                                                       \
+        const int64_t n = (int64_t)d->n * d->h * d->w * d->cin;                                                    \
+        return REF.conv_backward_input(ctx, p, dy, w, scratch, ws, wsb) ||                                         \
+               REF.accumulate(ctx, PTL_FLOAT32, n, scratch, dx) || round_values(STORAGE, dx, n);                   \
+    }                                                                                                              \
     static int NAME##_conv_backward_weight(ptl_exec_ctx *ctx, const void *p, const void *x, const void *dy,        \
                                            void *dw, void *ws, size_t wsb)                                         \
     {                                                                                                              \
@@ -132,6 +141,7 @@ static int round_call(ptl_dtype storage, const ptl_net_call *c, int backward)
         t.cast_biases = 1; /* as CUDA: biases through the rounded weight copy, their gradients too */              \
         t.conv_forward = NAME##_conv_forward;                                                                      \
         t.conv_backward_input = NAME##_conv_backward_input;                                                        \
+        t.conv_backward_input_add = NAME##_conv_backward_input_add;                                                \
         t.conv_backward_weight = NAME##_conv_backward_weight;                                                      \
         t.conv_backward_bias = NAME##_conv_backward_bias;                                                          \
         t.weight_cast = NAME##_weight_cast;                                                                        \

@@ -1056,8 +1056,8 @@ static void side_abandon(ptl_net_exec *x)
 }
 
 /* Conv backward from dy: bias and weight gradients (in order, or beside the following steps: side_lag),
- * then dx into grad(in) when wanted: written directly by the first writer of that gradient, else through
- * scratch and added. */
+ * then dx into grad(in) when wanted: written directly by the first writer of that gradient, else added (by
+ * the backend's conv_backward_input_add where it has one, else through scratch). */
 static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_grad)
 {
     const ptl_net_backend *be = x->be;
@@ -1088,6 +1088,8 @@ static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_
     if (x->gp.first[i] & 1u)
         return be->conv_backward_input(x->q, p, dy, w, gin, ws, wsb);
     void *scratch = scratch_of(x);
+    if (be->conv_backward_input_add)
+        return be->conv_backward_input_add(x->q, p, dy, w, gin, scratch, ws, wsb);
     PTL_CHECK(be->conv_backward_input(x->q, p, dy, w, scratch, ws, wsb));
     return be->accumulate(x->q, x->cdt, dims(x, in).m * op->cin, scratch, gin);
 fail:

@@ -217,6 +217,10 @@ typedef struct ptl_net_backend {
                         void *ws, size_t ws_bytes);
     int (*conv_backward_input)(ptl_exec_ctx *ctx, const void *plan, const void *dy, const void *w, void *dx,
                                void *ws, size_t ws_bytes);
+    /* dx += dL/dx (an input with several consumers); scratch, dx's size, for a plan that cannot add in one
+     * call. NULL: conv_backward_input into the scratch, then accumulate. */
+    int (*conv_backward_input_add)(ptl_exec_ctx *ctx, const void *plan, const void *dy, const void *w, void *dx,
+                                   void *scratch, void *ws, size_t ws_bytes);
     int (*conv_backward_weight)(ptl_exec_ctx *ctx, const void *plan, const void *x, const void *dy, void *dw,
                                 void *ws, size_t ws_bytes);
     int (*conv_backward_bias)(ptl_exec_ctx *ctx, const void *plan, const void *dy, void *db, void *ws,

@@ -318,19 +318,37 @@ fail:
     return NULL;
 }
 
-/* layer_conv2d_backward_input(plan, dy, w, dx, workspace=None): dx = dL/dx. On the CPU a workspace of w's
- * size takes the reference's transposed-weight path (groups 1). */
+/* layer_conv2d_backward_input(plan, dy, w, dx, workspace=None, add=False): dx = dL/dx, or with add dx +=
+ * dL/dx as the executor adds it for an input with several consumers. On the CPU a workspace of w's size takes
+ * the reference's transposed-weight path (groups 1). */
 static PyObject *py_conv2d_backward_input(PyObject *m, PyObject *args)
 {
     PyObject *o[3], *po, *wso = Py_None;
+    int add = 0;
     conv_call c;
-    if (!PyArg_ParseTuple(args, "OOOO|O:layer_conv2d_backward_input", &po, &o[0], &o[1], &o[2], &wso) ||
+    PtlTensor *scratch = NULL;
+    if (!PyArg_ParseTuple(args, "OOOO|Op:layer_conv2d_backward_input", &po, &o[0], &o[1], &o[2], &wso, &add) ||
         conv_call_args(m, po, o, (const char *[]){"dy", "w", "dx"}, (const int[]){CONV_Y, CONV_W, CONV_X}, 3, 0, wso,
                        &c))
         return NULL;
-    RUN(c.p->be->conv_backward_input(c.p->ctx, c.p->plan, D(0), D(1), D(2), c.ws, c.ws_bytes));
+    const ptl_net_backend *be = c.p->be;
+    if (!add) {
+        RUN(be->conv_backward_input(c.p->ctx, c.p->plan, D(0), D(1), D(2), c.ws, c.ws_bytes));
+        Py_RETURN_NONE;
+    }
+    if (!(scratch = ptl_tensor_empty(m, 4, c.t[2]->shape, c.p->dt, c.p->device)))
+        return NULL;
+    if (be->conv_backward_input_add) {
+        RUN(be->conv_backward_input_add(c.p->ctx, c.p->plan, D(0), D(1), D(2), ptl_tensor_data(scratch), c.ws,
+                                        c.ws_bytes));
+    } else {
+        RUN(be->conv_backward_input(c.p->ctx, c.p->plan, D(0), D(1), ptl_tensor_data(scratch), c.ws, c.ws_bytes));
+        RUN(be->accumulate(c.p->ctx, c.p->dt, ptl_tensor_numel(scratch), ptl_tensor_data(scratch), D(2)));
+    }
+    Py_DECREF(scratch);
     Py_RETURN_NONE;
 fail:
+    Py_XDECREF(scratch);
     return NULL;
 }
 
