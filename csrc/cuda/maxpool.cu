@@ -1,10 +1,11 @@
 /* 5x5 stride-1 max-pool, padding 2, NHWC (CUDA), the semantics of ../nn/maxpool.h.
  *
- * Forward: one thread per output, the window scanned rows first and a value taking over only when
- * strictly greater (or NaN), as on the CPU. Backward: a gather instead of the CPU's scatter, with the
- * same result bit for bit: each input sums, in output scan order, the gradients of the outputs (of
- * the up to 25 whose windows contain it) whose first maximum it is, so no atomics are needed; the
- * argmaxes are found once per tile (maxpool_bwd_kernel). */
+ * Forward: a thread per output and 16 bytes of its channels (one channel where the widths do not allow),
+ * the window scanned rows first and a value taking over only when strictly greater (or NaN), as on the
+ * CPU. Backward: a gather instead of the CPU's scatter, with the same result bit for bit: each input sums,
+ * in output scan order, the gradients of the outputs (of the up to 25 whose windows contain it) whose
+ * first maximum it is, so no atomics are needed; the argmaxes are found once per tile
+ * (maxpool_bwd_kernel). */
 #include <math.h>
 
 #include "../nn/maxpool.h"
@@ -15,31 +16,46 @@
 
 __device__ __forceinline__ int clampi(int i, int n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
 
-/* pixels of x (and dx) are ldx elements apart, of y (and dy) ldy. Cells outside the image are read at a
- * clamped position and not taken, so the window's 25 loads are issued at once instead of one by one. */
-template <typename T>
-__global__ void maxpool_fwd_kernel(int64_t total, int h, int w, int c, const T *x, int ldx, T *y, int ldy)
+/* pixels of x (and dx) are ldx elements apart, of y (and dy) ldy. A thread takes V channels of one output
+ * (16-byte loads where the widths allow). Cells outside the image are read at a clamped position and not
+ * taken, so the window's 25 loads are issued at once instead of one by one. */
+template <typename T, int V>
+__global__ void maxpool_fwd_kernel(int64_t groups, int h, int w, int c, const T *x, int ldx, T *y, int ldy)
 {
     ptl_wait_prior();
+    typedef ptl_pack<T, V> P;
+    const int cg = c / V;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        const int ch = (int)(i % c);
-        const int64_t pix = i / c;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < groups; i += stride) {
+        const int ch = (int)(i % cg) * V;
+        const int64_t pix = i / cg;
         const int ox = (int)(pix % w), oy = (int)((pix / w) % h);
         const T *xb = x + pix / ((int64_t)w * h) * h * w * ldx + ch;
-        float best = -INFINITY;
+        float best[V];
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            best[k] = -INFINITY;
 #pragma unroll
         for (int a = 0; a < PTL_MAXPOOL_K; a++) {
             const int iy = oy - R + a;
 #pragma unroll
             for (int q = 0; q < PTL_MAXPOOL_K; q++) {
                 const int ix = ox - R + q;
-                const float v = ptl_ld(xb + ((int64_t)clampi(iy, h) * w + clampi(ix, w)) * ldx);
-                if (iy >= 0 && iy < h && ix >= 0 && ix < w && (v > best || v != v))
-                    best = v;
+                const P v = *reinterpret_cast<const P *>(xb + ((int64_t)clampi(iy, h) * w + clampi(ix, w)) * ldx);
+                const bool inside = iy >= 0 && iy < h && ix >= 0 && ix < w;
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    const float f = ptl_ld(&v.v[k]);
+                    if (inside && (f > best[k] || f != f))
+                        best[k] = f;
+                }
             }
         }
-        ptl_st(y + pix * ldy + ch, best);
+        P out;
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            ptl_st(&out.v[k], best[k]);
+        *reinterpret_cast<P *>(y + pix * ldy + ch) = out;
     }
 }
 
@@ -147,9 +163,15 @@ extern "C" int ptl_maxpool5_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int n,
     const int64_t total = (int64_t)n * h * w * c;
     if (ptl_nn_check_pixels("maxpool5_forward_cuda", n, h, w, c, ldx, ldy))
         return -1;
-    PTL_LAYER_DISPATCH("maxpool5_forward_cuda", dt,
-                       ptl_launch(maxpool_fwd_kernel<T>, ptl_grid_for(total, 256), 256, 0, ctx->stream, total, h, w, c,
-                                  (const T *)x, ldx, (T *)y, ldy));
+    PTL_LAYER_DISPATCH("maxpool5_forward_cuda", dt, {
+        constexpr int V = 16 / sizeof(T);
+        if (ptl_vec_ok(c, V, x, y, y) && ldx % V == 0 && ldy % V == 0)
+            ptl_launch(maxpool_fwd_kernel<T, V>, ptl_grid_for(total / V, 256), 256, 0, ctx->stream, total / V, h, w,
+                       c, (const T *)x, ldx, (T *)y, ldy);
+        else
+            ptl_launch(maxpool_fwd_kernel<T, 1>, ptl_grid_for(total, 256), 256, 0, ctx->stream, total, h, w, c,
+                       (const T *)x, ldx, (T *)y, ldy);
+    });
     PTL_LAUNCH_CHECK("maxpool_fwd_kernel");
     return 0;
 fail:
