@@ -2,9 +2,11 @@
  * instance of objective_math.h), without host-device synchronisation.
  *
  * Per branch, on the device's stream:
- *   select    one block per (image, GT): candidates (STAL box), metric, top-k (block merge of
- *             per-thread top-k lists; keys = value bits, then anchor descending so ties go to the
- *             lower anchor), the zero-metric fill of the documented tie rule, claims per anchor
+ *   init      the branch's owners, counts, keys and partial sums reset (one launch)
+ *   select    OBJ_SEL_SPLIT blocks per (image, GT): candidates (STAL box), metric, top-k (block merge
+ *             of per-thread top-k lists, then the GT's last block merges the blocks' lists; keys =
+ *             value bits, then anchor descending so ties go to the lower anchor), the zero-metric fill
+ *             of the documented tie rule, claims per anchor
  *   conflict  one thread per selection: the claimant that flips the anchor's claim count to -1
  *             resolves it (largest CIoU over all GTs, first GT on ties); the result is the same
  *             whichever thread does it
@@ -24,7 +26,11 @@
 #include "launch.cuh"
 
 #define OBJ_THREADS 256
-#define OBJ_SEL_THREADS 512 /* a box covering the image has ~A candidates: 16 per thread */
+/* A GT's candidates (~A for a box covering the image) are scored by OBJ_SEL_SPLIT blocks, spread over SMs, and
+ * its last block merges their top-k lists: 20.1 us a launch at b4 against 23.2 for one block of 512 threads
+ * (benchmarks/RESULTS.md, call 80). */
+#define OBJ_SEL_THREADS 256
+#define OBJ_SEL_SPLIT 4
 #define OBJ_NB 1024 /* blocks of the grid-stride kernels = length of the partial-sum arrays */
 #define OBJ_KMAX PTL_OBJ_TOPK_O2M
 
@@ -53,6 +59,8 @@ struct ObjBufs {
     float *palign, *povl, *nval;
     unsigned long long *gtkey;
     unsigned int *amax, *omax;
+    unsigned long long *seltop; /* per (GT, part) its block's top-k keys, descending */
+    int32_t *selnum, *seldone;  /* their counts; per GT the parts done */
     double *part, *res; /* part: 4 x OBJ_NB (box, cls, l1, T); res: 2 branches x (box, cls, l1, T) */
 };
 
@@ -118,18 +126,43 @@ __device__ void obj_claim(const ObjBufs &w, int64_t ba, int j, float al, float u
     w.povl[ba] = u;
 }
 
+/* A branch's state reset in one launch instead of a memset each: the partial sums, and where the branch assigns
+ * (na anchors, ng GTs; 0 when the assignment is given) the owners (-1), claim counts, and per GT its key,
+ * maxima and count of finished selection parts. */
+__global__ void obj_init_kernel(ObjBufs w, int64_t na, int64_t ng)
+{
+    ptl_wait_prior();
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < 4 * OBJ_NB || i < na || i < ng;
+         i += stride) {
+        if (i < 4 * OBJ_NB)
+            w.part[i] = 0;
+        if (i < na) {
+            w.owner[i] = -1;
+            w.claim[i] = 0;
+        }
+        if (i < ng) {
+            w.gtkey[i] = 0;
+            w.amax[i] = 0;
+            w.omax[i] = 0;
+            w.seldone[i] = 0;
+        }
+    }
+}
+
 __global__ void __launch_bounds__(OBJ_SEL_THREADS)
     obj_select_kernel(ObjGeom g, ObjBufs w, const void *boxes, const void *scores, ptl_dtype dt, int topk)
 {
     ptl_wait_prior();
     __shared__ unsigned long long top[OBJ_KMAX];
     __shared__ unsigned long long wmax[OBJ_SEL_THREADS / 32];
-    __shared__ int ntop;
-    int64_t bj = blockIdx.x;
+    __shared__ int ntop, last;
+    const int part = (int)(blockIdx.x % OBJ_SEL_SPLIT);
+    const int64_t bj = blockIdx.x / OBJ_SEL_SPLIT;
     int b = (int)(bj / g.M), j = (int)(bj % g.M);
     int32_t *sel = w.sel + bj * topk;
     if (j >= w.count[b]) {
-        if ((int)threadIdx.x < topk)
+        if (part == 0 && (int)threadIdx.x < topk)
             sel[threadIdx.x] = -1;
         return;
     }
@@ -148,7 +181,7 @@ __global__ void __launch_bounds__(OBJ_SEL_THREADS)
     const int c = w.cls[bj];
     unsigned long long loc[OBJ_KMAX];
     int nloc = 0;
-    for (int64_t i = threadIdx.x; i < cnt[PTL_OBJ_NUM_LEVELS]; i += blockDim.x) {
+    for (int64_t i = part * blockDim.x + threadIdx.x; i < cnt[PTL_OBJ_NUM_LEVELS]; i += blockDim.x * OBJ_SEL_SPLIT) {
         int l = 0;
         while (i >= cnt[l + 1])
             l++;
@@ -196,6 +229,47 @@ __global__ void __launch_bounds__(OBJ_SEL_THREADS)
             head++;
         if (threadIdx.x == 0)
             top[ntop++] = m;
+    }
+    __syncthreads();
+    /* the parts' lists to global memory; the GT's last block to finish merges them (the top-k of the union is
+     * the top-k of the parts' top-k lists, whichever block merges) */
+    unsigned long long *mine = w.seltop + (bj * OBJ_SEL_SPLIT + part) * OBJ_KMAX;
+    if ((int)threadIdx.x < ntop)
+        mine[threadIdx.x] = top[threadIdx.x];
+    if (threadIdx.x == 0)
+        w.selnum[bj * OBJ_SEL_SPLIT + part] = ntop;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last = atomicAdd(&w.seldone[bj], 1) == OBJ_SEL_SPLIT - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    if (threadIdx.x == 0) {
+        const unsigned long long *lists = w.seltop + bj * OBJ_SEL_SPLIT * OBJ_KMAX;
+        int at[OBJ_SEL_SPLIT], n[OBJ_SEL_SPLIT];
+        for (int r = 0; r < OBJ_SEL_SPLIT; r++) {
+            at[r] = 0;
+            n[r] = __ldcg(&w.selnum[bj * OBJ_SEL_SPLIT + r]);
+        }
+        int k = 0;
+        for (; k < topk; k++) {
+            unsigned long long best = 0;
+            int from = -1;
+            for (int r = 0; r < OBJ_SEL_SPLIT; r++) {
+                const unsigned long long v = at[r] < n[r] ? __ldcg(&lists[r * OBJ_KMAX + at[r]]) : 0ull;
+                if (v > best) {
+                    best = v;
+                    from = r;
+                }
+            }
+            if (from < 0)
+                break;
+            top[k] = best;
+            at[from]++;
+        }
+        ntop = k;
     }
     __syncthreads();
     /* the selected anchors claimed one per thread (distinct anchors: no order among them to keep); one thread
@@ -617,7 +691,10 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
     size_t off_palign = off_claim + obj_align(4 * (size_t)BA), off_povl = off_palign + obj_align(4 * (size_t)BA);
     size_t off_nval = off_povl + obj_align(4 * (size_t)BA), off_sel = off_nval + obj_align(4 * (size_t)BA);
     size_t off_key = off_sel + obj_align(4 * (size_t)BM * OBJ_KMAX), off_amax = off_key + obj_align(8 * (size_t)BM);
-    size_t off_omax = off_amax + obj_align(4 * (size_t)BM), off_part = off_omax + obj_align(4 * (size_t)BM);
+    size_t off_omax = off_amax + obj_align(4 * (size_t)BM), off_seltop = off_omax + obj_align(4 * (size_t)BM);
+    size_t off_selnum = off_seltop + obj_align(8 * (size_t)BM * OBJ_SEL_SPLIT * OBJ_KMAX);
+    size_t off_seldone = off_selnum + obj_align(4 * (size_t)BM * OBJ_SEL_SPLIT);
+    size_t off_part = off_seldone + obj_align(4 * (size_t)BM);
     size_t off_res = off_part + obj_align(sizeof(double) * 4 * OBJ_NB);
     size_t need = off_res + obj_align(sizeof(double) * 8);
     if (need > ws->dcap) {
@@ -644,6 +721,9 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
     w.gtkey = (unsigned long long *)(base + off_key);
     w.amax = (unsigned int *)(base + off_amax);
     w.omax = (unsigned int *)(base + off_omax);
+    w.seltop = (unsigned long long *)(base + off_seltop);
+    w.selnum = (int32_t *)(base + off_selnum);
+    w.seldone = (int32_t *)(base + off_seldone);
     w.part = (double *)(base + off_part);
     w.res = (double *)(base + off_res);
 
@@ -690,20 +770,22 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
         for (int br = 0; br < 2; br++) {
             int topk = topks[br];
             const void *boxes = ar->boxes[br], *scores = ar->scores[br];
-            PTL_CUDA_TRY(cudaMemsetAsync(w.part, 0, sizeof(double) * 4 * OBJ_NB, st));
+            {
+                const int64_t na = ar->assign_in ? 0 : BA, ng = ar->assign_in ? 0 : BM;
+                int64_t n = na > ng ? na : ng;
+                n = n > 4 * OBJ_NB ? n : 4 * OBJ_NB;
+                const int64_t nb = (n + OBJ_THREADS - 1) / OBJ_THREADS;
+                ptl_launch(obj_init_kernel, (unsigned)(nb < OBJ_NB ? nb : OBJ_NB), OBJ_THREADS, 0, st, w, na, ng);
+                PTL_LAUNCH_CHECK("obj_init_kernel");
+            }
             if (ar->assign_in) {
                 PTL_CUDA_TRY(cudaMemcpyAsync(w.owner, ar->assign_gt[br], 4 * (size_t)BA, cudaMemcpyDeviceToDevice, st));
                 PTL_CUDA_TRY(
                     cudaMemcpyAsync(w.nval, ar->assign_score[br], 4 * (size_t)BA, cudaMemcpyDeviceToDevice, st));
             } else {
-                PTL_CUDA_TRY(cudaMemsetAsync(w.owner, 0xff, 4 * (size_t)BA, st));
-                PTL_CUDA_TRY(cudaMemsetAsync(w.claim, 0, 4 * (size_t)BA, st));
                 if (BM > 0) {
-                    PTL_CUDA_TRY(cudaMemsetAsync(w.gtkey, 0, 8 * (size_t)BM, st));
-                    PTL_CUDA_TRY(cudaMemsetAsync(w.amax, 0, 4 * (size_t)BM, st));
-                    PTL_CUDA_TRY(cudaMemsetAsync(w.omax, 0, 4 * (size_t)BM, st));
-                    ptl_launch(obj_select_kernel, (unsigned)BM, OBJ_SEL_THREADS, 0, st, g, w, boxes, scores, ar->dtype,
-                               topk);
+                    ptl_launch(obj_select_kernel, (unsigned)(BM * OBJ_SEL_SPLIT), OBJ_SEL_THREADS, 0, st, g, w, boxes,
+                               scores, ar->dtype, topk);
                     PTL_LAUNCH_CHECK("obj_select_kernel");
                     int64_t nsel = BM * topk;
                     ptl_launch(obj_conflict_kernel, (unsigned)((nsel * 32 + OBJ_THREADS - 1) / OBJ_THREADS),
