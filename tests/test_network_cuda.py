@@ -423,8 +423,9 @@ def test_side_streams_are_bitwise_neutral(dtype):
     gradients awaited up to the side lag's steps later, the branches (the head's chains of each level: the
     one-to-one's detached ones on one stream, the one-to-many's, which add into the neck's gradients, on
     another) beside the rest of the forward and the backward. They give the bits of everything in order on
-    one stream: outputs, parameter gradients, BN running statistics. No queue's conv workspace is larger than
-    the one queue's: each is sized by the calls it runs, and within the queues' limit but for the branches' (a
+    one stream: outputs, parameter gradients, BN running statistics; with a lag, a branch's conv weight and bias
+    gradients run on its kind's gradients' queue, which has a workspace of its own. No queue's conv workspace is
+    larger than the one queue's: each is sized by the calls it runs, and within the queues' limit but for the branches' (a
     conv whose weight gradients need more runs them in order; one outside the branches whose calls need more
     has its workspace in the arena for its steps: the last two arms, with a small limit)."""
     B, H, W = 2, 256, 192
@@ -443,14 +444,17 @@ def test_side_streams_are_bitwise_neutral(dtype):
         assert info["side_lag"] == lag and (info["side_stream"] or lag == 0)
         assert info["branches"] == branches and (info["branch_stream"] or not branches)
         assert info["attached"] == attached and (info["attached_stream"] or not branches)
+        assert info["branch_wgrad_streams"] == (True, True) or not branches
         img = ptl.tensor(x, device="cuda").to(dtype=dtype)
         out = net.forward(img)
         info = ptl._C.executor_info(net._exec)
         ws, convs = info["workspace_bytes"], info["conv_workspaces"]
         if not runs:
             one_queue = ws[0]
-            assert ws[1:] == (0, 0, 0)
+            assert ws[1:] == (0,) * 5
         assert max(ws) <= one_queue and (ws[1] > 0) == (lag > 0), (lag, branches, ws, one_queue)
+        # main, weight gradients, detached, attached, and the two branch kinds' gradients' queues
+        assert (ws[4] > 0) == bool(branches and lag) and (ws[5] > 0) == bool(branches and attached and lag), ws
         limit = ptl._C.NET_QUEUE_WORKSPACE_LIMIT if limit is None else limit
         assert info["queue_workspace_limit"] == limit
         in_branch = _branch_ops(info)

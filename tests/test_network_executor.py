@@ -96,9 +96,10 @@ def test_slot_sharing_is_bitwise_neutral(training, what, ratio):
                                                    (_C.NET_SIDE_LAG, 2, 1)])
 def test_side_queues_are_bitwise_neutral(training, lag, branches, attached):
     """What the CUDA backend runs on side streams, run here on the CPU's one queue as late as it may run (the
-    stand-in of those streams): with a side lag each conv's weight and bias gradients `lag` steps late; with
-    branches=1 each branch (the head's chains of one level, the one-to-one's detached, and with attached=1 the
-    one-to-many's, which add into the neck's gradients) at the end of the forward and before its join op's
+    stand-in of those streams): with a side lag each conv's weight and bias gradients `lag` steps late (a
+    branch's on its branch's steps); with branches=1 each branch (the head's chains of one level, the
+    one-to-one's detached, and with attached=1 the one-to-many's, which add into the neck's gradients) at
+    the end of the forward and before its join op's
     step in the backward, with branches=2 as early as may be (at its fork in the forward, at the backward's
     start), the two ends of where a branch stream may run it. The layout keeps what they touch alive until
     then, so the step gives the bits of the in-order one; a slot reused too early would show, as would the
@@ -115,6 +116,7 @@ def test_side_queues_are_bitwise_neutral(training, lag, branches, attached):
     info, base = _C.executor_info(late.x), _C.executor_info(ref.x)
     assert info["side_lag"] == lag and info["branches"] == branches and info["attached"] == attached
     assert not info["side_stream"] and not info["branch_stream"] and not info["attached_stream"]
+    assert info["branch_wgrad_streams"] == (False, False) and len(info["workspace_bytes"]) == 6
     assert info["branch_ops"] == (30, 30)  # yolo26n's head: 6 chains of 5 ops, one-to-one and one-to-many
     assert base["arena_bytes"] <= info["arena_bytes"] <= 1.1 * base["arena_bytes"]
     if lag == 1 and not branches:  # awaited at the next step's start: no life is longer

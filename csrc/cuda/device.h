@@ -18,8 +18,8 @@ extern "C" {
 
 /* Per-device state that other areas create on first use (freed with the context). */
 enum { PTL_CTX_OBJECTIVE = 0, PTL_CTX_LAYER_SCRATCH, PTL_CTX_CONV_PLANS, PTL_CTX_CALL_GRAPHS, PTL_CTX_UPLOAD,
-       PTL_CTX_SIDE_STREAM, /* three slots, one per side stream (side_stream.h) */
-       PTL_CTX_NUM_EXT = PTL_CTX_SIDE_STREAM + 3 };
+       PTL_CTX_SIDE_STREAM, /* five slots, one per side stream (side_stream.h) */
+       PTL_CTX_NUM_EXT = PTL_CTX_SIDE_STREAM + 5 };
 typedef struct {
     void *ptr;
     void (*destroy)(void *ptr);

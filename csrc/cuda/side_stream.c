@@ -70,10 +70,10 @@ int ptl_cuda_side_open(ptl_cuda_ctx *ctx, int k, ptl_cuda_ctx **side)
 /* Side stream k of a context where it was opened (the executor forks only after opening it). */
 static side_stream *side_of(ptl_cuda_ctx *ctx, int k) { return (side_stream *)ctx->ext[PTL_CTX_SIDE_STREAM + k].ptr; }
 
-int ptl_cuda_side_fork(ptl_cuda_ctx *ctx, int k)
+int ptl_cuda_side_fork(ptl_cuda_ctx *ctx, int k, int from)
 {
     side_stream *s = side_of(ctx, k);
-    PTL_CUDA_TRY(cudaEventRecord(s->fork, ctx->stream));
+    PTL_CUDA_TRY(cudaEventRecord(s->fork, from < 0 ? ctx->stream : side_of(ctx, from)->ctx.stream));
     PTL_CUDA_TRY(cudaStreamWaitEvent(s->ctx.stream, s->fork, 0));
     return 0;
 fail:
@@ -89,10 +89,10 @@ fail:
     return -1;
 }
 
-int ptl_cuda_side_await(ptl_cuda_ctx *ctx, int k, int m)
+int ptl_cuda_side_await(ptl_cuda_ctx *ctx, int k, int m, int to)
 {
     side_stream *s = side_of(ctx, k);
-    PTL_CUDA_TRY(cudaStreamWaitEvent(ctx->stream, s->mark[m], 0));
+    PTL_CUDA_TRY(cudaStreamWaitEvent(to < 0 ? ctx->stream : side_of(ctx, to)->ctx.stream, s->mark[m], 0));
     return 0;
 fail:
     return -1;

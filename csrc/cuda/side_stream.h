@@ -13,12 +13,12 @@ extern "C" {
 
 /* Side context k of ctx, made on first call (not on a hot path: the executor asks when it is made). */
 int ptl_cuda_side_open(ptl_cuda_ctx *ctx, int k, ptl_cuda_ctx **side);
-/* Side stream k waits for everything queued on ctx's stream so far. */
-int ptl_cuda_side_fork(ptl_cuda_ctx *ctx, int k);
+/* Side stream k waits for everything queued so far on side stream `from` (-1: on ctx's stream). */
+int ptl_cuda_side_fork(ptl_cuda_ctx *ctx, int k, int from);
 /* Mark m (< PTL_NET_SIDE_MARKS) of side stream k: what it has queued so far. */
 int ptl_cuda_side_mark(ptl_cuda_ctx *ctx, int k, int m);
-/* ctx's stream waits for mark m of side stream k. */
-int ptl_cuda_side_await(ptl_cuda_ctx *ctx, int k, int m);
+/* Side stream `to` (-1: ctx's stream) waits for mark m of side stream k. */
+int ptl_cuda_side_await(ptl_cuda_ctx *ctx, int k, int m, int to);
 
 #ifdef __cplusplus
 }

@@ -214,8 +214,18 @@ int ptl_net_exec_param_grads_lag(const ptl_net_exec *x, int i, const void *p)
            (!x->queue_ws_limit || x->be->conv_workspace(p, PTL_CONV_WS_PARAM_GRADS) <= x->queue_ws_limit);
 }
 
-/* The side queue of branch b. */
+/* The side queue of branch b, and the one of its parameter gradients. */
 static int branch_queue(const ptl_net_exec *x, int b) { return PTL_NET_SIDE_DETACHED + x->br.b[b].attached; }
+static int branch_wgrad_queue(const ptl_net_exec *x, int b)
+{
+    return PTL_NET_SIDE_DETACHED_WGRAD + x->br.b[b].attached;
+}
+
+/* Whether branch b's conv parameter gradients lag its steps on a queue of their own (branch_pass). */
+static int branch_wgrad_apart(const ptl_net_exec *x, int b)
+{
+    return x->side_lag && x->side[branch_queue(x, b)] && x->side[branch_wgrad_queue(x, b)];
+}
 
 /* The conv workspaces that go in the arena (ptl_net_layout_build's op_ws, in elements), from slot s's
  * plans: those of a conv run in order on the main queue whose calls need more than the queue limit, for its
@@ -251,15 +261,16 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
     PTL_CHECK(balloc(x, (size_t)L->saved_numel * x->csz, &s->saved));
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
-        /* a branch op's calls all run on its queue (its parameter gradients in order: conv_backward); any
-         * other's parameter gradients run on the weight-gradient queue when there is one */
+        /* a branch op's calls run on its queue, its parameter gradients on their own queue where they lag
+         * (branch_pass); any other's parameter gradients on the weight-gradient queue when there is one */
         const int br = branch_of(x, i), k = br < 0 ? -1 : branch_queue(x, br);
         const int own = k >= 0 && x->side[k] ? 1 + k : 0;
+        const int own_pg = br >= 0 && branch_wgrad_apart(x, br) ? 1 + branch_wgrad_queue(x, br) : own;
         size_t b = 0;
         if (is_conv(op)) {
             /* a conv with its workspace in the arena needs its queue's for lagging weight gradients alone */
             const int lag = ptl_net_exec_param_grads_lag(x, i, s->plans[i]);
-            const int pg = wgrad && lag ? 1 + PTL_NET_SIDE_WGRAD : own;
+            const int pg = wgrad && lag ? 1 + PTL_NET_SIDE_WGRAD : own_pg;
             const int in_arena = L->ws_numel[2 * i] || L->ws_numel[2 * i + 1];
             const size_t w = in_arena ? 0 : x->be->conv_workspace(s->plans[i], PTL_CONV_WS_DATA),
                          wp = in_arena && !lag ? 0 : x->be->conv_workspace(s->plans[i], PTL_CONV_WS_PARAM_GRADS);
@@ -691,7 +702,7 @@ int ptl_net_exec_set_branches(ptl_net_exec *x, int on, int attached)
         return ptl_set_error(PTL_ERR_VALUE, "branches must be 0, 1 or %d (got %d)", PTL_NET_BRANCHES_EARLY, on);
     if (attached < 0 || attached > 1)
         return ptl_set_error(PTL_ERR_VALUE, "attached must be 0 or 1 (got %d)", attached);
-    for (int k = PTL_NET_SIDE_DETACHED; on && x->be->side_open && k <= PTL_NET_SIDE_ATTACHED; k++)
+    for (int k = PTL_NET_SIDE_DETACHED; on && x->be->side_open && k <= PTL_NET_SIDE_ATTACHED_WGRAD; k++)
         if (!x->side[k] && x->be->side_open(x->ctx, k, &x->side[k]))
             return -1;
     x->branches = x->br.n ? on : 0;
@@ -917,6 +928,13 @@ fail:
     return -1;
 }
 
+/* Whether conv op i's backward makes parameter gradients (its weight or its bias trains). */
+static int conv_trains(const ptl_net_exec *x, int i)
+{
+    const uint8_t fz = x->op_frozen[i];
+    return !(fz & PTL_NET_FROZEN_W) || (x->net->ops[i].kind == PTL_OP_CONV_BIAS && !(fz & PTL_NET_FROZEN_BIAS));
+}
+
 /* Conv op i's bias and weight gradients (of its trainable tensors), queued on ctx with workspace ws. */
 static int conv_param_grads(ptl_net_exec *x, ptl_exec_ctx *ctx, int i, void *ws, size_t ws_bytes)
 {
@@ -967,7 +985,7 @@ static int side_settle(ptl_net_exec *x, int m)
         return 0;
     x->side_op[m] = -1;
     if (x->side[PTL_NET_SIDE_WGRAD])
-        return x->be->side_await(x->ctx, PTL_NET_SIDE_WGRAD, m);
+        return x->be->side_await(x->ctx, PTL_NET_SIDE_WGRAD, m, -1);
     return conv_param_grads(x, x->ctx, i, x->cur->ws[0].ptr, x->cur->ws_bytes[0]);
 }
 
@@ -987,21 +1005,59 @@ static int branch_mark(const ptl_net_exec *x, int b)
     return n % PTL_NET_SIDE_MARKS;
 }
 
+/* The backward's parameter gradients of branch b's conv op i (step slot m of its pass): on their own queue,
+ * forked from the branch's and marked m there, or, without that queue, left for branch_settle to run. */
+static int branch_param_grads(ptl_net_exec *x, int b, int *pending, int m, int i)
+{
+    const int kw = branch_wgrad_queue(x, b);
+    pending[m] = i;
+    if (!branch_wgrad_apart(x, b))
+        return 0;
+    PTL_CHECK(x->be->side_fork(x->ctx, kw, branch_queue(x, b)));
+    PTL_CHECK(conv_param_grads(x, x->side[kw], i, x->cur->ws[1 + kw].ptr, x->cur->ws_bytes[1 + kw]));
+    return x->be->side_mark(x->ctx, kw, m);
+fail:
+    return -1;
+}
+
+/* Those of step slot m, side_lag steps later (the layout keeps what they read until then): the branch's
+ * queue waits for them, or, without their queue, they run now on it. */
+static int branch_settle(ptl_net_exec *x, int b, int *pending, int m)
+{
+    const int i = pending[m];
+    if (i < 0)
+        return 0;
+    pending[m] = -1;
+    if (branch_wgrad_apart(x, b))
+        return x->be->side_await(x->ctx, branch_wgrad_queue(x, b), m, branch_queue(x, b));
+    return conv_param_grads(x, x->q, i, x->q_ws, x->q_ws_bytes);
+}
+
 /* One pass of branch b: its forwards in order, or its backwards (each with its zeroing) in reverse, queued
- * on its side queue between a fork and its mark, or, without side queues, run now. */
+ * on its side queue between a fork and its mark, or, without side queues, run now. With a side lag the
+ * backward's conv parameter gradients of step t run beside the branch's steps after it, and are done by
+ * step t + side_lag (as the main queue's are: side_settle), all of them by the branch's mark. */
 static int forward_op(ptl_net_exec *x, int i);
 static int backward_step(ptl_net_exec *x, int i, const void *const d_out[2][2], int want);
 static int branch_pass(ptl_net_exec *x, int b, int backward, const void *const d_out[2][2], int want)
 {
     const ptl_net_branch *B = &x->br.b[b];
-    const int k = branch_queue(x, b);
+    const int k = branch_queue(x, b), lag = backward ? x->side_lag : 0, steps = B->last - B->first + 1;
+    int pending[PTL_NET_SIDE_MAX_LAG];
+    for (int m = 0; m < PTL_NET_SIDE_MAX_LAG; m++)
+        pending[m] = -1;
     if (x->side[k])
-        PTL_CHECK(x->be->side_fork(x->ctx, k));
+        PTL_CHECK(x->be->side_fork(x->ctx, k, -1));
     use_queue(x, k, 1 + B->attached);
-    for (int n = 0; n <= B->last - B->first; n++) {
+    for (int n = 0; n < steps + lag; n++) {
         const int i = backward ? B->last - n : B->first + n;
-        if (x->br.op[i] == b + 1)
-            PTL_CHECK(backward ? backward_step(x, i, d_out, want) : forward_op(x, i));
+        if (lag)
+            PTL_CHECK(branch_settle(x, b, pending, n % lag));
+        if (n >= steps || x->br.op[i] != b + 1)
+            continue;
+        PTL_CHECK(backward ? backward_step(x, i, d_out, want) : forward_op(x, i));
+        if (lag && is_conv(&x->net->ops[i]) && (want || x->op_needed[i]) && conv_trains(x, i))
+            PTL_CHECK(branch_param_grads(x, b, pending, n % lag, i));
     }
     use_main_queue(x);
     return x->side[k] ? x->be->side_mark(x->ctx, k, branch_mark(x, b)) : 0;
@@ -1023,7 +1079,7 @@ static int branch_join(ptl_net_exec *x, int b, int backward, const void *const d
 {
     const int k = branch_queue(x, b);
     if (x->side[k])
-        return x->be->side_await(x->ctx, k, branch_mark(x, b));
+        return x->be->side_await(x->ctx, k, branch_mark(x, b), -1);
     return branch_early(x) ? 0 : branch_pass(x, b, backward, d_out, want);
 }
 
@@ -1051,13 +1107,14 @@ static void side_abandon(ptl_net_exec *x)
     snprintf(msg, sizeof msg, "%s", ptl_error_message());
     for (int k = 0; k < PTL_NET_SIDE_STREAMS; k++)
         if (x->side[k] && x->be->side_mark(x->ctx, k, 0) == 0)
-            (void)x->be->side_await(x->ctx, k, 0);
+            (void)x->be->side_await(x->ctx, k, 0, -1);
     ptl_set_error(kind, "%s", msg);
 }
 
-/* Conv backward from dy: bias and weight gradients (in order, or beside the following steps: side_lag),
- * then dx into grad(in) when wanted: written directly by the first writer of that gradient, else added (by
- * the backend's conv_backward_input_add where it has one, else through scratch). */
+/* Conv backward from dy: bias and weight gradients (in order, or beside the following steps: side_lag; a
+ * branch's lagging ones are queued by its pass), then dx into grad(in) when wanted: written directly by the
+ * first writer of that gradient, else added (by the backend's conv_backward_input_add where it has one, else
+ * through scratch). */
 static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_grad)
 {
     const ptl_net_backend *be = x->be;
@@ -1065,8 +1122,7 @@ static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_
     const ptl_net_op *op = &x->net->ops[i];
     const void *p = S->plans[i];
     const int in = op->ins[0].value;
-    const uint8_t fz = x->op_frozen[i];
-    const int param_grads = !(fz & PTL_NET_FROZEN_W) || (op->kind == PTL_OP_CONV_BIAS && !(fz & PTL_NET_FROZEN_BIAS));
+    const int param_grads = conv_trains(x, i) && !(x->in_branch && x->side_lag);
     size_t wsb;
     void *ws = op_workspace(x, i, 1, &wsb);
     if (param_grads && !ptl_net_exec_param_grads_lag(x, i, p))
@@ -1074,7 +1130,7 @@ static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_
     else if (param_grads) {
         const int m = (x->net->nops - 1 - i) % x->side_lag;
         if (x->side[PTL_NET_SIDE_WGRAD]) {
-            PTL_CHECK(be->side_fork(x->ctx, PTL_NET_SIDE_WGRAD));
+            PTL_CHECK(be->side_fork(x->ctx, PTL_NET_SIDE_WGRAD, -1));
             PTL_CHECK(conv_param_grads(x, x->side[PTL_NET_SIDE_WGRAD], i, S->ws[1 + PTL_NET_SIDE_WGRAD].ptr,
                                       S->ws_bytes[1 + PTL_NET_SIDE_WGRAD]));
             PTL_CHECK(be->side_mark(x->ctx, PTL_NET_SIDE_WGRAD, m));

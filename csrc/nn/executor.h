@@ -251,16 +251,16 @@ typedef struct ptl_net_backend {
     int (*head_grad)(ptl_exec_ctx *ctx, ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0,
                      const void *d_out, void *gmap, int accumulate);
 
-    /* side queues (PTL_NET_SIDE_WGRAD, _DETACHED, _ATTACHED; NULL: the backend has one queue, and the
-     * executor runs that work in order, or defers it as late as it may run: the CPU stand-in of the
-     * queues). side_open gives the context of side queue k, which runs beside ctx's (made on first use,
-     * owned by ctx); side_fork has it wait for everything queued on ctx so far; side_mark(k, m) marks what
-     * it has queued so far as its mark m (< PTL_NET_SIDE_MARKS); side_await(k, m) has ctx's queue wait
-     * for that mark. */
+    /* side queues (PTL_NET_SIDE_*; NULL: the backend has one queue, and the executor runs that work in
+     * order, or defers it as late as it may run: the CPU stand-in of the queues). side_open gives the
+     * context of side queue k, which runs beside ctx's (made on first use, owned by ctx); side_fork(k, from)
+     * has it wait for everything queued so far on side queue `from` (-1: on ctx); side_mark(k, m) marks
+     * what it has queued so far as its mark m (< PTL_NET_SIDE_MARKS); side_await(k, m, to) has side queue
+     * `to` (-1: ctx's queue) wait for that mark. */
     int (*side_open)(ptl_exec_ctx *ctx, int k, ptl_exec_ctx **side);
-    int (*side_fork)(ptl_exec_ctx *ctx, int k);
+    int (*side_fork)(ptl_exec_ctx *ctx, int k, int from);
     int (*side_mark)(ptl_exec_ctx *ctx, int k, int m);
-    int (*side_await)(ptl_exec_ctx *ctx, int k, int m);
+    int (*side_await)(ptl_exec_ctx *ctx, int k, int m, int to);
 
     /* the recorder (../cuda/recorder.h; NULL: the backend records nothing) */
     int (*record)(struct ptl_net_exec *x, const void *images, int B, int H, int W, const void *const d_out[2][2],
@@ -295,7 +295,8 @@ extern const ptl_net_backend ptl_net_backend_cuda;
 /* The backward runs a conv's weight and bias gradients beside the rest of the step (on a backend with a
  * side_open, its second queue; on the CUDA backend a second stream, so that those kernels overlap the input
  * gradients of the steps after them): step t's are awaited at the start of step t + lag, and the layout keeps
- * what they read alive until then (net_plan.h). Every kernel reads and writes what it would in order, so the
+ * what they read alive until then (net_plan.h); a branch's, on their own queue, by the branch's queue on its
+ * own steps (below). Every kernel reads and writes what it would in order, so the
  * bits do not depend on the lag. PTL_NET_SIDE_LAG is the CUDA backend's default (the environment variable
  * PTL_SIDE_LAG overrides it when an executor is made; 0 runs everything in order on one stream). */
 #define PTL_NET_SIDE_LAG 3
@@ -317,10 +318,22 @@ extern const ptl_net_backend ptl_net_backend_cuda;
  * and backward on side queues beside the rest, the detached ones on one, the attached ones on another: the
  * forward forks each before the first op after its inputs' producers, in order of fork, and joins them at
  * its end; the backward forks them all at its start, in reverse, and joins each before its join op's step.
+ * With a side lag, a branch's conv weight and bias gradients run on a queue of their own per kind
+ * (_DETACHED_WGRAD, _ATTACHED_WGRAD), forked from the branch's queue after the conv's step and awaited by it
+ * side_lag steps later (the layout keeps what they read alive until then), so that the branch's chain of
+ * input gradients does not wait for them.
  * On by default on the CUDA backend (the environment variables PTL_SIDE_BRANCHES=0 turn them all off and
  * PTL_SIDE_ATTACHED=0 the attached ones, when an executor is made). Each queue has PTL_NET_SIDE_MARKS marks
- * (the weight-gradient queue one per lag step; a branch queue one per branch, cycling). */
-enum { PTL_NET_SIDE_WGRAD = 0, PTL_NET_SIDE_DETACHED = 1, PTL_NET_SIDE_ATTACHED = 2, PTL_NET_SIDE_STREAMS = 3 };
+ * (the weight-gradient queue one per lag step; a branch queue and its gradients' queue one per branch,
+ * cycling). */
+enum {
+    PTL_NET_SIDE_WGRAD = 0,
+    PTL_NET_SIDE_DETACHED = 1,
+    PTL_NET_SIDE_ATTACHED = 2,
+    PTL_NET_SIDE_DETACHED_WGRAD = 3,
+    PTL_NET_SIDE_ATTACHED_WGRAD = 4,
+    PTL_NET_SIDE_STREAMS = 5
+};
 #define PTL_NET_SIDE_MARKS PTL_NET_SIDE_MAX_LAG
 /* Where calls are queued: the main queue (0) or side queue k's (1 + k). */
 #define PTL_NET_QUEUES (1 + PTL_NET_SIDE_STREAMS)

@@ -503,6 +503,25 @@ static void concurrent_lives(const ptl_network *net, const ptl_net_concurrency *
     }
 }
 
+/* With a side lag, a branch conv's weight and bias gradients run up to side_lag - 1 steps after its own on
+ * the branch's clock (executor.c, branch_pass): what they read, the conv's input and its output's gradient,
+ * lives on that clock (the natural lives, by which the branch queue's own slots share) until then. */
+static void branch_lag_lives(const ptl_network *net, const ptl_net_concurrency *cc, int *nat_born, int *nat_dies)
+{
+    const int nv = net->nvalues;
+    for (int i = 0; cc->side_lag > 1 && i < net->nops; i++) {
+        const ptl_net_op *op = &net->ops[i];
+        const int b = ptl_net_branch_of(cc, i);
+        if (b < 0 || (op->kind != PTL_OP_CONV && op->kind != PTL_OP_CONV_BIAS))
+            continue;
+        const int t = bwd_time(net, net->nops - 1 - i + cc->side_lag - 1), bend = branch_end(net, &cc->br->b[b]);
+        const int last = t < bend ? t : bend, read[2] = {op->ins[0].value, nv + (op->kind == PTL_OP_CONV ? op->z : op->out)};
+        for (int j = 0; j < 2; j++)
+            if (nat_born[read[j]] >= 0 && nat_dies[read[j]] < last)
+                nat_dies[read[j]] = last;
+    }
+}
+
 /* Which slots only one branch queue touches (own[], 1 + attached: the values its ops produce, and their
  * gradients), where that queue runs its branches in the ops' order (forward: in order of fork, backward: in
  * reverse, as the executor queues them), so that their lives on the plain clock order them; and each branch
@@ -630,8 +649,11 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     memcpy(nat + ns, dies, (size_t)ns * sizeof(int));
     if (cc)
         concurrent_lives(net, cc, fwd_only, born, dies);
-    if (cc && cc->br)
+    if (cc && cc->br) {
         branch_slots(net, gp, cc, fwd_only, size, own, bscratch, born, dies);
+        if (!fwd_only)
+            branch_lag_lives(net, cc, nat, nat + ns);
+    }
     size[2 * nv + 1] = bscratch[0];
     size[2 * nv + 2] = bscratch[1];
     if ((L->arena_numel = place_slots(ns, born, dies, own, nat, nat + ns, size, off)) < 0)

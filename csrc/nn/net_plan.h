@@ -104,7 +104,7 @@ enum { PTL_NET_SHARE_GRADIENTS = 1, PTL_NET_SHARE_ACTIVATIONS = 2 };
 /* What runs beside the rest (executor.h), so that a layout keeps alive what it touches while it may run:
  * side_lag > 0: a conv's weight and bias gradients of backward step t may run as late as the start of step
  * t + side_lag, so what they read (the conv's input and its output's gradient) lives until the end of step
- * t + side_lag - 1; br (NULL: none): the branches, each on the side queue of its kind (the attached ones
+ * t + side_lag - 1 (a branch conv's on its branch's clock); br (NULL: none): the branches, each on the side queue of its kind (the attached ones
  * only with `attached`), anywhere from its fork to the forward's end and from the backward's start to its
  * join, so everything they touch lives over those whole spans. */
 typedef struct {

@@ -511,7 +511,7 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
         return NULL;
     }
     PyObject *info = Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:O,s:(LLL),s:i,s:i,s:i,s:i,"
-                         "s:i,s:O,s:i,s:i,s:N,s:(ii),s:O,s:O,s:(LLLL),s:{s:O,s:O,s:O,s:L},s:L}",
+                         "s:i,s:O,s:i,s:i,s:N,s:(ii),s:O,s:O,s:(OO),s:{s:O,s:O,s:O,s:L},s:L}",
                          "device", dev, "backend", x->be->name, "dtype", ptl_dtype_name(x->cdt), "master_dtype",
                          ptl_dtype_name(x->mdt), "training", x->training, "num_parameters", (long long)x->net->nparams,
                          "batch_shape", L->B, L->H, L->W, "anchors", (long long)L->A, "fixed_bytes", (long long)fixed,
@@ -524,23 +524,34 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
                          "attached", x->attached, "branch_plan", spans, "branch_ops", branch_ops[0],
                          branch_ops[1], "branch_stream", x->side[PTL_NET_SIDE_DETACHED] ? Py_True : Py_False,
                          "attached_stream", x->side[PTL_NET_SIDE_ATTACHED] ? Py_True : Py_False,
-                         "workspace_bytes", (long long)x->cur->ws_bytes[0], (long long)x->cur->ws_bytes[1],
-                         (long long)x->cur->ws_bytes[2], (long long)x->cur->ws_bytes[3], "conv_options",
+                         "branch_wgrad_streams", x->side[PTL_NET_SIDE_DETACHED_WGRAD] ? Py_True : Py_False,
+                         x->side[PTL_NET_SIDE_ATTACHED_WGRAD] ? Py_True : Py_False, "conv_options",
                          "deterministic", x->opts.deterministic ? Py_True : Py_False, "allow_tf32",
                          x->opts.allow_tf32 ? Py_True : Py_False, "find", x->opts.find ? Py_True : Py_False,
                          "workspace_limit", (long long)x->opts.workspace_limit, "queue_workspace_limit",
                          (long long)x->queue_ws_limit);
     PyObject *convs = info ? conv_workspaces(x) : NULL;
     PyObject *cat = info ? Py_BuildValue("(Oi)", x->cat_in_place ? Py_True : Py_False, x->cat_parts) : NULL;
-    if (!convs || !cat || PyDict_SetItemString(info, "conv_workspaces", convs) ||
-        PyDict_SetItemString(info, "cat_in_place", cat)) {
+    /* per queue (main, then the side queues in PTL_NET_SIDE_* order) */
+    PyObject *ws = info ? PyTuple_New(PTL_NET_QUEUES) : NULL;
+    for (int q = 0; ws && q < PTL_NET_QUEUES; q++) {
+        PyObject *b = PyLong_FromLongLong((long long)x->cur->ws_bytes[q]);
+        if (!b)
+            Py_CLEAR(ws);
+        else
+            PyTuple_SET_ITEM(ws, q, b);
+    }
+    if (!convs || !cat || !ws || PyDict_SetItemString(info, "conv_workspaces", convs) ||
+        PyDict_SetItemString(info, "cat_in_place", cat) || PyDict_SetItemString(info, "workspace_bytes", ws)) {
         Py_XDECREF(convs);
         Py_XDECREF(cat);
+        Py_XDECREF(ws);
         Py_XDECREF(info);
         return NULL;
     }
     Py_DECREF(convs);
     Py_DECREF(cat);
+    Py_DECREF(ws);
     return info;
 }
 
