@@ -423,11 +423,12 @@ def test_side_streams_are_bitwise_neutral(dtype):
     gradients awaited up to the side lag's steps later, the branches (the head's chains of each level: the
     one-to-one's detached ones on one stream, the one-to-many's, which add into the neck's gradients, on
     another) beside the rest of the forward and the backward. They give the bits of everything in order on
-    one stream: outputs, parameter gradients, BN running statistics; with a lag, a branch's conv weight and bias
-    gradients run on its kind's gradients' queue, which has a workspace of its own. No queue's conv workspace is
-    larger than the one queue's: each is sized by the calls it runs, and within the queues' limit but for the branches' (a
-    conv whose weight gradients need more runs them in order; one outside the branches whose calls need more
-    has its workspace in the arena for its steps: the last two arms, with a small limit)."""
+    one stream: outputs, parameter gradients, BN running statistics; with a lag, a branch's conv weight and
+    bias gradients run on its kind's gradients' queue, which has a workspace of its own. No queue's conv
+    workspace is larger than the one queue's: each is sized by the calls it runs, and within the queues' limit
+    but for the branches' (a conv whose weight gradients need more runs them in order; one outside the
+    branches whose calls need more has its workspace in the arena for its steps: the last two arms, with a
+    small limit)."""
     B, H, W = 2, 256, 192
     sd = _state(seed=4)
     x = np.random.default_rng(9).random((B, H, W, 3)).astype(np.float32)

@@ -265,7 +265,8 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
          * (branch_pass); any other's parameter gradients on the weight-gradient queue when there is one */
         const int br = branch_of(x, i), k = br < 0 ? -1 : branch_queue(x, br);
         const int own = k >= 0 && x->side[k] ? 1 + k : 0;
-        const int own_pg = br >= 0 && branch_wgrad_apart(x, br) ? 1 + branch_wgrad_queue(x, br) : own;
+        const int own_pg =
+            br >= 0 && !L->forward_only && branch_wgrad_apart(x, br) ? 1 + branch_wgrad_queue(x, br) : own;
         size_t b = 0;
         if (is_conv(op)) {
             /* a conv with its workspace in the arena needs its queue's for lagging weight gradients alone */

@@ -296,9 +296,9 @@ extern const ptl_net_backend ptl_net_backend_cuda;
  * side_open, its second queue; on the CUDA backend a second stream, so that those kernels overlap the input
  * gradients of the steps after them): step t's are awaited at the start of step t + lag, and the layout keeps
  * what they read alive until then (net_plan.h); a branch's, on their own queue, by the branch's queue on its
- * own steps (below). Every kernel reads and writes what it would in order, so the
- * bits do not depend on the lag. PTL_NET_SIDE_LAG is the CUDA backend's default (the environment variable
- * PTL_SIDE_LAG overrides it when an executor is made; 0 runs everything in order on one stream). */
+ * own steps (below). Every kernel reads and writes what it would in order, so the bits do not depend on the
+ * lag. PTL_NET_SIDE_LAG is the CUDA backend's default (the environment variable PTL_SIDE_LAG overrides it
+ * when an executor is made; 0 runs everything in order on one stream). */
 #define PTL_NET_SIDE_LAG 3
 #define PTL_NET_SIDE_MAX_LAG 4
 

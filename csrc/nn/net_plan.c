@@ -515,7 +515,8 @@ static void branch_lag_lives(const ptl_network *net, const ptl_net_concurrency *
         if (b < 0 || (op->kind != PTL_OP_CONV && op->kind != PTL_OP_CONV_BIAS))
             continue;
         const int t = bwd_time(net, net->nops - 1 - i + cc->side_lag - 1), bend = branch_end(net, &cc->br->b[b]);
-        const int last = t < bend ? t : bend, read[2] = {op->ins[0].value, nv + (op->kind == PTL_OP_CONV ? op->z : op->out)};
+        const int last = t < bend ? t : bend;
+        const int read[2] = {op->ins[0].value, nv + (op->kind == PTL_OP_CONV ? op->z : op->out)};
         for (int j = 0; j < 2; j++)
             if (nat_born[read[j]] >= 0 && nat_dies[read[j]] < last)
                 nat_dies[read[j]] = last;
