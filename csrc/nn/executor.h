@@ -21,7 +21,7 @@
  *                 - the weight-cast table: where each conv weight (and, for a backend that casts
  *                   biases, each bias) sits in the compute-dtype OHWI copy;
  *                 - per batch shape, the memory layout: one arena whose slots hold the activations,
- *                   the gradients and the backward's scratch, placed first fit by birth on one clock
+ *                   the gradients and the backward's scratch, placed largest first on one clock
  *                   over the forward and the backward (each lives from its first write to its last
  *                   read, so the gradients take the memory of the activations the backward has read;
  *                   a forward-only layout keeps nothing for a backward); attention probabilities, the
@@ -299,8 +299,8 @@ extern const ptl_net_backend ptl_net_backend_cuda;
  * own steps (below). Every kernel reads and writes what it would in order, so the bits do not depend on the
  * lag. PTL_NET_SIDE_LAG is the CUDA backend's default (the environment variable PTL_SIDE_LAG overrides it
  * when an executor is made; 0 runs everything in order on one stream). */
-#define PTL_NET_SIDE_LAG 3
-#define PTL_NET_SIDE_MAX_LAG 4
+#define PTL_NET_SIDE_LAG 4
+#define PTL_NET_SIDE_MAX_LAG 6
 
 /* A queue's conv workspace is at most PTL_NET_QUEUE_WORKSPACE_LIMIT bytes (0: no limit), but for the branch
  * queues'. A conv whose weight and bias gradients need more runs them in order, not on the weight-gradient
