@@ -878,6 +878,18 @@ fail:
     return -1;
 }
 
+int ptl_net_conv_backward_input_add(const ptl_net_backend *be, ptl_exec_ctx *ctx, const void *plan, ptl_dtype dt,
+                                    int64_t n, const void *dy, const void *w, void *dx, void *scratch, void *ws,
+                                    size_t ws_bytes)
+{
+    if (be->conv_backward_input_add)
+        return be->conv_backward_input_add(ctx, plan, dy, w, dx, scratch, ws, ws_bytes);
+    PTL_CHECK(be->conv_backward_input(ctx, plan, dy, w, scratch, ws, ws_bytes));
+    return be->accumulate(ctx, dt, n, scratch, dx);
+fail:
+    return -1;
+}
+
 static int forward_op(ptl_net_exec *x, int i)
 {
     const ptl_net_backend *be = x->be;
@@ -1144,11 +1156,8 @@ static int conv_backward(ptl_net_exec *x, int i, const void *dy, int want_input_
     const void *w = AT(x->wc.ptr, x->wt.op_w[i]);
     if (x->gp.first[i] & 1u)
         return be->conv_backward_input(x->q, p, dy, w, gin, ws, wsb);
-    void *scratch = scratch_of(x);
-    if (be->conv_backward_input_add)
-        return be->conv_backward_input_add(x->q, p, dy, w, gin, scratch, ws, wsb);
-    PTL_CHECK(be->conv_backward_input(x->q, p, dy, w, scratch, ws, wsb));
-    return be->accumulate(x->q, x->cdt, dims(x, in).m * op->cin, scratch, gin);
+    return ptl_net_conv_backward_input_add(be, x->q, p, x->cdt, dims(x, in).m * op->cin, dy, w, gin, scratch_of(x),
+                                           ws, wsb);
 fail:
     return -1;
 }

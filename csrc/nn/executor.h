@@ -284,6 +284,11 @@ int ptl_net_conv_batchnorm_forward(const ptl_net_backend *be, ptl_exec_ctx *ctx,
                                    int64_t m, int c, const void *x, const void *w, void *z, void *ws, size_t ws_bytes,
                                    const void *gamma, const void *beta, void *running_mean, void *running_var,
                                    ptl_act act, void *save_mean, void *save_invstd, void *y, int ld);
+/* dx += dL/dx by `plan` (dtype dt, n elements of dx; an input with several consumers): through
+ * be->conv_backward_input_add where the backend has one, else the gradient into scratch (dx's size) and added. */
+int ptl_net_conv_backward_input_add(const ptl_net_backend *be, ptl_exec_ctx *ctx, const void *plan, ptl_dtype dt,
+                                    int64_t n, const void *dy, const void *w, void *dx, void *scratch, void *ws,
+                                    size_t ws_bytes);
 /* The convolution a plan of ptl_net_backend_cpu describes (for backends built on its plans). */
 const ptl_conv2d_desc *ptl_net_cpu_plan_desc(const void *plan);
 /* Blocks the CPU backend holds now, over all executors (tests check that nothing leaks). */

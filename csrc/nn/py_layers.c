@@ -338,13 +338,8 @@ static PyObject *py_conv2d_backward_input(PyObject *m, PyObject *args)
     }
     if (!(scratch = ptl_tensor_empty(m, 4, c.t[2]->shape, c.p->dt, c.p->device)))
         return NULL;
-    if (be->conv_backward_input_add) {
-        RUN(be->conv_backward_input_add(c.p->ctx, c.p->plan, D(0), D(1), D(2), ptl_tensor_data(scratch), c.ws,
-                                        c.ws_bytes));
-    } else {
-        RUN(be->conv_backward_input(c.p->ctx, c.p->plan, D(0), D(1), ptl_tensor_data(scratch), c.ws, c.ws_bytes));
-        RUN(be->accumulate(c.p->ctx, c.p->dt, ptl_tensor_numel(scratch), ptl_tensor_data(scratch), D(2)));
-    }
+    RUN(ptl_net_conv_backward_input_add(be, c.p->ctx, c.p->plan, c.p->dt, ptl_tensor_numel(scratch), D(0), D(1),
+                                        D(2), ptl_tensor_data(scratch), c.ws, c.ws_bytes));
     Py_DECREF(scratch);
     Py_RETURN_NONE;
 fail:
