@@ -97,7 +97,9 @@ CONV_CASES = [
     (2, 4, 5, 6, 3, 1, 1, 1),       # 1x1
     (1, 5, 6, 4, 6, 3, 1, 2),       # general groups
     (1, 6, 5, 2, 3, 5, 1, 1),       # 5x5
-    (2, 32, 32, 3, 16, 3, 2, 1),    # the stem: 3 input channels
+    (2, 32, 32, 3, 16, 3, 2, 1),    # the stem: 3 input channels (a direct forward, conv2d_narrow.h)
+    (1, 9, 8, 1, 8, 3, 1, 1),       # one input channel, not depthwise
+    (2, 7, 9, 2, 24, 3, 2, 1),      # two input channels, stride 2
     (2, 16, 16, 32, 64, 3, 2, 1),   # a downsampling Conv
     (2, 16, 16, 64, 32, 1, 1, 1),   # a 1x1 projection
     (2, 10, 10, 64, 64, 3, 1, 64),  # a depthwise 3x3 (the attention's pe)
@@ -190,6 +192,12 @@ def test_conv2d_float32_plans_are_true_float32_and_deterministic(cudnn_api):
     assert info2["path"] == "direct"
     _, _, _, _, _, info3, _ = conv_setup((2, 8, 8, 16, 16, 5, 1, 16), "float32", rng)
     assert min(info3["algos"]) >= 0
+    # so does the forward of a 3x3 convolution with at most 4 input channels (the stem; cuDNN's backward)
+    _, _, _, _, _, info4, _ = conv_setup((2, 8, 8, 3, 16, 3, 2, 1), "float32", rng)
+    assert info4["algos"][0] == -1 and min(info4["algos"][1:]) >= 0
+    for narrow in ((1, 6, 5, 2, 8, 5, 1, 1), (1, 6, 5, 2, 12, 3, 1, 1)):  # 5x5; output channels not a multiple of 8
+        _, _, _, _, _, info5, _ = conv_setup(narrow, "float32", rng)
+        assert min(info5["algos"]) >= 0
     # the float32 plans rerun bitwise: forward and every backward
     x, wt = host(xg), host(wg)
     dyg = gpu(rng.standard_normal(info["y_shape"]))
@@ -210,7 +218,8 @@ def test_conv2d_float32_plans_are_true_float32_and_deterministic(cudnn_api):
 
 @pytest.mark.parametrize("dt", ["float32", "bfloat16"])
 @pytest.mark.parametrize("case", [(4, 40, 40, 32, 64, 3, 1, 1), (4, 80, 80, 64, 32, 1, 1, 1),
-                                  (4, 40, 40, 64, 64, 3, 1, 64)])  # cuDNN, GEMM, depthwise
+                                  (4, 40, 40, 64, 64, 3, 1, 64),  # cuDNN, GEMM, depthwise
+                                  (4, 64, 64, 3, 16, 3, 2, 1)])  # the stem's direct forward
 def test_conv2d_reruns_are_bitwise_equal(case, dt, cudnn_api):
     rng = np.random.default_rng(2)
     x, wt, xg, wg, plan, info, ws = conv_setup(case, dt, rng)

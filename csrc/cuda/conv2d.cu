@@ -1,11 +1,13 @@
 /* 2-D convolution through cuDNN (graph-API execution plans, conv2d_cudnn_graph.h, or the legacy convolution
- * API), cuBLAS (1x1) or direct kernels (3x3 depthwise): per-shape plans with algorithms chosen once,
+ * API), cuBLAS (1x1) or direct kernels (3x3 depthwise; the forward of 3x3 with few input channels,
+ * conv2d_narrow.h): per-shape plans with algorithms chosen once,
  * caller-owned workspace, no allocation or synchronisation when executing. See conv2d.h. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "conv2d.h"
 #include "conv2d_cudnn_graph.h"
+#include "conv2d_narrow.h"
 #include "conv2d_find.h"
 #include "layers_common.cuh"
 #include "call_graph.h"
@@ -34,6 +36,7 @@ struct ptl_conv2d_plan {
     int gemm;                    /* 1x1, stride 1, ungrouped: plain cuBLAS GEMMs instead of cuDNN */
     cublasComputeType_t gemm_ct; /* its compute type */
     int depthwise;               /* 3x3, groups == cin == cout: the direct kernels below instead of cuDNN */
+    int narrow;                  /* 3x3 ungrouped with few input channels: conv2d_narrow.h's forward */
     /* graph-API plans per direction: the first three, or none (the legacy API); backward data adding to dx
      * where cuDNN has an engine for it */
     ptl_cudnn_conv_exec *exec[PTL_CONV_DIRECTIONS];
@@ -403,6 +406,13 @@ extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, cudnnHandle_t cudnn, co
         goto fail;
 
 sizes:
+    /* cuDNN has no tensor-core engine for a 3-channel input (the stem): its generic forward was twice as slow as
+     * a direct kernel (its backward directions, faster than direct ones, stay) */
+    if (!p->gemm && !p->depthwise && ptl_conv2d_narrow_takes(d)) {
+        p->narrow = 1;
+        p->af = (cudnnConvolutionFwdAlgo_t)-1;
+        p->ws_f = 0;
+    }
     if (!p->depthwise)
         for (int i = 0; i < (o->forward_only ? 1 : PTL_CONV_DIRECTIONS); i++)
             if (!(p->calls[i] = ptl_call_graphs_create(CALL_KEYS)))
@@ -788,6 +798,9 @@ extern "C" int ptl_conv2d_forward_cuda(ptl_cuda_ctx *ctx, const ptl_conv2d_plan 
         return -1;
     if (p->depthwise) {
         DW_LAUNCH("conv2d_forward_cuda", dw_forward_kernel, p, total, x, w, y);
+    } else if (p->narrow) {
+        if (ptl_conv2d_narrow_forward(ctx->stream, "conv2d_forward_cuda", p->dt, &p->d, x, w, y))
+            return -1;
     } else {
         const library_call k = {ctx, p, PTL_CONV_FORWARD, x, w, y, workspace, workspace_bytes};
         if (run_library_call(&k))

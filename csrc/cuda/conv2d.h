@@ -7,7 +7,8 @@
  * 1x1 stride-1 ungrouped convolutions (the many pointwise convs of the network) skip cuDNN and run as
  * cuBLAS GEMMs over the pixels, several times faster than cuDNN's heuristic picks for them. 3x3
  * depthwise convolutions (groups == cin == cout) run direct kernels: planning them through cuDNN 9's
- * legacy heuristics costs ~0.8 s each.
+ * legacy heuristics costs ~0.8 s each. The forward of 3x3 ungrouped convolutions with at most 4 input channels
+ * (the stem) runs a direct kernel too (conv2d_narrow.h): cuDNN has no tensor-core engine for it.
  * The executing calls allocate nothing and never synchronise; they need a caller-owned device
  * workspace of at least ptl_conv2d_plan_workspace(plan) bytes.
  *
