@@ -1,7 +1,10 @@
 /* CUDA detection objective: the same assignment and losses as csrc/objective/objective.c (float32
  * instance of objective_math.h), without host-device synchronisation.
  *
- * Per branch, on the device's stream:
+ * The targets' upload and both branches' resets run on the workspace's own stream while the forward still runs;
+ * then per branch, the one-to-many on the device's stream and the one-to-one on the workspace's stream beside it
+ * (each with its own buffers; the two join before the final sum, so the objective's span on the critical path is
+ * the longer branch's, not their sum):
  *   init      the branch's owners, counts, keys and partial sums reset (one launch)
  *   select    OBJ_SEL_SPLIT blocks per (image, GT): candidates (STAL box), metric, top-k (block merge
  *             of per-thread top-k lists, then the GT's last block merges the blocks' lists; keys =
@@ -43,6 +46,12 @@ struct ptl_obj_workspace {
     size_t pcap[2];
     cudaEvent_t ev[2];
     int ev_used[2], turn;
+    /* the stream of the upload, the resets and the one-to-one branch, at the device stream's priority */
+    cudaStream_t side;
+    /* ready: the upload and resets done; fork: the forward's outputs (and the device stream's earlier work);
+     * join: the side's branch done; done: the final sum, after which a call's buffers are free again */
+    cudaEvent_t ready, fork, join, done;
+    int done_used;
 };
 
 struct ObjGeom {
@@ -637,6 +646,15 @@ extern "C" int ptl_obj_workspace_create(ptl_runtime *rt, int device, ptl_obj_wor
         goto fail;
     for (int i = 0; i < 2; i++)
         PTL_CUDA_TRY(cudaEventCreateWithFlags(&ws->ev[i], cudaEventDisableTiming));
+    {
+        int prio;
+        PTL_CUDA_TRY(cudaStreamGetPriority(ctx->stream, &prio));
+        PTL_CUDA_TRY(cudaStreamCreateWithPriority(&ws->side, cudaStreamNonBlocking, prio));
+    }
+    PTL_CUDA_TRY(cudaEventCreateWithFlags(&ws->ready, cudaEventDisableTiming));
+    PTL_CUDA_TRY(cudaEventCreateWithFlags(&ws->fork, cudaEventDisableTiming));
+    PTL_CUDA_TRY(cudaEventCreateWithFlags(&ws->join, cudaEventDisableTiming));
+    PTL_CUDA_TRY(cudaEventCreateWithFlags(&ws->done, cudaEventDisableTiming));
     *out = ws;
     return 0;
 fail:
@@ -658,6 +676,14 @@ extern "C" void ptl_obj_workspace_destroy(ptl_obj_workspace *ws)
             if (ws->pinned[i])
                 cudaFreeHost(ws->pinned[i]);
         }
+        if (ws->side) {
+            cudaStreamSynchronize(ws->side);
+            cudaStreamDestroy(ws->side);
+        }
+        cudaEvent_t evs[4] = {ws->ready, ws->fork, ws->join, ws->done};
+        for (int i = 0; i < 4; i++)
+            if (evs[i])
+                cudaEventDestroy(evs[i]);
         if (ws->dblock)
             ptl_alloc_free(ctx->alloc, ws->dblock);
     }
@@ -670,7 +696,7 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
 {
     ptl_cuda_ctx *ctx;
     ObjGeom g;
-    ObjBufs w;
+    ObjBufs wb[2];
     cudaStream_t st;
     const int64_t B = ar->B, A = ar->A, M = tg->M, BA = B * A, BM = B * M;
     const int topks[2] = {PTL_OBJ_TOPK_O2M, PTL_OBJ_TOPK_O2O}, topk2s[2] = {PTL_OBJ_TOPK2_O2M, PTL_OBJ_TOPK2_O2O};
@@ -685,9 +711,10 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
         return -1;
     st = ctx->stream;
 
-    /* device workspace: targets, per-anchor and per-GT buffers, partial sums */
+    /* device workspace: targets, then per branch its per-anchor and per-GT buffers and partial sums (the offsets
+     * below are within a branch's), then the branches' results */
     size_t tgt_bytes = obj_align(sizeof(int32_t) * (size_t)(B + BM) + sizeof(float) * 4 * (size_t)BM);
-    size_t off_owner = tgt_bytes, off_claim = off_owner + obj_align(4 * (size_t)BA);
+    size_t off_owner = 0, off_claim = off_owner + obj_align(4 * (size_t)BA);
     size_t off_palign = off_claim + obj_align(4 * (size_t)BA), off_povl = off_palign + obj_align(4 * (size_t)BA);
     size_t off_nval = off_povl + obj_align(4 * (size_t)BA), off_sel = off_nval + obj_align(4 * (size_t)BA);
     size_t off_key = off_sel + obj_align(4 * (size_t)BM * OBJ_KMAX), off_amax = off_key + obj_align(8 * (size_t)BM);
@@ -695,8 +722,10 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
     size_t off_selnum = off_seltop + obj_align(8 * (size_t)BM * OBJ_SEL_SPLIT * OBJ_KMAX);
     size_t off_seldone = off_selnum + obj_align(4 * (size_t)BM * OBJ_SEL_SPLIT);
     size_t off_part = off_seldone + obj_align(4 * (size_t)BM);
-    size_t off_res = off_part + obj_align(sizeof(double) * 4 * OBJ_NB);
+    size_t branch_bytes = off_part + obj_align(sizeof(double) * 4 * OBJ_NB);
+    size_t off_res = tgt_bytes + 2 * branch_bytes;
     size_t need = off_res + obj_align(sizeof(double) * 8);
+    int grown = 0;
     if (need > ws->dcap) {
         /* grown geometrically: the box count per image varies from batch to batch */
         const size_t cap = need > 2 * ws->dcap ? need : 2 * ws->dcap;
@@ -707,26 +736,36 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
         if (ptl_alloc_malloc(ctx->alloc, 0, cap, &ws->dbuf, &ws->dblock) != 0)
             return -1;
         ws->dcap = cap;
+        grown = 1;
     }
     char *base = (char *)ws->dbuf;
-    w.count = (const int32_t *)base;
-    w.cls = w.count + B;
-    w.gbox = (const float *)(w.cls + BM);
-    w.owner = (int32_t *)(base + off_owner);
-    w.claim = (int32_t *)(base + off_claim);
-    w.palign = (float *)(base + off_palign);
-    w.povl = (float *)(base + off_povl);
-    w.nval = (float *)(base + off_nval);
-    w.sel = (int32_t *)(base + off_sel);
-    w.gtkey = (unsigned long long *)(base + off_key);
-    w.amax = (unsigned int *)(base + off_amax);
-    w.omax = (unsigned int *)(base + off_omax);
-    w.seltop = (unsigned long long *)(base + off_seltop);
-    w.selnum = (int32_t *)(base + off_selnum);
-    w.seldone = (int32_t *)(base + off_seldone);
-    w.part = (double *)(base + off_part);
-    w.res = (double *)(base + off_res);
+    for (int br = 0; br < 2; br++) {
+        ObjBufs &w = wb[br];
+        char *bb = base + tgt_bytes + br * branch_bytes;
+        w.count = (const int32_t *)base;
+        w.cls = w.count + B;
+        w.gbox = (const float *)(w.cls + BM);
+        w.owner = (int32_t *)(bb + off_owner);
+        w.claim = (int32_t *)(bb + off_claim);
+        w.palign = (float *)(bb + off_palign);
+        w.povl = (float *)(bb + off_povl);
+        w.nval = (float *)(bb + off_nval);
+        w.sel = (int32_t *)(bb + off_sel);
+        w.gtkey = (unsigned long long *)(bb + off_key);
+        w.amax = (unsigned int *)(bb + off_amax);
+        w.omax = (unsigned int *)(bb + off_omax);
+        w.seltop = (unsigned long long *)(bb + off_seltop);
+        w.selnum = (int32_t *)(bb + off_selnum);
+        w.seldone = (int32_t *)(bb + off_seldone);
+        w.part = (double *)(bb + off_part);
+        w.res = (double *)(base + off_res);
+    }
 
+    /* The side stream writes the workspace before the forward's outputs are ready: after the previous call's final
+     * sum (the last reader of its targets and buffers), or, the first time and when the workspace was just
+     * reallocated, after everything queued on the device stream (the memory's earlier users). */
+    PTL_CUDA_TRY(cudaEventRecord(ws->fork, st));
+    PTL_CUDA_TRY(cudaStreamWaitEvent(ws->side, grown || !ws->done_used ? ws->fork : ws->done, 0));
     /* targets: host -> pinned staging (waiting only for the upload of two calls back) -> device */
     {
         size_t tb = sizeof(int32_t) * (size_t)(B + BM) + sizeof(float) * 4 * (size_t)BM;
@@ -745,8 +784,8 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
         memcpy(p, tg->count, sizeof(int32_t) * (size_t)B);
         memcpy(p + 4 * B, tg->cls, sizeof(int32_t) * (size_t)BM);
         memcpy(p + 4 * (B + BM), tg->box_f, sizeof(float) * 4 * (size_t)BM);
-        PTL_CUDA_TRY(cudaMemcpyAsync(base, p, tb, cudaMemcpyHostToDevice, st));
-        PTL_CUDA_TRY(cudaEventRecord(ws->ev[t], st));
+        PTL_CUDA_TRY(cudaMemcpyAsync(base, p, tb, cudaMemcpyHostToDevice, ws->side));
+        PTL_CUDA_TRY(cudaEventRecord(ws->ev[t], ws->side));
         ws->ev_used[t] = 1;
         ws->turn ^= 1;
     }
@@ -767,54 +806,63 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
         unsigned nb_anchor = (unsigned)((BA + OBJ_THREADS - 1) / OBJ_THREADS);
         if (nb_anchor > OBJ_NB)
             nb_anchor = OBJ_NB;
-        for (int br = 0; br < 2; br++) {
-            int topk = topks[br];
-            const void *boxes = ar->boxes[br], *scores = ar->scores[br];
-            {
-                const int64_t na = ar->assign_in ? 0 : BA, ng = ar->assign_in ? 0 : BM;
-                int64_t n = na > ng ? na : ng;
-                n = n > 4 * OBJ_NB ? n : 4 * OBJ_NB;
-                const int64_t nb = (n + OBJ_THREADS - 1) / OBJ_THREADS;
-                ptl_launch(obj_init_kernel, (unsigned)(nb < OBJ_NB ? nb : OBJ_NB), OBJ_THREADS, 0, st, w, na, ng);
+        {
+            const int64_t na = ar->assign_in ? 0 : BA, ng = ar->assign_in ? 0 : BM;
+            int64_t n = na > ng ? na : ng;
+            n = n > 4 * OBJ_NB ? n : 4 * OBJ_NB;
+            const int64_t nb = (n + OBJ_THREADS - 1) / OBJ_THREADS;
+            for (int br = 0; br < 2; br++) {
+                ptl_launch(obj_init_kernel, (unsigned)(nb < OBJ_NB ? nb : OBJ_NB), OBJ_THREADS, 0, ws->side, wb[br],
+                           na, ng);
                 PTL_LAUNCH_CHECK("obj_init_kernel");
             }
+        }
+        PTL_CUDA_TRY(cudaEventRecord(ws->ready, ws->side));
+        PTL_CUDA_TRY(cudaStreamWaitEvent(st, ws->ready, 0));
+        PTL_CUDA_TRY(cudaEventRecord(ws->fork, st));
+        PTL_CUDA_TRY(cudaStreamWaitEvent(ws->side, ws->fork, 0));
+        for (int br = 0; br < 2; br++) {
+            const ObjBufs &w = wb[br];
+            const cudaStream_t bs = br == 0 ? st : ws->side;
+            int topk = topks[br];
+            const void *boxes = ar->boxes[br], *scores = ar->scores[br];
             if (ar->assign_in) {
-                PTL_CUDA_TRY(cudaMemcpyAsync(w.owner, ar->assign_gt[br], 4 * (size_t)BA, cudaMemcpyDeviceToDevice, st));
+                PTL_CUDA_TRY(cudaMemcpyAsync(w.owner, ar->assign_gt[br], 4 * (size_t)BA, cudaMemcpyDeviceToDevice, bs));
                 PTL_CUDA_TRY(
-                    cudaMemcpyAsync(w.nval, ar->assign_score[br], 4 * (size_t)BA, cudaMemcpyDeviceToDevice, st));
+                    cudaMemcpyAsync(w.nval, ar->assign_score[br], 4 * (size_t)BA, cudaMemcpyDeviceToDevice, bs));
             } else {
                 if (BM > 0) {
-                    ptl_launch(obj_select_kernel, (unsigned)(BM * OBJ_SEL_SPLIT), OBJ_SEL_THREADS, 0, st, g, w, boxes,
+                    ptl_launch(obj_select_kernel, (unsigned)(BM * OBJ_SEL_SPLIT), OBJ_SEL_THREADS, 0, bs, g, w, boxes,
                                scores, ar->dtype, topk);
                     PTL_LAUNCH_CHECK("obj_select_kernel");
                     int64_t nsel = BM * topk;
                     ptl_launch(obj_conflict_kernel, (unsigned)((nsel * 32 + OBJ_THREADS - 1) / OBJ_THREADS),
-                               OBJ_THREADS, 0, st, g, w, boxes, scores, ar->dtype, topk); /* a warp per entry */
+                               OBJ_THREADS, 0, bs, g, w, boxes, scores, ar->dtype, topk); /* a warp per entry */
                     PTL_LAUNCH_CHECK("obj_conflict_kernel");
                     int top1 = topk2s[br] != topk;
                     if (top1) {
-                        ptl_launch(obj_top1_kernel, nb_anchor, OBJ_THREADS, 0, st, g, w);
+                        ptl_launch(obj_top1_kernel, nb_anchor, OBJ_THREADS, 0, bs, g, w);
                         PTL_LAUNCH_CHECK("obj_top1_kernel");
                     }
-                    ptl_launch(obj_stats_kernel, nb_anchor, OBJ_THREADS, 0, st, g, w, top1);
+                    ptl_launch(obj_stats_kernel, nb_anchor, OBJ_THREADS, 0, bs, g, w, top1);
                     PTL_LAUNCH_CHECK("obj_stats_kernel");
                 }
             }
             if (!ar->assign_in) {
-                ptl_launch(obj_nval_kernel, nb_anchor, OBJ_THREADS, 0, st, g, w);
+                ptl_launch(obj_nval_kernel, nb_anchor, OBJ_THREADS, 0, bs, g, w);
                 PTL_LAUNCH_CHECK("obj_nval_kernel");
                 if (ar->assign_gt[br])
                     PTL_CUDA_TRY(
-                        cudaMemcpyAsync(ar->assign_gt[br], w.owner, 4 * (size_t)BA, cudaMemcpyDeviceToDevice, st));
+                        cudaMemcpyAsync(ar->assign_gt[br], w.owner, 4 * (size_t)BA, cudaMemcpyDeviceToDevice, bs));
                 if (ar->assign_score[br])
                     PTL_CUDA_TRY(
-                        cudaMemcpyAsync(ar->assign_score[br], w.nval, 4 * (size_t)BA, cudaMemcpyDeviceToDevice, st));
+                        cudaMemcpyAsync(ar->assign_score[br], w.nval, 4 * (size_t)BA, cudaMemcpyDeviceToDevice, bs));
             } else {
-                ptl_launch(obj_tsum_kernel, nb_anchor, OBJ_THREADS, 0, st, g, w);
+                ptl_launch(obj_tsum_kernel, nb_anchor, OBJ_THREADS, 0, bs, g, w);
                 PTL_LAUNCH_CHECK("obj_tsum_kernel");
             }
             double *res = w.res + 4 * br;
-            ptl_launch(obj_reduce_kernel, 1, OBJ_THREADS, 0, st, w, 3, 4, res);
+            ptl_launch(obj_reduce_kernel, 1, OBJ_THREADS, 0, bs, w, 3, 4, res);
             PTL_LAUNCH_CHECK("obj_reduce_kernel");
             int64_t ncls = BA * ar->nc;
             const int v8 = ar->nc % 8 == 0 && ptl_aligned16(scores, ar->grad_scores[br], NULL);
@@ -826,27 +874,31 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
             const int narrow = ncls <= (int64_t)UINT32_MAX - (int64_t)OBJ_NB * OBJ_THREADS; /* i + stride fits */
             const double ks = bsc * ar->gain[1];
             if (v8 && narrow)
-                ptl_launch(obj_cls_kernel<uint32_t, 8>, nb_cls, OBJ_THREADS, 0, st, g, w, scores,
+                ptl_launch(obj_cls_kernel<uint32_t, 8>, nb_cls, OBJ_THREADS, 0, bs, g, w, scores,
                            ar->grad_scores[br], ar->dtype, ks, ar->grad_scale_dev, res);
             else if (v8)
-                ptl_launch(obj_cls_kernel<int64_t, 8>, nb_cls, OBJ_THREADS, 0, st, g, w, scores,
+                ptl_launch(obj_cls_kernel<int64_t, 8>, nb_cls, OBJ_THREADS, 0, bs, g, w, scores,
                            ar->grad_scores[br], ar->dtype, ks, ar->grad_scale_dev, res);
             else if (narrow)
-                ptl_launch(obj_cls_kernel<uint32_t, 1>, nb_cls, OBJ_THREADS, 0, st, g, w, scores,
+                ptl_launch(obj_cls_kernel<uint32_t, 1>, nb_cls, OBJ_THREADS, 0, bs, g, w, scores,
                            ar->grad_scores[br], ar->dtype, ks, ar->grad_scale_dev, res);
             else
-                ptl_launch(obj_cls_kernel<int64_t, 1>, nb_cls, OBJ_THREADS, 0, st, g, w, scores,
+                ptl_launch(obj_cls_kernel<int64_t, 1>, nb_cls, OBJ_THREADS, 0, bs, g, w, scores,
                            ar->grad_scores[br], ar->dtype, ks, ar->grad_scale_dev, res);
             PTL_LAUNCH_CHECK("obj_cls_kernel");
-            ptl_launch(obj_box_kernel, nb_anchor, OBJ_THREADS, 0, st, g, w, boxes, ar->grad_boxes[br], ar->dtype,
+            ptl_launch(obj_box_kernel, nb_anchor, OBJ_THREADS, 0, bs, g, w, boxes, ar->grad_boxes[br], ar->dtype,
                        bsc * ar->gain[0], bsc * ar->gain[2], ar->grad_scale_dev, res);
             PTL_LAUNCH_CHECK("obj_box_kernel");
-            ptl_launch(obj_reduce_kernel, 1, OBJ_THREADS, 0, st, w, 0, 3, res);
+            ptl_launch(obj_reduce_kernel, 1, OBJ_THREADS, 0, bs, w, 0, 3, res);
             PTL_LAUNCH_CHECK("obj_reduce_kernel");
         }
-        ptl_launch(obj_final_kernel, 1, 1, 0, st, w.res, wt[0], wt[1], ar->gain[0], ar->gain[1], ar->gain[2], (int)B,
-                   ar->losses);
+        PTL_CUDA_TRY(cudaEventRecord(ws->join, ws->side));
+        PTL_CUDA_TRY(cudaStreamWaitEvent(st, ws->join, 0));
+        ptl_launch(obj_final_kernel, 1, 1, 0, st, wb[0].res, wt[0], wt[1], ar->gain[0], ar->gain[1], ar->gain[2],
+                   (int)B, ar->losses);
         PTL_LAUNCH_CHECK("obj_final_kernel");
+        PTL_CUDA_TRY(cudaEventRecord(ws->done, st));
+        ws->done_used = 1;
     }
     return 0;
 fail:
