@@ -1,8 +1,8 @@
 /* A direct forward kernel for 3x3 ungrouped convolutions with few input channels (YOLO26's stem: 3 -> 16,
  * stride 2), on conv2d.h's layouts. cuDNN has no tensor-core engine for a 3-channel input: its generic forward
  * for the stem took 61 us at batch 4, 640 on an H100, alone on the GPU at the step's start, this kernel 25
- * (benchmarks/RESULTS.md, issue 22). Its backward directions stay on cuDNN, whose engines there beat direct
- * kernels (a weight gradient by the column reduction took 195 us).
+ * (benchmarks/RESULTS.md, issue 22). Its backward directions stay on cuDNN: direct weight gradients were no
+ * faster (by the column reduction 195 us, with register sums 78, cuDNN's padding and split-K GEMM about 82).
  *
  * One thread per 4 output pixels and pack of output channels, the 9 * cin taps summed in float32 in
  * (ky, kx, ci) order: bitwise reproducible. */
