@@ -760,19 +760,12 @@ __global__ void dw_grad_finish(int c, int nchunks, const double *part, T *dw)
         ptl_st(dw + item, (float)((double)dw0 + s));
 }
 
-/* Whether both activations' element counts fit 32-bit indices. */
-static int dw_int32_ok(const ptl_conv2d_plan *p)
-{
-    return (int64_t)p->d.n * p->d.h * p->d.w * p->d.cin < INT32_MAX &&
-           (int64_t)p->d.n * p->d.ho * p->d.wo * p->d.cout < INT32_MAX;
-}
-
 /* Launches kernel<T, I, V> over `total` elements, V channels per thread (a 16-byte pack when the channel
  * count and the pointers allow it), with 32-bit indices when both activations' sizes fit. */
 #define DW_LAUNCH_V(kernel, p, total, V, ...)                                                                     \
     do {                                                                                                          \
         const int64_t groups_ = (total) / (V);                                                                    \
-        if (dw_int32_ok(p))                                                                                       \
+        if (ptl_conv2d_int32_ok(&(p)->d))                                                                         \
             ptl_launch(kernel<T, int, V>, ptl_grid_for(groups_, 256), 256, 0, ctx->stream, (int)groups_,          \
                        __VA_ARGS__);                                                                              \
         else                                                                                                      \
@@ -886,7 +879,7 @@ extern "C" int ptl_conv2d_backward_weight_cuda(ptl_cuda_ctx *ctx, const ptl_conv
         const int c = p->d.cout;
         double *part = (double *)workspace;
         PTL_LAYER_DISPATCH("conv2d_backward_weight_cuda", p->dt, {
-            if (dw_int32_ok(p))
+            if (ptl_conv2d_int32_ok(&(p)->d))
                 ptl_colsum_launch(p->dw_geom, rows, c, dw_grad_op<T, int>{(const T *)x, (const T *)dy, p->d}, part,
                                   ctx->stream);
             else

@@ -83,6 +83,12 @@ int ptl_conv2d_plan_warm(struct ptl_cuda_ctx *ctx, const ptl_conv2d_plan *p, voi
 void ptl_conv2d_plan_cache_stats(struct ptl_cuda_ctx *ctx, int64_t *held, int64_t *made);
 
 const ptl_conv2d_desc *ptl_conv2d_plan_desc(const ptl_conv2d_plan *p);
+/* Whether both of d's activations' element counts fit 32-bit indices (the direct kernels' divisions by them are
+ * several times cheaper). */
+static inline int ptl_conv2d_int32_ok(const ptl_conv2d_desc *d)
+{
+    return (int64_t)d->n * d->h * d->w * d->cin < INT32_MAX && (int64_t)d->n * d->ho * d->wo * d->cout < INT32_MAX;
+}
 ptl_dtype ptl_conv2d_plan_dtype(const ptl_conv2d_plan *p);
 /* Workspace bytes every call below needs (the maximum over the directions and the bias gradient). */
 size_t ptl_conv2d_plan_workspace(const ptl_conv2d_plan *p);

@@ -5,12 +5,6 @@
 
 #define NARROW_K 3
 
-/* Whether both activations' element counts fit 32-bit indices (their divisions are several times cheaper). */
-static int narrow_int32_ok(const ptl_conv2d_desc *d)
-{
-    return (int64_t)d->n * d->h * d->w * d->cin < INT32_MAX && (int64_t)d->n * d->ho * d->wo * d->cout < INT32_MAX;
-}
-
 /* One thread per (R consecutive output pixels, V output channels): per tap and input channel it loads R inputs
  * and V weights and does R * V products, so that loads do not bound it. The weights wait in shared memory as
  * floats, tap-major ([tap][co]), read 16 bytes at a time. An input outside the image adds 0 * w. PACK: y's
@@ -131,7 +125,7 @@ extern "C" int ptl_conv2d_narrow_forward(cudaStream_t stream, const char *fn, pt
                                          const void *x, const void *w, void *y)
 {
     const int64_t pixels = (int64_t)d->n * d->ho * d->wo;
-    const int i32 = narrow_int32_ok(d);
+    const int i32 = ptl_conv2d_int32_ok(d);
     PTL_LAYER_DISPATCH(fn, dt, NARROW_CIN_DISPATCH(d, {
         constexpr int V = 16 / sizeof(T); /* divides cout (ptl_conv2d_narrow_takes) */
         const int64_t n = (pixels + NARROW_R - 1) / NARROW_R * (d->cout / V);
