@@ -9,12 +9,15 @@ Kernels and CUDA API calls are recorded with torch.profiler (CUPTI traces every 
 ptl's included), so this needs torch on the GPU machine. Prints, per iteration: wall time with a
 synchronisation, host time to enqueue, summed kernel time, kernel count; then the top kernels and API
 calls, the peak allocated and reserved device memory of ptl's allocator (for ``--what step``, with the
-network's own share), the calls relaunched as graphs (``ptl.cuda.call_graphs``) and the device memory in use
-by the driver's count. ``--trace FILE`` keeps the Chrome trace (``benchmarks/step_timeline.py`` reads it).
+network's own share, and how long each back-to-back step waited for its batch: with too few ``--workers``
+the loader bounds the step, but a step the GPU bounds waits there too, as the workers wait for the batch
+slots the GPU frees once it has copied their pixels; compare two worker counts), the calls relaunched as
+graphs (``ptl.cuda.call_graphs``) and the device memory in use by the driver's count. ``--trace FILE``
+keeps the Chrome trace (``benchmarks/step_timeline.py`` reads it).
 
     python benchmarks/profile_step.py [--what network|step] [--capture] [--batch 4] [--dtype bfloat16]
                                       [--tf32] [--find] [--comm none|after|graph] [--accumulate N]
-                                      [--iters 20] [--no-profile]
+                                      [--workers 4] [--iters 20] [--no-profile]
 """
 import argparse
 import collections
@@ -74,8 +77,12 @@ def train_step(args):
     def step():
         i = state["i"]
         state["i"] += 1
-        eng.train_step(next(it), 1, i)
+        t0 = time.perf_counter()
+        batch = next(it)
+        step.loader_wait.append(time.perf_counter() - t0)
+        eng.train_step(batch, 1, i)
     step.model = model
+    step.loader_wait = []  # host seconds each step waited for its batch
     return step
 
 
@@ -130,7 +137,7 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=4, help="step: the loader's worker threads")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--trace", default=None)
     ap.add_argument("--no-profile", action="store_true", help="timings only")
@@ -159,6 +166,9 @@ def main():
         ptl.cuda.synchronize()
         wall.append((time.perf_counter() - t0) * 1e3)
         enq.append((t1 - t0) * 1e3)
+    waits = getattr(step, "loader_wait", None)
+    if waits is not None:
+        waits.clear()
     t0 = time.perf_counter()
     for _ in range(args.iters):
         step()
@@ -170,6 +180,10 @@ def main():
           f"({np.min(wall):.2f}-{np.max(wall):.2f}), mean {np.mean(wall):.2f} over {args.iters}; host enqueue "
           f"{np.median(enq):.2f} ms median; back to back {b2b:.2f} ms per step; early launch "
           f"{'on' if ptl.cuda.early_launch() else 'off'}")
+    if waits:
+        # the loader's bound, or the GPU's seen through the loader's slots (the module docstring)
+        print(f"back to back, waiting for the loader's batch ({args.workers} workers): "
+              f"{np.sum(waits) * 1e3 / len(waits):.2f} ms per step")
     mib = 1 << 20
     print(f"device memory (ptl's allocator, since the process began): peak allocated "
           f"{ptl.cuda.max_memory_allocated() / mib:.0f} MiB, peak reserved {ptl.cuda.max_memory_reserved() / mib:.0f} MiB")
