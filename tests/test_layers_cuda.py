@@ -570,6 +570,21 @@ def test_maxpool_nan_propagates():
     assert np.array_equal(host(dx), N(ref))
 
 
+@pytest.mark.parametrize("channels", [3, 16])  # one channel a thread, and packs of them
+def test_maxpool_backward_windows_of_minus_infinity(channels):
+    # a window whose every cell is -inf routes its gradient to its first cell inside the image, as on the CPU
+    x = np.full((2, 6, 7, channels), -np.inf)
+    x[0, 4, 5, :] = 1.0
+    x[1, 0, 0, 1] = np.nan
+    dy = np.random.default_rng(15).standard_normal(x.shape).astype(np.float32)
+    for acc in (False, True):
+        dx = gpu(np.ones(x.shape))
+        C.layer_maxpool5_backward(gpu(x), gpu(dy), dx, acc)
+        ref = ptl.tensor(np.ones(x.shape, np.float32))
+        C.layer_maxpool5_backward(ptl.tensor(x.astype(np.float32)), ptl.tensor(dy), ref, acc)
+        assert np.array_equal(host(dx), N(ref))
+
+
 @pytest.mark.parametrize("dt", DTYPES)
 def test_upsample_matches_cpu(dt):
     rng = np.random.default_rng(12)

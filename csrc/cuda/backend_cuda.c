@@ -81,6 +81,11 @@ static int cuda_maxpool_backward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
                                       IN(c).accumulate);
 }
 
+static size_t cuda_maxpool_scratch_bytes(const ptl_net_call *c)
+{
+    return ptl_maxpool5_cuda_scratch_bytes(c->B, IN(c).h, IN(c).w, IN(c).nc);
+}
+
 static int cuda_upsample_forward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
 {
     return ptl_upsample2x_forward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_IN_AT(c, data),
@@ -205,7 +210,8 @@ const ptl_net_backend ptl_net_backend_cuda = {
     .accumulate = ptl_accumulate_cuda,
     .channel_copy = ptl_channel_copy_cuda,
     .layer = {PTL_NET_COPY_LAYERS,
-              [PTL_OP_POOL] = {cuda_maxpool_forward, cuda_maxpool_backward, .slices = PTL_NET_SLICE_IN | PTL_NET_SLICE_OUT},
+              [PTL_OP_POOL] = {cuda_maxpool_forward, cuda_maxpool_backward, cuda_maxpool_scratch_bytes,
+                               .slices = PTL_NET_SLICE_IN | PTL_NET_SLICE_OUT},
               [PTL_OP_UP] = {cuda_upsample_forward, cuda_upsample_backward, .slices = PTL_NET_SLICE_IN | PTL_NET_SLICE_OUT},
               [PTL_OP_ATTN] = {cuda_attention_forward, cuda_attention_backward, cuda_attention_scratch_bytes, 1}},
     .head_out = ptl_net_head_out_cuda,
