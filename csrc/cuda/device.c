@@ -125,7 +125,7 @@ static int ctx_create(ptl_runtime *rt, int device, ptl_cuda_ctx **out)
     PTL_CUDA_TRY(cudaSetDevice(device));
     PTL_CHECK(ptl_cuda_pdl_setup());
     const char *prio = getenv("PTL_STREAM_PRIORITY");
-    PTL_CHECK(ptl_cuda_ctx_open_queue(ctx, prio && prio[0] == '1' && prio[1] == '\0'));
+    PTL_CHECK(ptl_cuda_ctx_open_queue(ctx, !prio || strcmp(prio, "0") != 0));
     PTL_CHECK(ptl_alloc_create(device, &ctx->alloc));
     *out = ctx;
     return 0;

@@ -45,8 +45,8 @@ typedef struct ptl_cuda_ctx {
 int ptl_cuda_ctx_get(ptl_runtime *rt, int device, ptl_cuda_ctx **out);
 /* A context's stream and the cuBLAS / cuDNN handles bound to it (ctx->device set, its locks initialised);
  * close_queue releases them, what its ext slots hold and its locks (also after a failed open). first: the
- * stream's work goes ahead of other streams' where both are ready (the device's main stream, when
- * PTL_STREAM_PRIORITY=1: the side streams' work waits for SMs the main stream's critical path leaves). */
+ * stream's work goes ahead of other streams' where both are ready (the device's main stream, unless
+ * PTL_STREAM_PRIORITY=0: the side streams' work waits for SMs the main stream's critical path leaves). */
 int ptl_cuda_ctx_open_queue(ptl_cuda_ctx *ctx, int first);
 void ptl_cuda_ctx_close_queue(ptl_cuda_ctx *ctx);
 
