@@ -17,7 +17,7 @@ keeps the Chrome trace (``benchmarks/step_timeline.py`` reads it).
 
     python benchmarks/profile_step.py [--what network|step] [--capture] [--batch 4] [--dtype bfloat16]
                                       [--tf32] [--find] [--comm none|after|graph] [--accumulate N]
-                                      [--workers 4] [--iters 20] [--no-profile]
+                                      [--optimizer auto|MuSGD|SGD|AdamW] [--workers 4] [--iters 20] [--no-profile]
 """
 import argparse
 import collections
@@ -56,7 +56,7 @@ def train_step(args):
         sys.exit("coco256 not found: set PTL_SHARED")
     data = ptl.DetectionData(coco256_yaml(), imgsz=args.imgsz, batch_size=args.batch, workers=args.workers,
                              cache="ram", verbose=False)
-    model = ptl.Detector("yolo26n", num_classes=data.num_classes, seed=0)
+    model = ptl.Detector("yolo26n", num_classes=data.num_classes, seed=0, hparams={"optimizer": args.optimizer})
     trainer.datamodule = data
     trainer.capture_network = args.capture
     eng = _Engine(trainer, model, data)
@@ -147,6 +147,8 @@ def main():
                     help="step: conv plans pick the fastest of cuDNN's deterministic candidates by timing them")
     ap.add_argument("--comm", choices=["none", "after", "graph"], default="none",
                     help="step: a one-rank NCCL communicator; all-reduce after the replayed backward or in its graph")
+    ap.add_argument("--optimizer", default="auto", choices=["auto", "MuSGD", "SGD", "AdamW"],
+                    help="step: the model's optimizer (auto: AdamW for runs as short as this one, as 8.4.190)")
     ap.add_argument("--accumulate", type=int, default=None,
                     help="step: batches per optimizer step (default: the nominal-batch rule, 16 at batch 4)")
     args = ap.parse_args()
@@ -176,6 +178,7 @@ def main():
     b2b = (time.perf_counter() - t0) * 1e3 / args.iters
     what = args.what + (" capture" if args.capture else "") + ("" if args.comm == "none" else " comm " + args.comm)
     what += "" if args.accumulate is None else " accumulate %d" % args.accumulate
+    what += "" if args.optimizer == "auto" else " " + args.optimizer
     print(f"{what} batch {args.batch} {args.dtype} {args.imgsz}: wall {np.median(wall):.2f} ms median "
           f"({np.min(wall):.2f}-{np.max(wall):.2f}), mean {np.mean(wall):.2f} over {args.iters}; host enqueue "
           f"{np.median(enq):.2f} ms median; back to back {b2b:.2f} ms per step; early launch "

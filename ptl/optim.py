@@ -420,8 +420,16 @@ class FlatOptimizer:
         """'off', 'eager' (before the capture), 'replay', or 'failed: <why>' (then eager for good)."""
         if self._ns_graph is None:
             return "off"
-        state, _, why = _C._optim_ns_graph_state(self._ns_graph)
+        state, _, why, _ = _C._optim_ns_graph_state(self._ns_graph)
         return ("eager", "replay", "failed: " + why)[state]
+
+    @property
+    def ns_lanes(self):
+        """The streams the Newton-Schulz products of a stage run on beside each other (CUDA, after the first step;
+        1: one stream, as without replay or with ``PTL_NS_LANES=0``)."""
+        if self._ns_graph is None:
+            return 1
+        return _C._optim_ns_graph_state(self._ns_graph)[3] or 1
 
     # -- scalar state (these read the device: call between steps, not inside one)
 

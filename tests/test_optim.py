@@ -748,6 +748,20 @@ def test_cuda_ns_replay_bitwise_equals_eager():
 
 
 @pytest.mark.cuda
+def test_cuda_ns_lanes_bitwise_equal_one_stream(monkeypatch):
+    """The Newton-Schulz products of a stage on lanes beside each other (the default) give the bits of one stream
+    (PTL_NS_LANES=0), eager at the first step and replayed after."""
+    monkeypatch.delenv("PTL_NS_LANES", raising=False)
+    _, (_, lanes) = cuda_pair("MuSGD", steps=4, ns_replay=True)
+    monkeypatch.setenv("PTL_NS_LANES", "0")
+    _, (_, one) = cuda_pair("MuSGD", steps=4, ns_replay=True)
+    assert lanes.ns_lanes == ptl._C.NS_LANES > 1 and one.ns_lanes == 1
+    assert lanes.ns_replay_state == one.ns_replay_state == "replay"
+    for a, b in ((one.params, lanes.params), (one.state1, lanes.state1), (one.state2, lanes.state2)):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.cuda
 def test_cuda_newton_schulz_bf16_band():
     """CUDA bf16 NS5 against the CPU's bf16-rounded NS5 (same rounding points, GEMM accumulation order
     differs) and against float32 NS5: bf16 alone moves NS5's output by about 3.5% (norm), measured with

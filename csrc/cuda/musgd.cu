@@ -4,6 +4,7 @@
  * update, and a memset of the gradients. Every kernel reads the found-inf flag and the clip coefficient
  * from the scalar buffer, so a skipped step needs no host sync. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../optim/optim.h"
@@ -184,10 +185,21 @@ static opt_dev_hp opt_dev_coefs(const ptl_optim_hp *hp)
 
 extern "C" void ptl_ns_graph_release(ptl_ns_graph *g)
 {
-    if (g && g->exec) {
+    if (!g)
+        return;
+    if (g->exec) {
         cudaGraphExecDestroy((cudaGraphExec_t)g->exec);
         g->exec = NULL;
     }
+    ptl_ns_lanes_destroy(g->lanes);
+    g->lanes = NULL;
+}
+
+/* PTL_NS_LANES=0 keeps the Newton-Schulz products on one stream, for comparison. */
+static int lanes_on(void)
+{
+    const char *e = getenv("PTL_NS_LANES");
+    return !(e && !strcmp(e, "0"));
 }
 
 /* Captures the arena's NS5 into g->exec; on failure records why and leaves g eager (returns 0 either way
@@ -204,7 +216,8 @@ static int ns_capture(struct CUstream_st *stream, struct cublasContext *cublas, 
         cudaGetLastError();
         return 0;
     }
-    int rc = ptl_newton_schulz_arena_cuda(stream, cublas, (uint16_t *)b->ws_bf16, b->tx, b->ta, b->sgtab, b->nsg);
+    int rc = ptl_newton_schulz_arena_cuda(stream, cublas, g->lanes, (uint16_t *)b->ws_bf16, b->tx, b->ta, b->sgtab,
+                                          b->nsg);
     st = cudaStreamEndCapture(stream, &graph);
     if (rc != 0 || st != cudaSuccess) {
         snprintf(g->why, sizeof g->why, "capture: %s", rc != 0 ? ptl_error_message() : cudaGetErrorString(st));
@@ -260,12 +273,16 @@ extern "C" int ptl_optim_step_cuda(struct CUstream_st *stream, struct cublasCont
         ptl_launch(muon_div_kernel, (unsigned)b->nmuon_chunks, OPT_THREADS, 0, stream, b->cmuon, b->ptab, scalars, den,
                    X);
         PTL_LAUNCH_CHECK("muon_div_kernel");
+        /* made before the first (eager) run, which sets up their handles' workspaces outside any capture */
+        if (g && g->state == PTL_NSG_EAGER && g->eager_runs == 0 && !g->lanes && lanes_on())
+            PTL_CHECK(ptl_ns_lanes_create(&g->lanes));
         if (g && g->state == PTL_NSG_EAGER && g->eager_runs >= 1)
             PTL_CHECK(ns_capture(stream, cublas, b, g));
         if (g && g->state == PTL_NSG_REPLAY) {
             PTL_CUDA_TRY(cudaGraphLaunch((cudaGraphExec_t)g->exec, stream));
         } else {
-            PTL_CHECK(ptl_newton_schulz_arena_cuda(stream, cublas, X, b->tx, b->ta, b->sgtab, b->nsg));
+            PTL_CHECK(ptl_newton_schulz_arena_cuda(stream, cublas, g ? g->lanes : NULL, X, b->tx, b->ta, b->sgtab,
+                                                   b->nsg));
             if (g)
                 g->eager_runs++;
         }

@@ -259,9 +259,12 @@ typedef struct {
  * graph: the first step runs eagerly (it loads cuBLAS's kernels), the second is captured, later ones
  * replay. A capture that fails leaves the optimizer eager for good (state PTL_NSG_FAILED). */
 enum { PTL_NSG_EAGER = 0, PTL_NSG_REPLAY = 1, PTL_NSG_FAILED = 2 };
+typedef struct ptl_ns_lanes ptl_ns_lanes; /* the Newton-Schulz products' streams (newton_schulz.cu) */
+#define PTL_NS_LANES 8
 typedef struct {
     void *exec; /* cudaGraphExec_t */
     int state, eager_runs;
+    ptl_ns_lanes *lanes; /* made at the first step unless PTL_NS_LANES=0; NULL: one stream */
     char why[160];
 } ptl_ns_graph;
 
@@ -298,9 +301,13 @@ int ptl_optim_step_cuda(struct CUstream_st *stream, struct cublasContext *cublas
                         const ptl_optim_hp *hp, ptl_ns_graph *g);
 void ptl_ns_graph_release(ptl_ns_graph *g);
 int ptl_ema_update_cuda(struct CUstream_st *stream, float *ema, const float *model, int64_t n, double decay);
-/* Runs NS5 in place on the X arena of ws (layout as in the file comment); sgtab on the host. */
-int ptl_newton_schulz_arena_cuda(struct CUstream_st *stream, struct cublasContext *cublas, uint16_t *ws,
-                                 int64_t tx, int64_t ta, const int64_t *sgtab, int64_t nsg);
+/* Runs NS5 in place on the X arena of ws (layout as in the file comment); sgtab on the host. lanes (NULL: none)
+ * run each stage's products beside each other, with the same bits. */
+int ptl_newton_schulz_arena_cuda(struct CUstream_st *stream, struct cublasContext *cublas, ptl_ns_lanes *lanes,
+                                 uint16_t *ws, int64_t tx, int64_t ta, const int64_t *sgtab, int64_t nsg);
+/* The lanes on the current device (their streams at the greatest priority, a cuBLAS handle each). */
+int ptl_ns_lanes_create(ptl_ns_lanes **out);
+void ptl_ns_lanes_destroy(ptl_ns_lanes *l);
 /* Standalone batched NS5 of float32 matrices (tests, benchmarks); ws holds 2 tx + 2 ta bf16 with
  * tx = batch * xs, ta = batch * as, xs and as = rows * cols and min(rows, cols)^2 rounded up to
  * PTL_NS_ALIGN; norms holds `batch` floats. */

@@ -73,14 +73,15 @@ static PyObject *py_optim_ns_graph(PyObject *module, PyObject *unused)
     return cap;
 }
 
-/* _optim_ns_graph_state(slot) -> (state, eager_runs, why): state 0 eager, 1 replaying, 2 capture failed. */
+/* _optim_ns_graph_state(slot) -> (state, eager_runs, why, lanes): state 0 eager, 1 replaying, 2 capture failed;
+ * lanes: the streams its products run on beside each other (0: one stream). */
 static PyObject *py_optim_ns_graph_state(PyObject *module, PyObject *cap)
 {
     (void)module;
     ptl_ns_graph *g = (ptl_ns_graph *)PyCapsule_GetPointer(cap, NS_GRAPH_NAME);
     if (!g)
         return NULL;
-    return Py_BuildValue("iis", g->state, g->eager_runs, g->why);
+    return Py_BuildValue("iisi", g->state, g->eager_runs, g->why, g->lanes ? PTL_NS_LANES : 0);
 }
 
 /* The keywords of _optim_step as buffers, settings and replay slot (lrs, momenta, wds optional: a
@@ -396,7 +397,8 @@ int ptl_register_optim(PyObject *module)
     if (ptl_py_add(module, "OPTIM_DEFAULTS", defaults) < 0 ||
         ptl_py_add(module, "OPTIM_TABLE_COLUMNS", names(table_columns, PTL_PT_NCOLS)) < 0 ||
         ptl_py_add(module, "OPTIM_SCALARS", names(scalar_slots, PTL_OPT_S_SKIPPED + 1)) < 0 ||
-        PyModule_AddIntConstant(module, "OPTIM_NUM_SCALARS", PTL_OPT_S_N) < 0)
+        PyModule_AddIntConstant(module, "OPTIM_NUM_SCALARS", PTL_OPT_S_N) < 0 ||
+        PyModule_AddIntConstant(module, "NS_LANES", PTL_NS_LANES) < 0)
         return -1;
     return 0;
 }
