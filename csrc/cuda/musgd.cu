@@ -260,6 +260,12 @@ extern "C" int ptl_optim_step_cuda(struct CUstream_st *stream, struct cublasCont
         has_muon |= hp->kind[k] == PTL_OPT_MUON;
     }
     d = opt_dev_coefs(hp);
+    /* The lanes, made at the first step before anything is written and before the first (eager) run, which sets up
+     * their handles' workspaces outside any capture. Where they cannot be made (device memory), the products stay
+     * on one stream: the same bits, only slower. */
+    if (has_muon && b->nmuon_chunks > 0 && g && g->state == PTL_NSG_EAGER && g->eager_runs == 0 && !g->lanes &&
+        lanes_on() && ptl_ns_lanes_create(&g->lanes))
+        ptl_error_clear();
     PTL_CHECK(ptl_grad_stats_cuda(stream, b, hp));
     if (has_muon && b->nmuon_chunks > 0) {
         uint16_t *X = (uint16_t *)b->ws_bf16;
@@ -273,9 +279,6 @@ extern "C" int ptl_optim_step_cuda(struct CUstream_st *stream, struct cublasCont
         ptl_launch(muon_div_kernel, (unsigned)b->nmuon_chunks, OPT_THREADS, 0, stream, b->cmuon, b->ptab, scalars, den,
                    X);
         PTL_LAUNCH_CHECK("muon_div_kernel");
-        /* made before the first (eager) run, which sets up their handles' workspaces outside any capture */
-        if (g && g->state == PTL_NSG_EAGER && g->eager_runs == 0 && !g->lanes && lanes_on())
-            PTL_CHECK(ptl_ns_lanes_create(&g->lanes));
         if (g && g->state == PTL_NSG_EAGER && g->eager_runs >= 1)
             PTL_CHECK(ns_capture(stream, cublas, b, g));
         if (g && g->state == PTL_NSG_REPLAY) {

@@ -264,7 +264,7 @@ typedef struct ptl_ns_lanes ptl_ns_lanes; /* the Newton-Schulz products' streams
 typedef struct {
     void *exec; /* cudaGraphExec_t */
     int state, eager_runs;
-    ptl_ns_lanes *lanes; /* made at the first step unless PTL_NS_LANES=0; NULL: one stream */
+    ptl_ns_lanes *lanes; /* made at the first step; NULL: one stream (PTL_NS_LANES=0, or they could not be made) */
     char why[160];
 } ptl_ns_graph;
 
