@@ -88,6 +88,10 @@ def test_slot_sharing_is_bitwise_neutral(training, what, ratio):
     assert np.count_nonzero(r1[1]) > 0.9 * r1[1].size
     sizes = _C.executor_info(shared.x)["arena_bytes"], _C.executor_info(private.x)["arena_bytes"]
     assert sizes[0] < ratio * sizes[1], sizes
+    # shared gradients: an input of each of yolo26n's 11 Adds whose output is a value of its own (not a Concat's slice)
+    # takes that output's gradient slot, its copy skipped; private gradients: none
+    aliases = _C.executor_info(shared.x)["shared_add_gradients"], _C.executor_info(private.x)["shared_add_gradients"]
+    assert aliases == ((11, 0) if what == "gradients" else (11, 11)), aliases
 
 
 @pytest.mark.parametrize("training", [True, False])

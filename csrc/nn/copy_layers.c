@@ -27,7 +27,7 @@ int ptl_net_add_backward(ptl_exec_ctx *ctx, const ptl_net_call *c)
     for (int j = 0; j < c->nin; j++) {
         void *g = c->in[j].grad;
         const int acc = c->in[j].accumulate;
-        if (!g)
+        if (!g || g == o->grad) /* no gradient wanted, or one sharing the output's slot (net_plan.c) */
             continue;
         if (out_slice(c) ? c->be->channel_copy(ctx, c->dt, rows(c), o->nc, o->grad, o->c, o->c0, g, c->in[j].c, 0, acc)
             : acc        ? c->be->accumulate(ctx, c->dt, n, o->grad, g)

@@ -617,6 +617,38 @@ static void activation_lives(const ptl_network *net, int forward_only, int *born
     }
 }
 
+/* The gradients that take an Add's output's gradient slot (alias[v]: the value whose slot v's gradient takes,
+ * -1: its own). An Add's backward first writes an input's gradient as a copy of its output's, which nothing
+ * reads after that step, so one slot serves both and the copy is skipped (ptl_net_add_backward): the same
+ * bits without a copy. One input per Add, since the other's gradient then gets additions of its own. Not for
+ * an output that is a slice of a Concat built in place, an input that is a slice of another value or the
+ * image, nor an Add in a branch (its queue's own slots). Returns how many there are. */
+static int add_aliases(const ptl_network *net, const ptl_net_grad_plan *gp, const ptl_net_concurrency *cc, int *alias)
+{
+    const int nops = net->nops;
+    int n = 0;
+    for (int v = 0; v < net->nvalues; v++)
+        alias[v] = -1;
+    /* the backward's order, so an output's own alias (an Add that reads it) is known before its inputs' */
+    for (int t = 0; t < nops; t++) {
+        const int i = nops - 1 - t;
+        const ptl_net_op *op = &net->ops[i];
+        if (op->kind != PTL_OP_ADD || op->nin != 2 || op->out < 0 || op->out_nc || gp->dies[op->out] != t ||
+            ptl_net_branch_of(cc, i) >= 0 || op->ins[0].value == op->ins[1].value)
+            continue;
+        for (int j = 1; j >= 0; j--) {
+            const ptl_net_part *in = &op->ins[j];
+            if (!(gp->first[i] >> j & 1u) || in->c0 || in->nc != net->values[in->value].C ||
+                in->value == net->input || gp->zero_op[in->value] >= 0)
+                continue;
+            alias[in->value] = alias[op->out] >= 0 ? alias[op->out] : op->out;
+            n++;
+            break;
+        }
+    }
+    return n;
+}
+
 int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, int B, int H, int W, int flags,
                          const ptl_net_concurrency *cc, const int64_t *op_ws, ptl_net_layout *L)
 {
@@ -631,10 +663,10 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     int64_t *size = malloc((size_t)ns * sizeof(int64_t)), *off = malloc((size_t)ns * sizeof(int64_t));
     int *born = malloc((size_t)ns * sizeof(int)), *dies = malloc((size_t)ns * sizeof(int));
     /* the lives on the plain clock, and which slots only the branch queue touches (values its ops produce) */
-    int *nat = malloc((size_t)2 * ns * sizeof(int));
+    int *nat = malloc((size_t)2 * ns * sizeof(int)), *alias = malloc((size_t)(nv ? nv : 1) * sizeof(int));
     uint8_t *own = calloc((size_t)ns, 1);
     int64_t maxv = 0, saved = 0;
-    if (!size || !off || !born || !dies || !nat || !own) {
+    if (!size || !off || !born || !dies || !nat || !alias || !own) {
         oom();
         goto fail;
     }
@@ -682,11 +714,23 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     }
     size[2 * nv + 1] = bscratch[0];
     size[2 * nv + 2] = bscratch[1];
+    /* an aliased gradient's life joins its slot's (they meet at the Add's step) */
+    L->grad_aliases = fwd_only || !(flags & PTL_NET_SHARE_GRADIENTS) ? 0 : add_aliases(net, gp, cc, alias);
+    for (int v = 0; v < nv && L->grad_aliases; v++) {
+        const int g = nv + v, r = nv + alias[v];
+        if (alias[v] < 0 || born[g] < 0)
+            continue;
+        cover(born[g], dies[g], &born[r], &dies[r]);
+        cover(nat[g], nat[ns + g], &nat[r], &nat[ns + r]);
+        own[r] = own[r] == own[g] ? own[r] : 0;
+        born[g] = dies[g] = -1;
+    }
     if ((L->arena_numel = place_slots(ns, born, dies, own, nat, nat + ns, size, off)) < 0)
         goto fail;
     for (int v = 0; v < nv; v++) {
+        const int g = L->grad_aliases && alias[v] >= 0 ? nv + alias[v] : nv + v;
         L->voff[v] = born[v] >= 0 ? off[v] : 0;
-        L->goff[v] = born[nv + v] >= 0 ? off[nv + v] : 0;
+        L->goff[v] = born[g] >= 0 ? off[g] : 0;
     }
     L->scratch_off = fwd_only ? 0 : off[2 * nv];
     for (int a = 0; a < 2; a++)
@@ -701,6 +745,7 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     free(born);
     free(dies);
     free(nat);
+    free(alias);
     free(own);
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
@@ -721,6 +766,7 @@ fail:
     free(born);
     free(dies);
     free(nat);
+    free(alias);
     free(own);
     L->B = 0;
     return -1;

@@ -92,6 +92,7 @@ typedef struct {
                                  * arena, for that step alone (ws_numel 0: in its queue's workspace) */
     int64_t arena_numel, saved_numel;
     int forward_only; /* built with PTL_NET_FORWARD_ONLY: no backward can follow its forwards */
+    int grad_aliases; /* the inputs' gradients that share an Add's output's slot (net_plan.c's add_aliases) */
 } ptl_net_layout;
 
 /* What shares memory in a layout (the rest keeps a slot of its own): gradients whose lives in the backward

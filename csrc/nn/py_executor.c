@@ -511,7 +511,7 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
         return NULL;
     }
     PyObject *info = Py_BuildValue("{s:N,s:s,s:s,s:s,s:i,s:L,s:(iii),s:L,s:L,s:L,s:L,s:O,s:O,s:(LLL),s:i,s:i,s:i,s:i,"
-                         "s:i,s:O,s:i,s:i,s:N,s:(ii),s:O,s:O,s:(OO),s:{s:O,s:O,s:O,s:L},s:L}",
+                         "s:i,s:O,s:i,s:i,s:N,s:(ii),s:O,s:O,s:(OO),s:{s:O,s:O,s:O,s:L},s:L,s:i}",
                          "device", dev, "backend", x->be->name, "dtype", ptl_dtype_name(x->cdt), "master_dtype",
                          ptl_dtype_name(x->mdt), "training", x->training, "num_parameters", (long long)x->net->nparams,
                          "batch_shape", L->B, L->H, L->W, "anchors", (long long)L->A, "fixed_bytes", (long long)fixed,
@@ -529,7 +529,7 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
                          "deterministic", x->opts.deterministic ? Py_True : Py_False, "allow_tf32",
                          x->opts.allow_tf32 ? Py_True : Py_False, "find", x->opts.find ? Py_True : Py_False,
                          "workspace_limit", (long long)x->opts.workspace_limit, "queue_workspace_limit",
-                         (long long)x->queue_ws_limit);
+                         (long long)x->queue_ws_limit, "shared_add_gradients", L->grad_aliases);
     PyObject *convs = info ? conv_workspaces(x) : NULL;
     PyObject *cat = info ? Py_BuildValue("(Oi)", x->cat_in_place ? Py_True : Py_False, x->cat_parts) : NULL;
     /* per queue (main, then the side queues in PTL_NET_SIDE_* order) */
