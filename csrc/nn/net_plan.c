@@ -715,16 +715,20 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     size[2 * nv + 1] = bscratch[0];
     size[2 * nv + 2] = bscratch[1];
     /* an aliased gradient's life joins its slot's (they meet at the Add's step) */
-    L->grad_aliases = fwd_only || !(flags & PTL_NET_SHARE_GRADIENTS) ? 0 : add_aliases(net, gp, cc, alias);
-    for (int v = 0; v < nv && L->grad_aliases; v++) {
-        const int g = nv + v, r = nv + alias[v];
-        if (alias[v] < 0 || born[g] < 0)
-            continue;
-        cover(born[g], dies[g], &born[r], &dies[r]);
-        cover(nat[g], nat[ns + g], &nat[r], &nat[ns + r]);
-        own[r] = own[r] == own[g] ? own[r] : 0;
-        born[g] = dies[g] = -1;
-    }
+    L->grad_aliases = 0;
+    if (!fwd_only && (flags & PTL_NET_SHARE_GRADIENTS) && add_aliases(net, gp, cc, alias))
+        for (int v = 0; v < nv; v++) {
+            const int g = nv + v, r = nv + alias[v];
+            if (alias[v] < 0 || born[g] < 0 || born[r] < 0) {
+                alias[v] = -1;
+                continue;
+            }
+            cover(born[g], dies[g], &born[r], &dies[r]);
+            cover(nat[g], nat[ns + g], &nat[r], &nat[ns + r]);
+            own[r] = own[r] == own[g] ? own[r] : 0;
+            born[g] = dies[g] = -1;
+            L->grad_aliases++;
+        }
     if ((L->arena_numel = place_slots(ns, born, dies, own, nat, nat + ns, size, off)) < 0)
         goto fail;
     for (int v = 0; v < nv; v++) {
