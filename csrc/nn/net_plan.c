@@ -622,11 +622,10 @@ static void activation_lives(const ptl_network *net, int forward_only, int *born
  * reads after that step, so one slot serves both and the copy is skipped (ptl_net_add_backward): the same
  * bits without a copy. One input per Add, since the other's gradient then gets additions of its own. Not for
  * an output that is a slice of a Concat built in place, an input that is a slice of another value or the
- * image, nor an Add in a branch (its queue's own slots). Returns how many there are. */
-static int add_aliases(const ptl_network *net, const ptl_net_grad_plan *gp, const ptl_net_concurrency *cc, int *alias)
+ * image, nor an Add in a branch (its queue's own slots). */
+static void add_aliases(const ptl_network *net, const ptl_net_grad_plan *gp, const ptl_net_concurrency *cc, int *alias)
 {
     const int nops = net->nops;
-    int n = 0;
     for (int v = 0; v < net->nvalues; v++)
         alias[v] = -1;
     /* the backward's order, so an output's own alias (an Add that reads it) is known before its inputs' */
@@ -642,11 +641,9 @@ static int add_aliases(const ptl_network *net, const ptl_net_grad_plan *gp, cons
                 in->value == net->input || gp->zero_op[in->value] >= 0)
                 continue;
             alias[in->value] = alias[op->out] >= 0 ? alias[op->out] : op->out;
-            n++;
             break;
         }
     }
-    return n;
 }
 
 int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, int B, int H, int W, int flags,
@@ -716,7 +713,8 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     size[2 * nv + 2] = bscratch[1];
     /* an aliased gradient's life joins its slot's (they meet at the Add's step) */
     L->grad_aliases = 0;
-    if (!fwd_only && (flags & PTL_NET_SHARE_GRADIENTS) && add_aliases(net, gp, cc, alias))
+    if (!fwd_only && (flags & PTL_NET_SHARE_GRADIENTS)) {
+        add_aliases(net, gp, cc, alias);
         for (int v = 0; v < nv; v++) {
             const int g = nv + v, r = nv + alias[v];
             if (alias[v] < 0 || born[g] < 0 || born[r] < 0) {
@@ -729,6 +727,7 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
             born[g] = dies[g] = -1;
             L->grad_aliases++;
         }
+    }
     if ((L->arena_numel = place_slots(ns, born, dies, own, nat, nat + ns, size, off)) < 0)
         goto fail;
     for (int v = 0; v < nv; v++) {
