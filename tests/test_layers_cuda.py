@@ -314,6 +314,21 @@ def test_conv2d_find_mode_and_workspace_checks(dt, cudnn_api):
                                               None)
 
 
+def test_conv2d_find_gives_its_scratch_back(cudnn_api):
+    """The timed search runs the candidates on scratch tensors of the problem's sizes in a private pool, which
+    goes back to the driver with the plan made: nothing stays reserved (Trainer(benchmark=True) keeps the
+    network's peak memory)."""
+    rng = np.random.default_rng(5)
+    case = (2, 72, 56, 24, 40, 3, 1, 1)  # a shape no other test plans: the search runs here, not from a cache
+    xg = gpu(rounded(rng.standard_normal(case[:4]), "bfloat16"), "bfloat16")
+    wg = gpu(rounded(rng.standard_normal((40, 3, 3, 24)) / 15, "bfloat16"), "bfloat16")
+    ptl.cuda.synchronize()
+    before = ptl.cuda.memory_reserved()
+    plan = C.layer_conv2d_plan(xg, wg, 1, 1, find=True)
+    assert C.layer_cuda_conv2d_plan_info(plan)["y_shape"] == (2, 72, 56, 40)
+    assert ptl.cuda.memory_reserved() == before
+
+
 def test_conv2d_rejects_bad_arguments():
     rng = np.random.default_rng(4)
     x, wt, xg, wg, plan, info, ws = conv_setup((1, 6, 6, 4, 8, 3, 1, 1), "float32", rng)

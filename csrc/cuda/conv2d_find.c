@@ -11,9 +11,13 @@ int ptl_conv_find_buffers_alloc(ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl
     const size_t bytes[4] = {(size_t)d->n * d->h * d->w * d->cin * es,
                              (size_t)d->cout * d->k * d->k * (d->cin / d->groups) * es,
                              (size_t)d->n * d->ho * d->wo * d->cout * es, workspace};
-    *b = (ptl_conv_find_buffers){{NULL}, {NULL}, workspace};
+    *b = (ptl_conv_find_buffers){{NULL}, {NULL}, workspace, 0};
+    const int pool = ptl_alloc_pool_create(ctx->alloc);
+    if (pool < 0)
+        return -1;
+    b->pool = pool;
     for (int i = 0; i < 4; i++) {
-        PTL_CHECK(ptl_alloc_malloc(ctx->alloc, 0, bytes[i], &b->buf[i], &b->blk[i]));
+        PTL_CHECK(ptl_alloc_malloc(ctx->alloc, b->pool, bytes[i], &b->buf[i], &b->blk[i]));
         if (bytes[i])
             PTL_CUDA_TRY(cudaMemsetAsync(b->buf[i], 0x3c, bytes[i], ctx->stream)); /* ~0.01 (bf16/f32), ~1 (f16) */
     }
@@ -28,7 +32,9 @@ void ptl_conv_find_buffers_free(ptl_cuda_ctx *ctx, ptl_conv_find_buffers *b)
     for (int i = 0; i < 4; i++)
         if (b->blk[i])
             ptl_alloc_free(ctx->alloc, b->blk[i]);
-    *b = (ptl_conv_find_buffers){{NULL}, {NULL}, 0};
+    if (b->pool)
+        (void)ptl_alloc_pool_release(ctx->alloc, b->pool); /* its segments go back now: every block is free */
+    *b = (ptl_conv_find_buffers){{NULL}, {NULL}, 0, 0};
 }
 
 /* Milliseconds per run of candidate i, or a negative value if it fails. */

@@ -14,11 +14,14 @@ extern "C" {
 
 struct ptl_cuda_ctx;
 
-/* x (or dx), w (or dw), y (or dy) and the workspace, filled with a small constant. */
+/* x (or dx), w (or dw), y (or dy) and the workspace, filled with a small constant, in a private pool of the
+ * allocator that the free gives back to the driver: cached, the candidates' largest workspaces would stay
+ * reserved beside the network's memory. */
 typedef struct {
     void *buf[4];
     void *blk[4];
     size_t workspace;
+    int pool; /* 0: none made */
 } ptl_conv_find_buffers;
 
 int ptl_conv_find_buffers_alloc(struct ptl_cuda_ctx *ctx, const ptl_conv2d_desc *d, ptl_dtype dt, size_t workspace,
