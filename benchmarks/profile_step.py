@@ -22,6 +22,7 @@ keeps the Chrome trace (``benchmarks/step_timeline.py`` reads it).
 import argparse
 import collections
 import ctypes
+import gzip
 import json
 import os
 import sys
@@ -50,6 +51,7 @@ def train_step(args):
     trainer = ptl.Trainer(max_epochs=100, precision=prec, accelerator="cuda", enable_progress_bar=False,
                           float32_matmul_precision="high" if args.tf32 else "highest",
                           accumulate_grad_batches=args.accumulate, all_reduce_in_graph=args.comm == "graph",
+                          benchmark=args.find,
                           enable_checkpointing=False, logger=False,
                           default_root_dir=tempfile.mkdtemp(prefix="ptl-prof-"))
     if not coco256_yaml():
@@ -61,8 +63,6 @@ def train_step(args):
     trainer.capture_network = args.capture
     eng = _Engine(trainer, model, data)
     trainer._engine = eng
-    if args.find:  # the engine set the conv options; the plans are made at the first step's shape
-        model.set_conv_options(allow_tf32=args.tf32, find=True)
     if args.comm != "none":  # a one-rank job's communication: what a rank adds to its step, less the wire
         eng.comm = ptl._C.nccl_comm(ptl._C.nccl_unique_id(), 1, 0, 0, 60.0)
     def batches():
@@ -100,7 +100,7 @@ def device_in_use():
 
 
 def analyse(trace_path, iters):
-    with open(trace_path) as f:
+    with (gzip.open if trace_path.endswith(".gz") else open)(trace_path, "rt") as f:  # --trace F.json.gz
         ev = json.load(f)["traceEvents"]
     kern = collections.defaultdict(lambda: [0, 0.0])
     api = collections.defaultdict(lambda: [0, 0.0])
@@ -144,7 +144,8 @@ def main():
     ap.add_argument("--capture", action="store_true", help="step: replay the recorded network (capture_network)")
     ap.add_argument("--tf32", action="store_true", help="step, float32: float32_matmul_precision='high' (TF32 convs)")
     ap.add_argument("--find", action="store_true",
-                    help="step: conv plans pick the fastest of cuDNN's deterministic candidates by timing them")
+                    help="step: Trainer(benchmark=True), conv plans pick the fastest of cuDNN's deterministic "
+                         "candidates by timing them")
     ap.add_argument("--comm", choices=["none", "after", "graph"], default="none",
                     help="step: a one-rank NCCL communicator; all-reduce after the replayed backward or in its graph")
     ap.add_argument("--optimizer", default="auto", choices=["auto", "MuSGD", "SGD", "AdamW"],
@@ -157,9 +158,11 @@ def main():
     if not ptl.cuda.is_available():
         sys.exit("benchmarks/profile_step.py needs a CUDA device")
     step = network_step(args) if args.what == "network" else train_step(args)
+    t0 = time.perf_counter()
     for _ in range(5):
         step()
     ptl.cuda.synchronize()
+    warmup = time.perf_counter() - t0  # the shape's plans (timed with --find) and the recording among them
     wall, enq = [], []
     for _ in range(args.iters):
         t0 = time.perf_counter()
@@ -182,7 +185,7 @@ def main():
     print(f"{what} batch {args.batch} {args.dtype} {args.imgsz}: wall {np.median(wall):.2f} ms median "
           f"({np.min(wall):.2f}-{np.max(wall):.2f}), mean {np.mean(wall):.2f} over {args.iters}; host enqueue "
           f"{np.median(enq):.2f} ms median; back to back {b2b:.2f} ms per step; early launch "
-          f"{'on' if ptl.cuda.early_launch() else 'off'}")
+          f"{'on' if ptl.cuda.early_launch() else 'off'}; the first 5 steps {warmup:.2f} s")
     if waits:
         # the loader's bound, or the GPU's seen through the loader's slots (the module docstring)
         print(f"back to back, waiting for the loader's batch ({args.workers} workers): "

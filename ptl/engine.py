@@ -109,7 +109,8 @@ class Engine:
         self.btable = model.buffer_table()
         if self.device != "cpu":
             model.to(self.device, dtype=self.compute)
-            model.set_conv_options(allow_tf32=getattr(trainer, "float32_matmul_precision", "highest") != "highest")
+            model.set_conv_options(allow_tf32=getattr(trainer, "float32_matmul_precision", "highest") != "highest",
+                                   find=bool(getattr(trainer, "benchmark", False)))
         self._fill_loaders()
         self.params, self.grads, self.buffers = model.flat_parameters, model.flat_gradients, model.flat_buffers
         self._inputs = {}  # CUDA: per batch shape, the network input and the uint8 staging buffer

@@ -212,6 +212,13 @@ class Trainer:
     the optimizer's steps replay, instead of being called after the replayed backward; the same NCCL calls
     in the same order, so the same bits (docs/training.md). One process has nothing to all-reduce: there
     it changes nothing.
+
+    ``benchmark`` is Lightning's flag of that name (PyTorch's ``cudnn.benchmark``): True times cuDNN's deterministic
+    candidates for every convolution of a batch shape when that shape is first prepared on a GPU, and keeps the
+    fastest. Each run stays deterministic (replay equals eager, and steps repeat bit for bit within the run), but
+    timings decide the algorithms, and another run, a resumed one too, may choose others and so differ in the
+    last bits. False (the default) takes cuDNN's heuristic choice, which is the same every run. It changes nothing
+    on the CPU, and is recorded in ``hparams()["trainer"]``.
     """
 
     def __init__(self, *, accelerator="auto", strategy="auto", devices="auto", num_nodes=1, precision=None,
@@ -221,7 +228,7 @@ class Trainer:
                  enable_progress_bar=None, accumulate_grad_batches=None, gradient_clip_val=10.0, deterministic=None,
                  default_root_dir=None, name="train", seed=None, patience=None, freeze=None, timeout=None,
                  end2end=False, log_every_n_steps=50, enable_model_summary=True, plots=True, coco_eval=False,
-                 float32_matmul_precision="highest", all_reduce_in_graph=False):
+                 float32_matmul_precision="highest", all_reduce_in_graph=False, benchmark=False):
         check_int("max_epochs", max_epochs, 1, none_ok=True)
         if check_int("max_steps", max_steps, -1) == 0:
             raise ConfigError("max_steps: expected -1 (no limit) or an int >= 1, got 0")
@@ -271,7 +278,8 @@ class Trainer:
             raise ConfigError("float32_matmul_precision: expected one of %s, got %r"
                               % (", ".join(map(repr, FLOAT32_MATMUL_PRECISIONS)), float32_matmul_precision))
         for flag, value in (("enable_model_summary", enable_model_summary), ("plots", plots),
-                            ("coco_eval", coco_eval), ("all_reduce_in_graph", all_reduce_in_graph)):
+                            ("coco_eval", coco_eval), ("all_reduce_in_graph", all_reduce_in_graph),
+                            ("benchmark", benchmark)):
             check_bool(flag, value)
         check_int("log_every_n_steps", log_every_n_steps, 1)
         for flag, value in (("enable_progress_bar", enable_progress_bar),
@@ -326,6 +334,7 @@ class Trainer:
         self.end2end = end2end
         self.float32_matmul_precision = float32_matmul_precision
         self.all_reduce_in_graph = all_reduce_in_graph
+        self.benchmark = benchmark
         self._dist = _distributed.Context()  # one process until fit() joins a job
         # the loggers (a TypeError for anything else) and results.csv: ptl.loggers
         self._logging = _loggers.LoggerConnector(logger, log_every_n_steps, self.default_root_dir, name)
@@ -887,7 +896,7 @@ class Trainer:
             "limit_train_batches", "limit_val_batches", "overfit_batches", "val_check_interval",
             "check_val_every_n_epoch", "num_sanity_val_steps", "fast_dev_run", "deterministic", "accelerator",
             "devices", "num_nodes", "strategy", "timeout", "seed", "patience", "freeze", "name",
-            "capture_network", "end2end", "float32_matmul_precision", "all_reduce_in_graph")}}
+            "capture_network", "end2end", "float32_matmul_precision", "all_reduce_in_graph", "benchmark")}}
         h["trainer"]["max_time"] = None if self.max_time is None else format_max_time(self.max_time)
         if self._engine is not None:
             h["model"] = self._engine.model_hparams()

@@ -453,10 +453,47 @@ def test_cuda_float32_matmul_precision_reaches_the_convolutions(coco256, tmp_pat
     np.testing.assert_allclose(losses["high"], losses["highest"], rtol=1e-2, atol=1e-5)
 
 
+@pytest.mark.cuda
+def test_cuda_benchmark_reaches_the_convolutions(coco256, tmp_path):
+    """benchmark=True gives the executor timed conv plans, and a fit with them replayed gives the eager fit's
+    digest (one process: the second fit takes the plans the first one's search chose)."""
+    digests, seen = [], []
+
+    class Watch(ptl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append(pl_module.recorded)
+
+    for capture in (False, True):
+        seen.clear()
+        tr = small_trainer(tmp_path / str(capture), max_epochs=1, limit_train_batches=3, limit_val_batches=1,
+                           accelerator="cuda", enable_checkpointing=False, benchmark=True, callbacks=[Watch()])
+        model = ptl.Detector("yolo26n")
+        tr.fit(model, small_data(coco256), capture_network=capture)
+        assert model.info()["conv_options"]["find"] is True
+        assert any(seen) == capture
+        digests.append(tr.digest())
+    assert digests[0] == digests[1]
+
+
 def test_float32_matmul_precision_is_checked():
     with pytest.raises(ptl.ConfigError, match="float32_matmul_precision"):
         Trainer(float32_matmul_precision="tf32")
     assert Trainer().float32_matmul_precision == "highest"
+
+
+def test_benchmark_is_checked(coco256, tmp_path):
+    """benchmark (cuDNN's timed choice) is a bool, off by default, recorded in hparams; on the CPU a fit with it
+    trains exactly as one without."""
+    with pytest.raises(ptl.ConfigError, match="benchmark"):
+        Trainer(benchmark=1)
+    assert Trainer().benchmark is False
+    losses = []
+    for on in (False, True):
+        tr = small_trainer(tmp_path / str(on), benchmark=on, max_steps=2)
+        assert tr.hparams()["trainer"]["benchmark"] is on
+        tr.fit(ptl.Detector("yolo26n"), small_data(coco256))
+        losses.append(np.asarray(tr.loss_history))
+    assert losses[0].size and np.array_equal(losses[0], losses[1])
 
 
 def test_all_reduce_in_graph_is_checked(coco256, tmp_path):
