@@ -38,6 +38,24 @@ def small_trainer(tmp_path, **kw):
     return Trainer(default_root_dir=str(tmp_path), **kw)
 
 
+def fits_eager_and_replayed(root, make_data, **kw):
+    """Two CUDA fits of a new yolo26n on new data (make_data()), eager and then replaying the recorded network:
+    each one's digest, whether each of its training batches replayed, and its model."""
+    fits, seen = [], []
+
+    class Watch(cb.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append(pl_module.recorded)
+
+    for capture in (False, True):
+        seen.clear()
+        tr = small_trainer(root / str(capture), accelerator="cuda", callbacks=[Watch()], **kw)
+        model = ptl.Detector("yolo26n")
+        tr.fit(model, make_data(), capture_network=capture)
+        fits.append((tr.digest(), list(seen), model))
+    return fits
+
+
 class Recorder(cb.Callback):
     def __init__(self):
         self.calls = []
@@ -457,22 +475,12 @@ def test_cuda_float32_matmul_precision_reaches_the_convolutions(coco256, tmp_pat
 def test_cuda_benchmark_reaches_the_convolutions(coco256, tmp_path):
     """benchmark=True gives the executor timed conv plans, and a fit with them replayed gives the eager fit's
     digest (one process: the second fit takes the plans the first one's search chose)."""
-    digests, seen = [], []
-
-    class Watch(ptl.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            seen.append(pl_module.recorded)
-
-    for capture in (False, True):
-        seen.clear()
-        tr = small_trainer(tmp_path / str(capture), max_epochs=1, limit_train_batches=3, limit_val_batches=1,
-                           accelerator="cuda", enable_checkpointing=False, benchmark=True, callbacks=[Watch()])
-        model = ptl.Detector("yolo26n")
-        tr.fit(model, small_data(coco256), capture_network=capture)
-        assert model.info()["conv_options"]["find"] is True
-        assert any(seen) == capture
-        digests.append(tr.digest())
-    assert digests[0] == digests[1]
+    (eager, seen_e, model_e), (replayed, seen_r, model_r) = fits_eager_and_replayed(
+        tmp_path, lambda: small_data(coco256), max_epochs=1, limit_train_batches=3, limit_val_batches=1,
+        enable_checkpointing=False, benchmark=True)
+    assert model_e.info()["conv_options"]["find"] is True and model_r.info()["conv_options"]["find"] is True
+    assert not any(seen_e) and any(seen_r)
+    assert eager == replayed
 
 
 def test_float32_matmul_precision_is_checked():
@@ -687,23 +695,13 @@ def test_cuda_capture_network_fit_equals_eager(coco256, tmp_path, precision, bat
     mode, on the EMA's weights, in the eval slot) leaves the recording unused, or retires it when it grows
     the shared layer scratch, so the next epoch's first step replays or records again. Nothing is left
     recorded after the fit."""
-    digests, seen = [], []
-
-    class Watch(cb.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            seen.append(pl_module.recorded)
-
-    for capture in (False, True):
-        seen.clear()
-        tr = small_trainer(tmp_path / str(capture), max_epochs=2, limit_train_batches=None, precision=precision,
-                           accelerator="cuda", accumulate_grad_batches=2, callbacks=[Watch()])
-        model = ptl.Detector("yolo26n")
-        tr.fit(model, small_data(coco256, batch_size=batch), capture_network=capture)
-        digests.append(tr.digest())
-        full = [True, True, False] if batch == 48 else [True] * 4
+    fits = fits_eager_and_replayed(tmp_path, lambda: small_data(coco256, batch_size=batch), max_epochs=2,
+                                   limit_train_batches=None, precision=precision, accumulate_grad_batches=2)
+    full = [True, True, False] if batch == 48 else [True] * 4
+    for capture, (_, seen, model) in zip((False, True), fits):
         assert seen == (full * 2 if capture else [False] * len(full) * 2)
         assert not model.recorded
-    assert digests[0] == digests[1]
+    assert fits[0][0] == fits[1][0]
 
 
 @pytest.mark.cuda
