@@ -617,8 +617,8 @@ static void activation_lives(const ptl_network *net, int forward_only, int *born
     }
 }
 
-/* The gradients that take an Add's output's gradient slot (alias[v]: the value whose slot v's gradient takes,
- * -1: its own). An Add's backward first writes an input's gradient as a copy of its output's, which nothing
+/* Marks the gradients that take an Add's output's gradient slot (alias[v], -1 on entry: the value whose slot
+ * v's gradient takes). An Add's backward first writes an input's gradient as a copy of its output's, which nothing
  * reads after that step, so one slot serves both and the copy is skipped (ptl_net_add_backward): the same
  * bits without a copy. One input per Add, since the other's gradient then gets additions of its own. Not for
  * an output that is a slice of a Concat built in place, an input that is a slice of another value or the
@@ -626,8 +626,6 @@ static void activation_lives(const ptl_network *net, int forward_only, int *born
 static void add_aliases(const ptl_network *net, const ptl_net_grad_plan *gp, const ptl_net_concurrency *cc, int *alias)
 {
     const int nops = net->nops;
-    for (int v = 0; v < net->nvalues; v++)
-        alias[v] = -1;
     /* the backward's order, so an output's own alias (an Add that reads it) is known before its inputs' */
     for (int t = 0; t < nops; t++) {
         const int i = nops - 1 - t;
@@ -713,6 +711,8 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     size[2 * nv + 2] = bscratch[1];
     /* an aliased gradient's life joins its slot's (they meet at the Add's step) */
     L->grad_aliases = 0;
+    for (int v = 0; v < nv; v++)
+        alias[v] = -1;
     if (!fwd_only && (flags & PTL_NET_SHARE_GRADIENTS)) {
         add_aliases(net, gp, cc, alias);
         for (int v = 0; v < nv; v++) {
@@ -731,7 +731,7 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     if ((L->arena_numel = place_slots(ns, born, dies, own, nat, nat + ns, size, off)) < 0)
         goto fail;
     for (int v = 0; v < nv; v++) {
-        const int g = L->grad_aliases && alias[v] >= 0 ? nv + alias[v] : nv + v;
+        const int g = nv + (alias[v] >= 0 ? alias[v] : v);
         L->voff[v] = born[v] >= 0 ? off[v] : 0;
         L->goff[v] = born[g] >= 0 ? off[g] : 0;
     }
