@@ -100,6 +100,8 @@ CONV_CASES = [
     (2, 32, 32, 3, 16, 3, 2, 1),    # the stem: 3 input channels (a direct forward, conv2d_narrow.h)
     (1, 9, 8, 1, 8, 3, 1, 1),       # one input channel, not depthwise
     (2, 7, 9, 2, 24, 3, 2, 1),      # two input channels, stride 2
+    (2, 70, 150, 4, 40, 3, 2, 1),   # narrow weight gradient: two pixel tiles a row (64 + 11), 40 outputs (16 + 16 + 8)
+    (1, 20, 140, 4, 64, 3, 2, 1),   # narrow weight gradient: 64 outputs, over 48 KB of shared memory
     (2, 16, 16, 32, 64, 3, 2, 1),   # a downsampling Conv
     (2, 16, 16, 64, 32, 1, 1, 1),   # a 1x1 projection
     (2, 10, 10, 64, 64, 3, 1, 64),  # a depthwise 3x3 (the attention's pe)
@@ -172,6 +174,31 @@ def test_conv2d_forward_backward_match_cpu(case, dt, cudnn_api):
     db_ref = T64(db0)
     C.layer_conv2d_backward_bias(rp, T64(dy), db_ref)
     assert rel(host(dbg), N(db_ref)) <= tol(dt, 1e-5 if dt == "float32" else LOW[dt])
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+def test_conv2d_narrow_weight_gradient(dt):
+    """The stem's weight gradient in bfloat16 and float16 runs on tensor cores (conv2d_narrow.h), not cuDNN: on a
+    shape with more pixel tiles than the kernel has warps (each warp adds several tiles) it matches the float64
+    reference, adds onto dw, and repeats bit for bit."""
+    rng = np.random.default_rng(7)
+    case = (4, 320, 896, 3, 16, 3, 2, 1)  # 4 * 160 rows of 7 tiles: 4480 tiles over 4096 warps
+    x, wt, xg, wg, plan, info, ws = conv_setup(case, dt, rng)
+    assert info["algos"][0] == -1 and info["algos"][2] == -1 and info["tensor_op"][2]
+    ho, wo = info["y_shape"][1:3]
+    dy = rounded(rng.standard_normal((4, ho, wo, 16)), dt)
+    dyg = gpu(dy, dt)
+    dw0 = rounded(rng.standard_normal(wt.shape), dt)
+    got = []
+    for _ in range(2):
+        dwg = gpu(dw0, dt)
+        C.layer_conv2d_backward_weight(plan, xg, dyg, dwg, ws)
+        got.append(host(dwg))
+    assert np.array_equal(got[0], got[1])
+    rp, x64, w64 = cpu_conv(x, wt, 2, 1)
+    ref = T64(dw0)
+    C.layer_conv2d_backward_weight(rp, x64, T64(dy), ref)
+    assert rel(got[0], N(ref)) <= LOW[dt]
 
 
 def test_conv2d_float32_plans_are_true_float32_and_deterministic(cudnn_api):

@@ -37,6 +37,7 @@ struct ptl_conv2d_plan {
     cublasComputeType_t gemm_ct; /* its compute type */
     int depthwise;               /* 3x3, groups == cin == cout: the direct kernels below instead of cuDNN */
     int narrow;                  /* 3x3 ungrouped with few input channels: conv2d_narrow.h's forward */
+    int narrow_wgrad;            /* and its weight gradient (bfloat16, float16) */
     /* graph-API plans per direction: the first three, or none (the legacy API); backward data adding to dx
      * where cuDNN has an engine for it */
     ptl_cudnn_conv_exec *exec[PTL_CONV_DIRECTIONS];
@@ -407,11 +408,17 @@ extern "C" int ptl_conv2d_plan_create(ptl_cuda_ctx *ctx, cudnnHandle_t cudnn, co
 
 sizes:
     /* cuDNN has no tensor-core engine for a 3-channel input (the stem): its generic forward was twice as slow as
-     * a direct kernel (its backward directions, faster than direct ones, stay) */
+     * a direct kernel, its weight gradient (a channel padding and a split-K GEMM) three times slower */
     if (!p->gemm && !p->depthwise && ptl_conv2d_narrow_takes(d)) {
         p->narrow = 1;
         p->af = (cudnnConvolutionFwdAlgo_t)-1;
         p->ws_f = 0;
+        if (!o->forward_only && ptl_conv2d_narrow_wgrad_takes(d, dt)) {
+            p->narrow_wgrad = 1;
+            p->abf = (cudnnConvolutionBwdFilterAlgo_t)-1;
+            p->tensor_op[2] = 1;
+            p->ws_bf = ptl_conv2d_narrow_wgrad_workspace(d);
+        }
     }
     if (!p->depthwise)
         for (int i = 0; i < (o->forward_only ? 1 : PTL_CONV_DIRECTIONS); i++)
@@ -892,6 +899,9 @@ extern "C" int ptl_conv2d_backward_weight_cuda(ptl_cuda_ctx *ctx, const ptl_conv
         });
         return 0;
     }
+    if (p->narrow_wgrad)
+        return ptl_conv2d_narrow_backward_weight(ctx->stream, "conv2d_backward_weight_cuda", p->dt, &p->d, x, dy, dw,
+                                                 workspace, workspace_bytes);
     {
         const library_call k = {ctx, p, PTL_CONV_BACKWARD_FILTER, x, dw, dy, workspace, workspace_bytes};
         return run_library_call(&k);

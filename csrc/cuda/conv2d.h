@@ -8,7 +8,8 @@
  * cuBLAS GEMMs over the pixels, several times faster than cuDNN's heuristic picks for them. 3x3
  * depthwise convolutions (groups == cin == cout) run direct kernels: planning them through cuDNN 9's
  * legacy heuristics costs ~0.8 s each. The forward of 3x3 ungrouped convolutions with at most 4 input channels
- * (the stem) runs a direct kernel too (conv2d_narrow.h): cuDNN has no tensor-core engine for it.
+ * (the stem) runs a direct kernel too, and in bfloat16 and float16 so does its weight gradient (conv2d_narrow.h):
+ * cuDNN has no tensor-core engine for them.
  * The executing calls allocate nothing and never synchronise; they need a caller-owned device
  * workspace of at least ptl_conv2d_plan_workspace(plan) bytes.
  *

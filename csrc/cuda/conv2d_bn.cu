@@ -17,6 +17,7 @@
 #include "../nn/batchnorm.h"
 #include "call_graph.h"
 #include "layers_common.cuh"
+#include "mma.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -60,35 +61,6 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait(void)
 {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t *r, const void *p)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-
-template <typename T>
-__device__ __forceinline__ void mma_16816(float *c, const uint32_t *a, const uint32_t *b);
-
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float *c, const uint32_t *a, const uint32_t *b)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float *c, const uint32_t *a, const uint32_t *b)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 /* The A operand's loader of one thread: rows tid / AKC + RP * i (i < RPT) of its block's current tile, the 8

@@ -2,6 +2,7 @@
  * w[co * TAPS + (ky * 3 + kx) * CIN + ci], TAPS = 9 * CIN. */
 #include "conv2d_narrow.h"
 #include "layers_common.cuh"
+#include "mma.cuh"
 
 #define NARROW_K 3
 
@@ -89,33 +90,220 @@ __global__ void narrow_forward_kernel(I items, I pixels, ptl_conv2d_desc d, cons
     }
 }
 
-/* Runs `body` with the compile-time input channel count CIN of d (1 .. PTL_NARROW_MAX_CIN). */
-#define NARROW_CIN_DISPATCH(d, ...)                                                                               \
+/* ------------------------------------------------------------------------------------------ weight gradient
+ *
+ * dw[co][tap] += sum over the output pixels p of dy[p][co] * xcol[p][tap]: a GEMM of M = cout, N = TAPS, K = the
+ * pixels, on tensor cores (mma.sync m16n8k16, float32 accumulation). Each warp takes tiles of WG_TW pixels of one
+ * output row: it stages the tile's dy rows (pixel-major, as stored) and the three input rows under the tile in
+ * shared memory; A's fragments (dy transposed) come from ldmatrix.trans, B's (the taps) from the input rows, each
+ * lane's taps fixed at an offset. The warps of a block add their sums in warp order in shared memory, each block
+ * writes its partial sums, and the finish adds the blocks' in order (double) into dw. Warp w takes the tiles w,
+ * w + warps, ...; the warp count depends on the shape alone, so the bits do too. */
+
+#define WG_TW 64        /* output pixels a tile (4 k-steps of 16) */
+#define WG_WARPS 4      /* warps a block */
+#define WG_MAX_WARPS 4096
+#define WG_FINISH_ROWS 8
+
+struct narrow_wg_geom {
+    int tpr;     /* tiles an output row */
+    int tiles;   /* n * ho * tpr */
+    int warps;   /* a multiple of WG_WARPS */
+    int span;    /* input columns under a tile */
+    int pitch;   /* dy tile row pitch in elements */
+    int xs, dys; /* per warp: input rows and dy tile, in elements (each a multiple of 8) */
+};
+
+static narrow_wg_geom narrow_wg_geometry(const ptl_conv2d_desc *d)
+{
+    narrow_wg_geom g;
+    g.tpr = (d->wo + WG_TW - 1) / WG_TW;
+    g.tiles = d->n * d->ho * g.tpr; /* at most the output's elements: int (ptl_conv2d_narrow_wgrad_takes) */
+    const int w = g.tiles < WG_MAX_WARPS ? g.tiles : WG_MAX_WARPS;
+    g.warps = (w + WG_WARPS - 1) / WG_WARPS * WG_WARPS;
+    g.span = (WG_TW - 1) * d->stride + NARROW_K;
+    /* rows an odd number of 16-byte units apart: ldmatrix's eight rows fall in distinct banks */
+    g.pitch = d->cout + 8;
+    if (g.pitch / 8 % 2 == 0)
+        g.pitch += 8;
+    g.xs = (NARROW_K * g.span * d->cin + 7) / 8 * 8;
+    g.dys = WG_TW * g.pitch;
+    return g;
+}
+
+static size_t narrow_wg_smem(const ptl_conv2d_desc *d, size_t esz)
+{
+    const narrow_wg_geom g = narrow_wg_geometry(d);
+    const size_t tiles = (size_t)WG_WARPS * (g.xs + g.dys) * esz, sums = (size_t)d->cout * 9 * d->cin * sizeof(float);
+    return tiles > sums ? tiles : sums;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(T lo, T hi)
+{
+    return (uint32_t)*reinterpret_cast<const uint16_t *>(&lo) | (uint32_t)*reinterpret_cast<const uint16_t *>(&hi)
+                                                                    << 16;
+}
+
+/* MT: 16-channel tiles of cout; the taps in NT 8-wide tiles. part: (blocks, cout * TAPS) float32. */
+template <typename T, int CIN, int MT>
+__global__ void narrow_wgrad_kernel(ptl_conv2d_desc d, narrow_wg_geom g, const T *x, const T *dy, float *part,
+                                    int dy_vec)
+{
+    ptl_wait_prior();
+    constexpr int TAPS = NARROW_K * NARROW_K * CIN, NT = (TAPS + 7) / 8;
+    extern __shared__ __align__(16) unsigned char narrow_wg_smem_raw[];
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+    T *xs = reinterpret_cast<T *>(narrow_wg_smem_raw) + warp * (g.xs + g.dys);
+    T *dys = xs + g.xs;
+    const int sc = d.stride * CIN; /* one pixel along a tap's input row */
+    int off[NT];                   /* this lane's tap of each N tile: its first element in xs, -1 past TAPS */
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int n = j * 8 + gq, ky = n / (NARROW_K * CIN), r = n - ky * NARROW_K * CIN;
+        off[j] = n < TAPS ? ky * g.span * CIN + r : -1;
+    }
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                acc[i][j][r] = 0.0f;
+    T zero;
+    ptl_st(&zero, 0.0f);
+    for (int t = blockIdx.x * WG_WARPS + warp; t < g.tiles; t += g.warps) {
+        const int row = t / g.tpr, ox0 = (t - row * g.tpr) * WG_TW, img = row / d.ho, oy = row - img * d.ho;
+        const int np = min(WG_TW, d.wo - ox0);
+        __syncwarp(); /* the last tile's reads are done */
+        const int iy0 = oy * d.stride - d.pad, ix0 = ox0 * d.stride - d.pad, rowlen = g.span * CIN;
+        for (int e = lane; e < NARROW_K * rowlen; e += 32) {
+            const int ky = e / rowlen, r = e - ky * rowlen, iy = iy0 + ky, ix = ix0 + r / CIN;
+            xs[e] = iy >= 0 && iy < d.h && ix >= 0 && ix < d.w
+                        ? x[((int64_t)(img * d.h + iy) * d.w + ix0) * CIN + r]
+                        : zero;
+        }
+        const int c8 = d.cout / 8;
+        const T *src = dy + ((int64_t)row * d.wo + ox0) * d.cout;
+        for (int u = lane; u < WG_TW * c8; u += 32) {
+            const int k = u / c8, c = (u - k * c8) * 8;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (k < np) {
+                if (dy_vec)
+                    v = *reinterpret_cast<const uint4 *>(src + k * d.cout + c);
+                else
+                    for (int q = 0; q < 8; q++)
+                        reinterpret_cast<T *>(&v)[q] = src[k * d.cout + c + q];
+            }
+            *reinterpret_cast<uint4 *>(dys + k * g.pitch + c) = v;
+        }
+        __syncwarp();
+        for (int k0 = 0; k0 < np; k0 += 16) {
+            uint32_t a[MT][4];
+            const int q = lane / 8;
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+                ldmatrix_x4_trans(a[i], dys + (k0 + (q >> 1) * 8 + (lane & 7)) * g.pitch + i * 16 + (q & 1) * 8);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                uint32_t b[2] = {0, 0};
+                if (off[j] >= 0) {
+                    const T *xr = xs + off[j] + (k0 + 2 * tq) * sc;
+                    b[0] = pack2(xr[0], xr[sc]);
+                    b[1] = pack2(xr[8 * sc], xr[9 * sc]);
+                }
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+                    mma_16816<T>(acc[i][j], a[i], b);
+            }
+        }
+    }
+    /* the block's sums, warp after warp, then its partial row */
+    float *sums = reinterpret_cast<float *>(narrow_wg_smem_raw);
+    const int nout = d.cout * TAPS;
+    for (int w = 0; w < WG_WARPS; w++) {
+        __syncthreads();
+        if (warp == w)
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) {
+                        const int m = i * 16 + gq + (r >= 2 ? 8 : 0), n = j * 8 + 2 * tq + (r & 1);
+                        if (m < d.cout && n < TAPS)
+                            sums[m * TAPS + n] = (w ? sums[m * TAPS + n] : 0.0f) + acc[i][j][r];
+                    }
+    }
+    __syncthreads();
+    for (int o = threadIdx.x; o < nout; o += blockDim.x)
+        part[(int64_t)blockIdx.x * nout + o] = sums[o];
+}
+
+/* dw[o] += the blocks' partial sums of output o, in double: thread row y of an output adds blocks y, y +
+ * WG_FINISH_ROWS, ... in order, then the rows meet in a fixed tree. */
+template <typename T>
+__global__ void narrow_wgrad_finish(int nout, int blocks, const float *part, T *dw)
+{
+    ptl_wait_prior();
+    __shared__ double red[WG_FINISH_ROWS][32];
+    const int o = blockIdx.x * 32 + threadIdx.x;
+    double s = 0.0;
+    if (o < nout)
+        for (int b = threadIdx.y; b < blocks; b += WG_FINISH_ROWS)
+            s += (double)part[(int64_t)b * nout + o];
+    red[threadIdx.y][threadIdx.x] = s;
+    for (int h = WG_FINISH_ROWS / 2; h > 0; h /= 2) {
+        __syncthreads();
+        if ((int)threadIdx.y < h)
+            red[threadIdx.y][threadIdx.x] += red[threadIdx.y + h][threadIdx.x];
+    }
+    if (threadIdx.y == 0 && o < nout)
+        ptl_st(dw + o, (float)((double)ptl_ld(dw + o) + red[0][threadIdx.x]));
+}
+
+/* Runs the body with NAME a compile-time constant equal to value, 1 .. 4 (PTL_NARROW_MAX_CIN input channels; as
+ * many 16-channel tiles of PTL_NARROW_MAX_COUT output channels). */
+#define NARROW_DISPATCH4(NAME, value, ...)                                                                        \
     do {                                                                                                          \
-        switch ((d)->cin) {                                                                                       \
+        switch (value) {                                                                                          \
         case 1: {                                                                                                 \
-            constexpr int CIN = 1;                                                                                \
+            constexpr int NAME = 1;                                                                               \
             __VA_ARGS__;                                                                                          \
         } break;                                                                                                  \
         case 2: {                                                                                                 \
-            constexpr int CIN = 2;                                                                                \
+            constexpr int NAME = 2;                                                                               \
             __VA_ARGS__;                                                                                          \
         } break;                                                                                                  \
         case 3: {                                                                                                 \
-            constexpr int CIN = 3;                                                                                \
+            constexpr int NAME = 3;                                                                               \
             __VA_ARGS__;                                                                                          \
         } break;                                                                                                  \
         default: {                                                                                                \
-            constexpr int CIN = 4;                                                                                \
+            constexpr int NAME = 4;                                                                               \
             __VA_ARGS__;                                                                                          \
         } break;                                                                                                  \
         }                                                                                                         \
     } while (0)
+#define NARROW_CIN_DISPATCH(d, ...) NARROW_DISPATCH4(CIN, (d)->cin, __VA_ARGS__)
 
 extern "C" int ptl_conv2d_narrow_takes(const ptl_conv2d_desc *d)
 {
     return d->k == NARROW_K && d->groups == 1 && d->cin >= 1 && d->cin <= PTL_NARROW_MAX_CIN &&
            d->cout <= PTL_NARROW_MAX_COUT && d->cout % 8 == 0;
+}
+
+extern "C" int ptl_conv2d_narrow_wgrad_takes(const ptl_conv2d_desc *d, ptl_dtype dt)
+{
+    return ptl_conv2d_narrow_takes(d) && (dt == PTL_BFLOAT16 || dt == PTL_FLOAT16) && d->stride <= 2 &&
+           ptl_conv2d_int32_ok(d);
+}
+
+extern "C" size_t ptl_conv2d_narrow_wgrad_workspace(const ptl_conv2d_desc *d)
+{
+    const narrow_wg_geom g = narrow_wg_geometry(d);
+    return (size_t)(g.warps / WG_WARPS) * d->cout * 9 * d->cin * sizeof(float);
 }
 
 /* Output pixels a forward thread computes. */
@@ -145,4 +333,51 @@ extern "C" int ptl_conv2d_narrow_forward(cudaStream_t stream, const char *fn, pt
     return 0;
 fail:
     return -1;
+}
+
+template <typename T, int CIN, int MT>
+static int narrow_wgrad_launch(cudaStream_t stream, const ptl_conv2d_desc *d, const T *x, const T *dy, float *part)
+{
+    const narrow_wg_geom g = narrow_wg_geometry(d);
+    const size_t smem = narrow_wg_smem(d, sizeof(T));
+    if (smem > 48 * 1024)
+        PTL_CUDA_TRY(cudaFuncSetAttribute(narrow_wgrad_kernel<T, CIN, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)smem));
+    ptl_launch(narrow_wgrad_kernel<T, CIN, MT>, g.warps / WG_WARPS, WG_WARPS * 32, smem, stream, *d, g, x, dy, part,
+               ptl_aligned16(dy, NULL, NULL));
+    PTL_LAUNCH_CHECK("narrow_wgrad_kernel");
+    return 0;
+fail:
+    return -1;
+}
+
+/* The partial sums for d's CIN and 16-channel tiles of cout, then the finish. */
+template <typename T>
+static int narrow_wgrad_run(cudaStream_t stream, const ptl_conv2d_desc *d, const T *x, const T *dy, T *dw, float *part)
+{
+    const int blocks = narrow_wg_geometry(d).warps / WG_WARPS, nout = d->cout * 9 * d->cin;
+    NARROW_CIN_DISPATCH(d, NARROW_DISPATCH4(MT, (d->cout + 15) / 16,
+                                            PTL_CHECK((narrow_wgrad_launch<T, CIN, MT>(stream, d, x, dy, part)))));
+    ptl_launch(narrow_wgrad_finish<T>, (nout + 31) / 32, dim3(32, WG_FINISH_ROWS), 0, stream, nout, blocks,
+               (const float *)part, dw);
+    PTL_LAUNCH_CHECK("narrow_wgrad_finish");
+    return 0;
+fail:
+    return -1;
+}
+
+extern "C" int ptl_conv2d_narrow_backward_weight(cudaStream_t stream, const char *fn, ptl_dtype dt,
+                                                 const ptl_conv2d_desc *d, const void *x, const void *dy, void *dw,
+                                                 void *workspace, size_t workspace_bytes)
+{
+    if (!ptl_conv2d_narrow_wgrad_takes(d, dt))
+        return ptl_set_error(PTL_ERR_VALUE, "%s: the direct weight gradient does not take this convolution", fn);
+    if (workspace_bytes < ptl_conv2d_narrow_wgrad_workspace(d) || !workspace)
+        return ptl_set_error(PTL_ERR_VALUE, "%s: the direct weight gradient needs a workspace of %zu bytes, got %zu",
+                             fn, ptl_conv2d_narrow_wgrad_workspace(d), workspace ? workspace_bytes : (size_t)0);
+    float *part = (float *)workspace;
+    if (dt == PTL_BFLOAT16)
+        return narrow_wgrad_run(stream, d, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)dy, (__nv_bfloat16 *)dw,
+                                part);
+    return narrow_wgrad_run(stream, d, (const __half *)x, (const __half *)dy, (__half *)dw, part);
 }
