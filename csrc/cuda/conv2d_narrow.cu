@@ -102,7 +102,7 @@ __global__ void narrow_forward_kernel(I items, I pixels, ptl_conv2d_desc d, cons
 
 #define WG_TW 64        /* output pixels a tile (4 k-steps of 16) */
 #define WG_WARPS 4      /* warps a block */
-#define WG_MAX_WARPS 4096
+#define WG_MAX_WARPS 4096 /* fixed, never the device's SM count: the same bits on every GPU */
 #define WG_FINISH_ROWS 8
 
 struct narrow_wg_geom {
