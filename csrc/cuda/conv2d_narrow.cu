@@ -109,6 +109,7 @@ struct narrow_wg_geom {
     int tpr;     /* tiles an output row */
     int tiles;   /* n * ho * tpr */
     int warps;   /* a multiple of WG_WARPS */
+    int blocks;  /* warps / WG_WARPS: the partial sums' rows */
     int span;    /* input columns under a tile */
     int pitch;   /* dy tile row pitch in elements */
     int xs, dys; /* per warp: input rows and dy tile, in elements (each a multiple of 8) */
@@ -121,6 +122,7 @@ static narrow_wg_geom narrow_wg_geometry(const ptl_conv2d_desc *d)
     g.tiles = d->n * d->ho * g.tpr; /* at most the output's elements: int (ptl_conv2d_narrow_wgrad_takes) */
     const int w = g.tiles < WG_MAX_WARPS ? g.tiles : WG_MAX_WARPS;
     g.warps = (w + WG_WARPS - 1) / WG_WARPS * WG_WARPS;
+    g.blocks = g.warps / WG_WARPS;
     g.span = (WG_TW - 1) * d->stride + NARROW_K;
     /* rows an odd number of 16-byte units apart: ldmatrix's eight rows fall in distinct banks */
     g.pitch = d->cout + 8;
@@ -131,10 +133,9 @@ static narrow_wg_geom narrow_wg_geometry(const ptl_conv2d_desc *d)
     return g;
 }
 
-static size_t narrow_wg_smem(const ptl_conv2d_desc *d, size_t esz)
+static size_t narrow_wg_smem(const ptl_conv2d_desc *d, const narrow_wg_geom *g, size_t esz)
 {
-    const narrow_wg_geom g = narrow_wg_geometry(d);
-    const size_t tiles = (size_t)WG_WARPS * (g.xs + g.dys) * esz, sums = (size_t)d->cout * 9 * d->cin * sizeof(float);
+    const size_t tiles = (size_t)WG_WARPS * (g->xs + g->dys) * esz, sums = (size_t)d->cout * 9 * d->cin * sizeof(float);
     return tiles > sums ? tiles : sums;
 }
 
@@ -302,8 +303,7 @@ extern "C" int ptl_conv2d_narrow_wgrad_takes(const ptl_conv2d_desc *d, ptl_dtype
 
 extern "C" size_t ptl_conv2d_narrow_wgrad_workspace(const ptl_conv2d_desc *d)
 {
-    const narrow_wg_geom g = narrow_wg_geometry(d);
-    return (size_t)(g.warps / WG_WARPS) * d->cout * 9 * d->cin * sizeof(float);
+    return (size_t)narrow_wg_geometry(d).blocks * d->cout * 9 * d->cin * sizeof(float);
 }
 
 /* Output pixels a forward thread computes. */
@@ -336,14 +336,14 @@ fail:
 }
 
 template <typename T, int CIN, int MT>
-static int narrow_wgrad_launch(cudaStream_t stream, const ptl_conv2d_desc *d, const T *x, const T *dy, float *part)
+static int narrow_wgrad_launch(cudaStream_t stream, const ptl_conv2d_desc *d, const narrow_wg_geom &g, const T *x,
+                               const T *dy, float *part)
 {
-    const narrow_wg_geom g = narrow_wg_geometry(d);
-    const size_t smem = narrow_wg_smem(d, sizeof(T));
+    const size_t smem = narrow_wg_smem(d, &g, sizeof(T));
     if (smem > 48 * 1024)
         PTL_CUDA_TRY(cudaFuncSetAttribute(narrow_wgrad_kernel<T, CIN, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           (int)smem));
-    ptl_launch(narrow_wgrad_kernel<T, CIN, MT>, g.warps / WG_WARPS, WG_WARPS * 32, smem, stream, *d, g, x, dy, part,
+    ptl_launch(narrow_wgrad_kernel<T, CIN, MT>, g.blocks, WG_WARPS * 32, smem, stream, *d, g, x, dy, part,
                ptl_aligned16(dy, NULL, NULL));
     PTL_LAUNCH_CHECK("narrow_wgrad_kernel");
     return 0;
@@ -355,10 +355,11 @@ fail:
 template <typename T>
 static int narrow_wgrad_run(cudaStream_t stream, const ptl_conv2d_desc *d, const T *x, const T *dy, T *dw, float *part)
 {
-    const int blocks = narrow_wg_geometry(d).warps / WG_WARPS, nout = d->cout * 9 * d->cin;
+    const narrow_wg_geom g = narrow_wg_geometry(d);
+    const int nout = d->cout * 9 * d->cin;
     NARROW_CIN_DISPATCH(d, NARROW_DISPATCH4(MT, (d->cout + 15) / 16,
-                                            PTL_CHECK((narrow_wgrad_launch<T, CIN, MT>(stream, d, x, dy, part)))));
-    ptl_launch(narrow_wgrad_finish<T>, (nout + 31) / 32, dim3(32, WG_FINISH_ROWS), 0, stream, nout, blocks,
+                                            PTL_CHECK((narrow_wgrad_launch<T, CIN, MT>(stream, d, g, x, dy, part)))));
+    ptl_launch(narrow_wgrad_finish<T>, (nout + 31) / 32, dim3(32, WG_FINISH_ROWS), 0, stream, nout, g.blocks,
                (const float *)part, dw);
     PTL_LAUNCH_CHECK("narrow_wgrad_finish");
     return 0;
