@@ -21,9 +21,11 @@ import ptl  # noqa: E402
 
 C = ptl._C
 
-# name, input size divisor, cin, cout, k, stride, groups (yolo26n, spec section 2)
+# name, input size divisor, cin, cout, k, stride, groups (yolo26n, spec section 2; and the s, m and l stems)
 CONVS = [
     ("L0 stem 3->16 k3 s2", 1, 3, 16, 3, 2, 1),
+    ("L0 stem 3->32 (s)", 1, 3, 32, 3, 2, 1),
+    ("L0 stem 3->64 (m, l)", 1, 3, 64, 3, 2, 1),
     ("L1 16->32 k3 s2", 2, 16, 32, 3, 2, 1),
     ("L2 cv1 32->32 k1", 4, 32, 32, 1, 1, 1),
     ("L2 bottleneck 16->8 k3", 4, 16, 8, 3, 1, 1),

@@ -99,7 +99,7 @@ CONV_CASES = [
     (1, 6, 5, 2, 3, 5, 1, 1),       # 5x5
     (2, 32, 32, 3, 16, 3, 2, 1),    # the stem: 3 input channels (a direct forward, conv2d_narrow.h)
     (1, 9, 8, 1, 8, 3, 1, 1),       # one input channel, not depthwise
-    (2, 7, 9, 2, 24, 3, 2, 1),      # two input channels, stride 2
+    (2, 7, 9, 2, 24, 3, 2, 1),      # two input channels, stride 2; x of 252 elements: loaded by element
     (2, 70, 150, 4, 40, 3, 2, 1),   # narrow weight gradient: two pixel tiles a row (64 + 11), 40 outputs (16 + 16 + 8)
     (1, 20, 140, 4, 64, 3, 2, 1),   # narrow weight gradient: 64 outputs, over 48 KB of shared memory
     (2, 16, 16, 32, 64, 3, 2, 1),   # a downsampling Conv

@@ -95,15 +95,18 @@ __global__ void narrow_forward_kernel(I items, I pixels, ptl_conv2d_desc d, cons
  * dw[co][tap] += sum over the output pixels p of dy[p][co] * xcol[p][tap]: a GEMM of M = cout, N = TAPS, K = the
  * pixels, on tensor cores (mma.sync m16n8k16, float32 accumulation). Each warp takes tiles of WG_TW pixels of one
  * output row: it stages the tile's dy rows (pixel-major, as stored) and the three input rows under the tile in
- * shared memory; A's fragments (dy transposed) come from ldmatrix.trans, B's (the taps) from the input rows, each
- * lane's taps fixed at an offset. The warps of a block add their sums in warp order in shared memory, each block
- * writes its partial sums, and the finish adds the blocks' in order (double) into dw. Warp w takes the tiles w,
- * w + warps, ...; the warp count depends on the shape alone, so the bits do too. */
+ * shared memory, in 16-byte blocks with all of a lane's loads in flight before its stores (an element-by-element
+ * staging was bounded by its index arithmetic: 34 against 18 us at the n stem); A's fragments (dy transposed) come
+ * from ldmatrix.trans, B's (the taps) from the input rows, each lane's taps fixed at an offset. The warps of a block
+ * add their sums in warp order in shared memory, each block writes its partial sums, and the finish adds the
+ * blocks' in order (double) into dw. Warp w takes the tiles w, w + warps, ...; the warp count depends on the shape
+ * alone, so the bits do too. */
 
 #define WG_TW 64        /* output pixels a tile (4 k-steps of 16) */
 #define WG_WARPS 4      /* warps a block */
 #define WG_MAX_WARPS 4096 /* fixed, never the device's SM count: the same bits on every GPU */
-#define WG_FINISH_ROWS 8
+#define WG_FINISH_LOADS 8 /* partial sums a finish thread has in flight */
+#define WG_FINISH_ROWS 32
 
 struct narrow_wg_geom {
     int tpr;     /* tiles an output row */
@@ -111,8 +114,10 @@ struct narrow_wg_geom {
     int warps;   /* a multiple of WG_WARPS */
     int blocks;  /* warps / WG_WARPS: the partial sums' rows */
     int span;    /* input columns under a tile */
+    int upr;     /* 8-element blocks of x that cover a row of the tile's input, however it falls */
+    int xrow;    /* upr * 8: an input row's pitch in xs */
     int pitch;   /* dy tile row pitch in elements */
-    int xs, dys; /* per warp: input rows and dy tile, in elements (each a multiple of 8) */
+    int xs, dys; /* per warp: input rows and dy tile, in elements (multiples of 8: 16-byte aligned) */
 };
 
 static narrow_wg_geom narrow_wg_geometry(const ptl_conv2d_desc *d)
@@ -124,11 +129,13 @@ static narrow_wg_geom narrow_wg_geometry(const ptl_conv2d_desc *d)
     g.warps = (w + WG_WARPS - 1) / WG_WARPS * WG_WARPS;
     g.blocks = g.warps / WG_WARPS;
     g.span = (WG_TW - 1) * d->stride + NARROW_K;
+    g.upr = (g.span * d->cin + 14) / 8;
     /* rows an odd number of 16-byte units apart: ldmatrix's eight rows fall in distinct banks */
     g.pitch = d->cout + 8;
     if (g.pitch / 8 % 2 == 0)
         g.pitch += 8;
-    g.xs = (NARROW_K * g.span * d->cin + 7) / 8 * 8;
+    g.xrow = g.upr * 8;
+    g.xs = NARROW_K * g.xrow;
     g.dys = WG_TW * g.pitch;
     return g;
 }
@@ -146,23 +153,40 @@ __device__ __forceinline__ uint32_t pack2(T lo, T hi)
                                                                     << 16;
 }
 
-/* MT: 16-channel tiles of cout; the taps in NT 8-wide tiles. part: (blocks, cout * TAPS) float32. */
+/* MT: 16-channel tiles of cout; the taps in NT 8-wide tiles. part: (blocks, cout * TAPS) float32. The registers are
+ * capped for NARROW_WG_MIN_BLOCKS blocks an SM: no spills (-Xptxas -v) but at 3 input channels and 64 outputs,
+ * where 3 blocks and 80 bytes of spills beat 2 blocks (the m stem's weight gradient on an H100: 68 against 79 us,
+ * benchmarks/layers_cuda.py). */
+#define NARROW_WG_MIN_BLOCKS ((MT == 1 ? 5 : MT == 2 ? 4 : 3) - (CIN == 4))
 template <typename T, int CIN, int MT>
-__global__ void narrow_wgrad_kernel(ptl_conv2d_desc d, narrow_wg_geom g, const T *x, const T *dy, float *part,
-                                    int dy_vec)
+__global__ void __launch_bounds__(WG_WARPS * 32, NARROW_WG_MIN_BLOCKS)
+    narrow_wgrad_kernel(ptl_conv2d_desc d, narrow_wg_geom g, const T *x, const T *dy, float *part, int x_vec,
+                        int dy_vec)
 {
     ptl_wait_prior();
     constexpr int TAPS = NARROW_K * NARROW_K * CIN, NT = (TAPS + 7) / 8;
+    /* a lane's 8-element blocks: of an input row (upr <= 32 * XU at stride <= 2), of the dy tile (64 * cout / 8 <=
+     * 32 * DU) */
+    constexpr int XU = (((WG_TW - 1) * 2 + NARROW_K) * CIN + 14) / 8 / 32 + 1, DU = 4 * MT;
     extern __shared__ __align__(16) unsigned char narrow_wg_smem_raw[];
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
     T *xs = reinterpret_cast<T *>(narrow_wg_smem_raw) + warp * (g.xs + g.dys);
     T *dys = xs + g.xs;
     const int sc = d.stride * CIN; /* one pixel along a tap's input row */
-    int off[NT];                   /* this lane's tap of each N tile: its first element in xs, -1 past TAPS */
+    int off[NT], tky[NT];          /* this lane's tap of each N tile: its element in its row, the row (-1 past TAPS) */
 #pragma unroll
     for (int j = 0; j < NT; j++) {
-        const int n = j * 8 + gq, ky = n / (NARROW_K * CIN), r = n - ky * NARROW_K * CIN;
-        off[j] = n < TAPS ? ky * g.span * CIN + r : -1;
+        const int n = j * 8 + gq, ky = n / (NARROW_K * CIN);
+        off[j] = ky * g.xrow + n - ky * NARROW_K * CIN;
+        tky[j] = n < TAPS ? ky : -1;
+    }
+    /* this lane's dy blocks: (k * cout + c) << 6 | k for pixel k, channels c .. c + 7; -1 past the tile */
+    int dslot[DU];
+    const int c8 = d.cout / 8;
+#pragma unroll
+    for (int i = 0; i < DU; i++) {
+        const int u = lane + 32 * i, k = u / c8;
+        dslot[i] = u < WG_TW * c8 ? (k * d.cout + (u - k * c8) * 8) << 6 | k : -1;
     }
     float acc[MT][NT][4];
 #pragma unroll
@@ -177,28 +201,77 @@ __global__ void narrow_wgrad_kernel(ptl_conv2d_desc d, narrow_wg_geom g, const T
     for (int t = blockIdx.x * WG_WARPS + warp; t < g.tiles; t += g.warps) {
         const int row = t / g.tpr, ox0 = (t - row * g.tpr) * WG_TW, img = row / d.ho, oy = row - img * d.ho;
         const int np = min(WG_TW, d.wo - ox0);
-        __syncwarp(); /* the last tile's reads are done */
-        const int iy0 = oy * d.stride - d.pad, ix0 = ox0 * d.stride - d.pad, rowlen = g.span * CIN;
-        for (int e = lane; e < NARROW_K * rowlen; e += 32) {
-            const int ky = e / rowlen, r = e - ky * rowlen, iy = iy0 + ky, ix = ix0 + r / CIN;
-            xs[e] = iy >= 0 && iy < d.h && ix >= 0 && ix < d.w
-                        ? x[((int64_t)(img * d.h + iy) * d.w + ix0) * CIN + r]
-                        : zero;
-        }
-        const int c8 = d.cout / 8;
-        const T *src = dy + ((int64_t)row * d.wo + ox0) * d.cout;
-        for (int u = lane; u < WG_TW * c8; u += 32) {
-            const int k = u / c8, c = (u - k * c8) * 8;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (k < np) {
-                if (dy_vec)
-                    v = *reinterpret_cast<const uint4 *>(src + k * d.cout + c);
-                else
-                    for (int q = 0; q < 8; q++)
-                        reinterpret_cast<T *>(&v)[q] = src[k * d.cout + c + q];
+        const int iy0 = oy * d.stride - d.pad, ix0 = ox0 * d.stride - d.pad;
+        /* the input rows' elements under the tile, rel 0 .. span * CIN, valid in [lo, hi) (columns outside the
+         * image: zero); row ky sits in xs from its head, the element's offset in an aligned 8-element block of x, so
+         * that whole blocks move */
+        const int lo = max(0, -ix0) * CIN, hi = max(lo, min(g.span, d.w - ix0) * CIN);
+        int s0[NARROW_K];
+        uint4 xv[NARROW_K][XU];
+#pragma unroll
+        for (int ky = 0; ky < NARROW_K; ky++) {
+            const int iy = iy0 + ky;
+            s0[ky] = ((img * d.h + iy) * d.w + ix0) * CIN;
+#pragma unroll
+            for (int i = 0; i < XU; i++) {
+                const int rel0 = 8 * (lane + 32 * i) - (s0[ky] & 7);
+                xv[ky][i] = make_uint4(0, 0, 0, 0);
+                if (iy >= 0 && iy < d.h && lane + 32 * i < g.upr && rel0 + 8 > lo && rel0 < hi) {
+                    if (x_vec)
+                        xv[ky][i] = *reinterpret_cast<const uint4 *>(x + s0[ky] + rel0);
+                    else
+                        for (int q = 0; q < 8; q++)
+                            if (rel0 + q >= lo && rel0 + q < hi)
+                                reinterpret_cast<T *>(&xv[ky][i])[q] = x[s0[ky] + rel0 + q];
+                }
             }
-            *reinterpret_cast<uint4 *>(dys + k * g.pitch + c) = v;
         }
+        /* dy four blocks a lane at a time; the input rows are stored with the first four */
+        const T *src = dy + ((int64_t)row * d.wo + ox0) * d.cout;
+#pragma unroll
+        for (int i0 = 0; i0 < DU; i0 += 4) {
+            uint4 dv[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int ds = dslot[i0 + i];
+                dv[i] = make_uint4(0, 0, 0, 0);
+                if (ds >= 0 && (ds & 63) < np) {
+                    if (dy_vec)
+                        dv[i] = *reinterpret_cast<const uint4 *>(src + (ds >> 6));
+                    else
+                        for (int q = 0; q < 8; q++)
+                            reinterpret_cast<T *>(&dv[i])[q] = src[(ds >> 6) + q];
+                }
+            }
+            if (i0 == 0) {
+                __syncwarp(); /* the last tile's reads are done */
+#pragma unroll
+                for (int ky = 0; ky < NARROW_K; ky++)
+#pragma unroll
+                    for (int i = 0; i < XU; i++) {
+                        const int rel0 = 8 * (lane + 32 * i) - (s0[ky] & 7);
+                        if (lane + 32 * i < g.upr) {
+                            if (rel0 < lo || rel0 + 8 > hi) /* a block across the image's edge */
+#pragma unroll
+                                for (int q = 0; q < 8; q++)
+                                    if (rel0 + q < lo || rel0 + q >= hi)
+                                        reinterpret_cast<T *>(&xv[ky][i])[q] = zero;
+                            *reinterpret_cast<uint4 *>(xs + ky * g.xrow + 8 * (lane + 32 * i)) = xv[ky][i];
+                        }
+                    }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int ds = dslot[i0 + i];
+                if (ds >= 0)
+                    *reinterpret_cast<uint4 *>(dys + (ds >> 6) + (ds & 63) * (g.pitch - d.cout)) = dv[i];
+            }
+        }
+        const int h0 = s0[0] & 7, h1 = s0[1] & 7, h2 = s0[2] & 7;
+        int toff[NT];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+            toff[j] = off[j] + (tky[j] == 0 ? h0 : tky[j] == 1 ? h1 : h2);
         __syncwarp();
         for (int k0 = 0; k0 < np; k0 += 16) {
             uint32_t a[MT][4];
@@ -209,8 +282,8 @@ __global__ void narrow_wgrad_kernel(ptl_conv2d_desc d, narrow_wg_geom g, const T
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 uint32_t b[2] = {0, 0};
-                if (off[j] >= 0) {
-                    const T *xr = xs + off[j] + (k0 + 2 * tq) * sc;
+                if (tky[j] >= 0) {
+                    const T *xr = xs + toff[j] + (k0 + 2 * tq) * sc;
                     b[0] = pack2(xr[0], xr[sc]);
                     b[1] = pack2(xr[8 * sc], xr[9 * sc]);
                 }
@@ -243,7 +316,7 @@ __global__ void narrow_wgrad_kernel(ptl_conv2d_desc d, narrow_wg_geom g, const T
 }
 
 /* dw[o] += the blocks' partial sums of output o, in double: thread row y of an output adds blocks y, y +
- * WG_FINISH_ROWS, ... in order, then the rows meet in a fixed tree. */
+ * WG_FINISH_ROWS, ... in order (WG_FINISH_LOADS loaded at a time), then the rows meet in a fixed tree. */
 template <typename T>
 __global__ void narrow_wgrad_finish(int nout, int blocks, const float *part, T *dw)
 {
@@ -252,8 +325,18 @@ __global__ void narrow_wgrad_finish(int nout, int blocks, const float *part, T *
     const int o = blockIdx.x * 32 + threadIdx.x;
     double s = 0.0;
     if (o < nout)
-        for (int b = threadIdx.y; b < blocks; b += WG_FINISH_ROWS)
-            s += (double)part[(int64_t)b * nout + o];
+        for (int b0 = threadIdx.y; b0 < blocks; b0 += WG_FINISH_ROWS * WG_FINISH_LOADS) {
+            float v[WG_FINISH_LOADS];
+#pragma unroll
+            for (int i = 0; i < WG_FINISH_LOADS; i++) {
+                const int b = b0 + i * WG_FINISH_ROWS;
+                v[i] = b < blocks ? part[(int64_t)b * nout + o] : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < WG_FINISH_LOADS; i++)
+                if (b0 + i * WG_FINISH_ROWS < blocks)
+                    s += (double)v[i];
+        }
     red[threadIdx.y][threadIdx.x] = s;
     for (int h = WG_FINISH_ROWS / 2; h > 0; h /= 2) {
         __syncthreads();
@@ -340,10 +423,12 @@ static int narrow_wgrad_launch(cudaStream_t stream, const ptl_conv2d_desc *d, co
                                const T *dy, float *part)
 {
     const size_t smem = narrow_wg_smem(d, &g, sizeof(T));
+    /* x's 16-byte blocks in one load each where none can pass its end */
+    const int x_vec = ptl_aligned16(x, NULL, NULL) && (int64_t)d->n * d->h * d->w * d->cin % 8 == 0;
     if (smem > 48 * 1024)
         PTL_CUDA_TRY(cudaFuncSetAttribute(narrow_wgrad_kernel<T, CIN, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           (int)smem));
-    ptl_launch(narrow_wgrad_kernel<T, CIN, MT>, g.blocks, WG_WARPS * 32, smem, stream, *d, g, x, dy, part,
+    ptl_launch(narrow_wgrad_kernel<T, CIN, MT>, g.blocks, WG_WARPS * 32, smem, stream, *d, g, x, dy, part, x_vec,
                ptl_aligned16(dy, NULL, NULL));
     PTL_LAUNCH_CHECK("narrow_wgrad_kernel");
     return 0;
