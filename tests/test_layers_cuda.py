@@ -177,14 +177,22 @@ def test_conv2d_forward_backward_match_cpu(case, dt, cudnn_api):
 
 
 @pytest.mark.parametrize("dt", ["bfloat16", "float16"])
-def test_conv2d_narrow_weight_gradient(dt):
-    """The stem's weight gradient in bfloat16 and float16 runs on tensor cores (conv2d_narrow.h), not cuDNN: on a
-    shape with more pixel tiles than the kernel has warps (each warp adds several tiles) it matches the float64
-    reference, adds onto dw, and repeats bit for bit."""
+def test_conv2d_narrow_on_tensor_cores(dt):
+    """The stem's forward and weight gradient in bfloat16 and float16 run on tensor cores (conv2d_narrow.h), not
+    cuDNN: on a shape with more pixel tiles than the weight gradient has warps (each warp adds several tiles) both
+    match the float64 reference, the gradient adds onto dw, and both repeat bit for bit."""
     rng = np.random.default_rng(7)
     case = (4, 320, 896, 3, 16, 3, 2, 1)  # 4 * 160 rows of 7 tiles: 4480 tiles over 4096 warps
     x, wt, xg, wg, plan, info, ws = conv_setup(case, dt, rng)
     assert info["algos"][0] == -1 and info["algos"][2] == -1 and info["tensor_op"][2]
+    rp, x64, w64 = cpu_conv(x, wt, 2, 1)
+    ys = []
+    for _ in range(2):
+        y = empty(info["y_shape"], dt)
+        C.layer_conv2d_forward(plan, xg, wg, None, y, ws)
+        ys.append(host(y))
+    assert np.array_equal(ys[0], ys[1])
+    assert rel(ys[0], N(C.layer_conv2d_forward(rp, x64, w64, None))) <= tol(dt, 1e-4)
     ho, wo = info["y_shape"][1:3]
     dy = rounded(rng.standard_normal((4, ho, wo, 16)), dt)
     dyg = gpu(dy, dt)
@@ -195,7 +203,6 @@ def test_conv2d_narrow_weight_gradient(dt):
         C.layer_conv2d_backward_weight(plan, xg, dyg, dwg, ws)
         got.append(host(dwg))
     assert np.array_equal(got[0], got[1])
-    rp, x64, w64 = cpu_conv(x, wt, 2, 1)
     ref = T64(dw0)
     C.layer_conv2d_backward_weight(rp, x64, T64(dy), ref)
     assert rel(got[0], N(ref)) <= LOW[dt]

@@ -6,10 +6,11 @@
 
 #define NARROW_K 3
 
-/* One thread per (R consecutive output pixels, V output channels): per tap and input channel it loads R inputs
- * and V weights and does R * V products, so that loads do not bound it. The weights wait in shared memory as
- * floats, tap-major ([tap][co]), read 16 bytes at a time. An input outside the image adds 0 * w. PACK: y's
- * rows take V-element stores (16-byte aligned), else element by element. */
+/* The forward in float32, and wherever the tensor-core forward does not take: one thread per (R consecutive output
+ * pixels, V output channels): per tap and input channel it loads R inputs and V weights and does R * V products, so
+ * that loads do not bound it. The weights wait in shared memory as floats, tap-major ([tap][co]), read 16 bytes at a
+ * time. An input outside the image adds 0 * w. PACK: y's rows take V-element stores (16-byte aligned), else element
+ * by element. */
 template <typename T, typename I, int CIN, int V, int R, bool PACK>
 __global__ void narrow_forward_kernel(I items, I pixels, ptl_conv2d_desc d, const T *x, const T *w, T *y)
 {
@@ -90,45 +91,39 @@ __global__ void narrow_forward_kernel(I items, I pixels, ptl_conv2d_desc d, cons
     }
 }
 
-/* ------------------------------------------------------------------------------------------ weight gradient
+/* ---------------------------------------------------------------------------- tensor-core tiles (bf16, fp16)
  *
- * dw[co][tap] += sum over the output pixels p of dy[p][co] * xcol[p][tap]: a GEMM of M = cout, N = TAPS, K = the
- * pixels, on tensor cores (mma.sync m16n8k16, float32 accumulation). Each warp takes tiles of WG_TW pixels of one
- * output row: it stages the tile's dy rows (pixel-major, as stored) and the three input rows under the tile in
- * shared memory, in 16-byte blocks with all of a lane's loads in flight before its stores (an element-by-element
- * staging was bounded by its index arithmetic: 34 against 18 us at the n stem); A's fragments (dy transposed) come
- * from ldmatrix.trans, B's (the taps) from the input rows, each lane's taps fixed at an offset. The warps of a block
- * add their sums in warp order in shared memory, each block writes its partial sums, and the finish adds the
- * blocks' in order (double) into dw. Warp w takes the tiles w, w + warps, ...; the warp count depends on the shape
- * alone, so the bits do too. */
+ * The kernels below take tiles of NARROW_TW output pixels of one output row, a warp a tile at a time. A warp stages
+ * the three input rows under its tile in shared memory (xs) as the aligned 8-element blocks of x that cover them:
+ * one 16-byte load and one store each, all of a lane's loads in flight before its stores (an element-by-element
+ * staging was bounded by its index arithmetic: 34 against 18 us for the n stem's weight gradient). Row ky starts in
+ * xs at its head, the offset of its first element in its block; columns outside the image are zero. */
 
-#define WG_TW 64        /* output pixels a tile (4 k-steps of 16) */
-#define WG_WARPS 4      /* warps a block */
-#define WG_MAX_WARPS 4096 /* fixed, never the device's SM count: the same bits on every GPU */
-#define WG_FINISH_LOADS 8 /* partial sums a finish thread has in flight */
-#define WG_FINISH_ROWS 32
+#define NARROW_TW 64   /* output pixels a tile (4 k-steps of 16) */
+#define NARROW_WARPS 4 /* warps a block */
 
-struct narrow_wg_geom {
+struct narrow_geom {
     int tpr;     /* tiles an output row */
     int tiles;   /* n * ho * tpr */
-    int warps;   /* a multiple of WG_WARPS */
-    int blocks;  /* warps / WG_WARPS: the partial sums' rows */
+    int warps;   /* a multiple of NARROW_WARPS */
+    int blocks;  /* warps / NARROW_WARPS */
     int span;    /* input columns under a tile */
     int upr;     /* 8-element blocks of x that cover a row of the tile's input, however it falls */
     int xrow;    /* upr * 8: an input row's pitch in xs */
-    int pitch;   /* dy tile row pitch in elements */
+    int pitch;   /* the weight gradient's dy tile row pitch in elements */
     int xs, dys; /* per warp: input rows and dy tile, in elements (multiples of 8: 16-byte aligned) */
 };
 
-static narrow_wg_geom narrow_wg_geometry(const ptl_conv2d_desc *d)
+/* max_warps: the most warps to launch (each takes the tiles w, w + warps, ...). */
+static narrow_geom narrow_geometry(const ptl_conv2d_desc *d, int max_warps)
 {
-    narrow_wg_geom g;
-    g.tpr = (d->wo + WG_TW - 1) / WG_TW;
-    g.tiles = d->n * d->ho * g.tpr; /* at most the output's elements: int (ptl_conv2d_narrow_wgrad_takes) */
-    const int w = g.tiles < WG_MAX_WARPS ? g.tiles : WG_MAX_WARPS;
-    g.warps = (w + WG_WARPS - 1) / WG_WARPS * WG_WARPS;
-    g.blocks = g.warps / WG_WARPS;
-    g.span = (WG_TW - 1) * d->stride + NARROW_K;
+    narrow_geom g;
+    g.tpr = (d->wo + NARROW_TW - 1) / NARROW_TW;
+    g.tiles = d->n * d->ho * g.tpr; /* at most the output's elements: int (narrow_mma_takes) */
+    const int w = g.tiles < max_warps ? g.tiles : max_warps;
+    g.warps = (w + NARROW_WARPS - 1) / NARROW_WARPS * NARROW_WARPS;
+    g.blocks = g.warps / NARROW_WARPS;
+    g.span = (NARROW_TW - 1) * d->stride + NARROW_K;
     g.upr = (g.span * d->cin + 14) / 8;
     /* rows an odd number of 16-byte units apart: ldmatrix's eight rows fall in distinct banks */
     g.pitch = d->cout + 8;
@@ -136,14 +131,14 @@ static narrow_wg_geom narrow_wg_geometry(const ptl_conv2d_desc *d)
         g.pitch += 8;
     g.xrow = g.upr * 8;
     g.xs = NARROW_K * g.xrow;
-    g.dys = WG_TW * g.pitch;
+    g.dys = NARROW_TW * g.pitch;
     return g;
 }
 
-static size_t narrow_wg_smem(const ptl_conv2d_desc *d, const narrow_wg_geom *g, size_t esz)
+/* Whether x's 16-byte blocks can be loaded whole: aligned, and none passes its end. */
+static int narrow_x_vec(const ptl_conv2d_desc *d, const void *x)
 {
-    const size_t tiles = (size_t)WG_WARPS * (g->xs + g->dys) * esz, sums = (size_t)d->cout * 9 * d->cin * sizeof(float);
-    return tiles > sums ? tiles : sums;
+    return ptl_aligned16(x, NULL, NULL) && (int64_t)d->n * d->h * d->w * d->cin % 8 == 0;
 }
 
 template <typename T>
@@ -153,21 +148,195 @@ __device__ __forceinline__ uint32_t pack2(T lo, T hi)
                                                                     << 16;
 }
 
+/* The input rows under a tile: loaded into registers, then stored into a warp's xs. */
+template <typename T, int CIN>
+struct narrow_rows {
+    /* a lane's blocks a row: upr <= 32 * XU at stride <= 2 */
+    static constexpr int XU = (((NARROW_TW - 1) * 2 + NARROW_K) * CIN + 14) / 8 / 32 + 1;
+    int s0[NARROW_K]; /* row ky's first element in x (rel 0) */
+    int lo, hi;       /* a row's elements rel 0 .. span * CIN inside the image: [lo, hi) */
+    uint4 v[NARROW_K][XU];
+
+    __device__ __forceinline__ void load(const ptl_conv2d_desc &d, const narrow_geom &g, const T *x, int x_vec,
+                                         int img, int iy0, int ix0, int lane)
+    {
+        lo = max(0, -ix0) * CIN;
+        hi = max(lo, min(g.span, d.w - ix0) * CIN);
+#pragma unroll
+        for (int ky = 0; ky < NARROW_K; ky++) {
+            const int iy = iy0 + ky;
+            s0[ky] = ((img * d.h + iy) * d.w + ix0) * CIN;
+#pragma unroll
+            for (int i = 0; i < XU; i++) {
+                const int rel0 = 8 * (lane + 32 * i) - head(ky);
+                v[ky][i] = make_uint4(0, 0, 0, 0);
+                if (iy >= 0 && iy < d.h && lane + 32 * i < g.upr && rel0 + 8 > lo && rel0 < hi) {
+                    if (x_vec)
+                        v[ky][i] = *reinterpret_cast<const uint4 *>(x + s0[ky] + rel0);
+                    else
+                        for (int q = 0; q < 8; q++)
+                            if (rel0 + q >= lo && rel0 + q < hi)
+                                reinterpret_cast<T *>(&v[ky][i])[q] = x[s0[ky] + rel0 + q];
+                }
+            }
+        }
+    }
+
+    /* After the warp's last reads of xs. */
+    __device__ __forceinline__ void store(T *xs, const narrow_geom &g, int lane)
+    {
+        T zero;
+        ptl_st(&zero, 0.0f);
+#pragma unroll
+        for (int ky = 0; ky < NARROW_K; ky++)
+#pragma unroll
+            for (int i = 0; i < XU; i++) {
+                const int rel0 = 8 * (lane + 32 * i) - head(ky);
+                if (lane + 32 * i < g.upr) {
+                    if (rel0 < lo || rel0 + 8 > hi) /* a block across the image's edge */
+#pragma unroll
+                        for (int q = 0; q < 8; q++)
+                            if (rel0 + q < lo || rel0 + q >= hi)
+                                reinterpret_cast<T *>(&v[ky][i])[q] = zero;
+                    *reinterpret_cast<uint4 *>(xs + ky * g.xrow + 8 * (lane + 32 * i)) = v[ky][i];
+                }
+            }
+    }
+
+    __device__ __forceinline__ int head(int ky) const { return s0[ky] & 7; }
+    /* the head of row ky, ky < 0 (no row) giving 0 */
+    __device__ __forceinline__ int head_of(int ky) const { return ky == 1 ? head(1) : ky == 2 ? head(2) : head(0); }
+};
+
+/* ------------------------------------------------------------------------------------- forward on tensor cores
+ *
+ * A tile's y (pixels x cout) = xcol (pixels x TAPS) w^T, 16 pixels at a time on mma.sync m16n8k16 (float32 sums), K =
+ * TAPS in KT steps of 16 (zero past TAPS). w's fragments stay in registers; xcol's come from xs at each lane's tap
+ * offsets. One lane adds each output's products, in the mma's fixed order: bitwise reproducible. MT: 16-channel tiles
+ * of cout (its 8-channel halves past cout skipped). */
+template <typename T, int CIN, int MT>
+__global__ void __launch_bounds__(NARROW_WARPS * 32)
+    narrow_forward_mma_kernel(ptl_conv2d_desc d, narrow_geom g, const T *x, const T *w, T *y, int x_vec)
+{
+    ptl_wait_prior();
+    constexpr int TAPS = NARROW_K * NARROW_K * CIN, KT = (TAPS + 15) / 16, NTL = 2 * MT;
+    extern __shared__ __align__(16) unsigned char narrow_fwd_smem_raw[];
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+    T *xs = reinterpret_cast<T *>(narrow_fwd_smem_raw) + warp * g.xs;
+    const int sc = d.stride * CIN; /* one pixel along a tap's input row */
+    T zero;
+    ptl_st(&zero, 0.0f);
+    /* this lane's taps kt * 16 + 2 tq + {0, 1, 8, 9} (A's columns): the element in its row, the row (-1 past TAPS);
+     * its weights (B's fragments): output channel nt * 8 + gq at taps kt * 16 + 2 tq + {0, 1} and {8, 9} */
+    int off[KT][4], tky[KT][4];
+    uint32_t b[NTL][KT][2];
+#pragma unroll
+    for (int kt = 0; kt < KT; kt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int k = kt * 16 + 2 * tq + (e & 1) + (e >> 1) * 8, ky = k / (NARROW_K * CIN);
+            off[kt][e] = ky * g.xrow + k - ky * NARROW_K * CIN;
+            tky[kt][e] = k < TAPS ? ky : -1;
+        }
+#pragma unroll
+        for (int nt = 0; nt < NTL; nt++) {
+            const int co = nt * 8 + gq;
+            T wv[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int k = kt * 16 + 2 * tq + (e & 1) + (e >> 1) * 8;
+                wv[e] = co < d.cout && k < TAPS ? w[co * TAPS + k] : zero;
+            }
+            b[nt][kt][0] = pack2(wv[0], wv[1]);
+            b[nt][kt][1] = pack2(wv[2], wv[3]);
+        }
+    }
+    for (int t = blockIdx.x * NARROW_WARPS + warp; t < g.tiles; t += g.warps) {
+        const int row = t / g.tpr, ox0 = (t - row * g.tpr) * NARROW_TW, img = row / d.ho, oy = row - img * d.ho;
+        const int np = min(NARROW_TW, d.wo - ox0);
+        narrow_rows<T, CIN> rows;
+        rows.load(d, g, x, x_vec, img, oy * d.stride - d.pad, ox0 * d.stride - d.pad, lane);
+        __syncwarp(); /* the last tile's reads are done */
+        rows.store(xs, g, lane);
+        int toff[KT][4];
+#pragma unroll
+        for (int kt = 0; kt < KT; kt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                toff[kt][e] = tky[kt][e] < 0 ? -1 : off[kt][e] + rows.head_of(tky[kt][e]);
+        __syncwarp();
+        T *yt = y + ((int64_t)row * d.wo + ox0) * d.cout;
+        for (int m0 = 0; m0 < np; m0 += 16) {
+            const int p0 = (m0 + gq) * sc, p1 = p0 + 8 * sc; /* pixels m0 + gq and m0 + gq + 8 */
+            uint32_t a[KT][4];
+#pragma unroll
+            for (int kt = 0; kt < KT; kt++) {
+                T v[4][2];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    v[e][0] = toff[kt][e] >= 0 ? xs[toff[kt][e] + p0] : zero;
+                    v[e][1] = toff[kt][e] >= 0 ? xs[toff[kt][e] + p1] : zero;
+                }
+                a[kt][0] = pack2(v[0][0], v[1][0]);
+                a[kt][1] = pack2(v[0][1], v[1][1]);
+                a[kt][2] = pack2(v[2][0], v[3][0]);
+                a[kt][3] = pack2(v[2][1], v[3][1]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NTL; nt++) {
+                if (nt * 8 >= d.cout)
+                    break;
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int kt = 0; kt < KT; kt++)
+                    mma_16816<T>(c, a[kt], b[nt][kt]);
+                T o[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    ptl_st(&o[e], c[e]);
+                if (m0 + gq < np)
+                    *reinterpret_cast<uint32_t *>(yt + (m0 + gq) * d.cout + nt * 8 + 2 * tq) = pack2(o[0], o[1]);
+                if (m0 + gq + 8 < np)
+                    *reinterpret_cast<uint32_t *>(yt + (m0 + gq + 8) * d.cout + nt * 8 + 2 * tq) = pack2(o[2], o[3]);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ weight gradient
+ *
+ * dw[co][tap] += sum over the output pixels p of dy[p][co] * xcol[p][tap]: a GEMM of M = cout, N = TAPS, K = the
+ * pixels, on tensor cores (mma.sync m16n8k16, float32 accumulation). A warp's tile: the input rows in xs, the tile's
+ * dy rows (pixel-major, as stored) beside them in 16-byte blocks; A's fragments (dy transposed) come from
+ * ldmatrix.trans, B's (the taps) from the input rows, each lane's taps fixed at an offset. The warps of a block add
+ * their sums in warp order in shared memory, each block writes its partial sums, and the finish adds the blocks' in
+ * order (double) into dw. Warp w takes the tiles w, w + warps, ...; the warp count depends on the shape alone, so the
+ * bits do too. */
+
+#define WG_MAX_WARPS 4096 /* fixed, never the device's SM count: the same bits on every GPU */
+#define WG_FINISH_LOADS 8 /* partial sums a finish thread has in flight */
+#define WG_FINISH_ROWS 32
+
+static size_t narrow_wg_smem(const ptl_conv2d_desc *d, const narrow_geom *g, size_t esz)
+{
+    const size_t tiles = (size_t)NARROW_WARPS * (g->xs + g->dys) * esz;
+    const size_t sums = (size_t)d->cout * 9 * d->cin * sizeof(float);
+    return tiles > sums ? tiles : sums;
+}
+
 /* MT: 16-channel tiles of cout; the taps in NT 8-wide tiles. part: (blocks, cout * TAPS) float32. The registers are
  * capped for NARROW_WG_MIN_BLOCKS blocks an SM: no spills (-Xptxas -v) but at 3 input channels and 64 outputs,
  * where 3 blocks and 80 bytes of spills beat 2 blocks (the m stem's weight gradient on an H100: 68 against 79 us,
  * benchmarks/layers_cuda.py). */
 #define NARROW_WG_MIN_BLOCKS ((MT == 1 ? 5 : MT == 2 ? 4 : 3) - (CIN == 4))
 template <typename T, int CIN, int MT>
-__global__ void __launch_bounds__(WG_WARPS * 32, NARROW_WG_MIN_BLOCKS)
-    narrow_wgrad_kernel(ptl_conv2d_desc d, narrow_wg_geom g, const T *x, const T *dy, float *part, int x_vec,
+__global__ void __launch_bounds__(NARROW_WARPS * 32, NARROW_WG_MIN_BLOCKS)
+    narrow_wgrad_kernel(ptl_conv2d_desc d, narrow_geom g, const T *x, const T *dy, float *part, int x_vec,
                         int dy_vec)
 {
     ptl_wait_prior();
     constexpr int TAPS = NARROW_K * NARROW_K * CIN, NT = (TAPS + 7) / 8;
-    /* a lane's 8-element blocks: of an input row (upr <= 32 * XU at stride <= 2), of the dy tile (64 * cout / 8 <=
-     * 32 * DU) */
-    constexpr int XU = (((WG_TW - 1) * 2 + NARROW_K) * CIN + 14) / 8 / 32 + 1, DU = 4 * MT;
+    constexpr int DU = 4 * MT; /* a lane's 8-element blocks of the dy tile: 64 * cout / 8 <= 32 * DU */
     extern __shared__ __align__(16) unsigned char narrow_wg_smem_raw[];
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
     T *xs = reinterpret_cast<T *>(narrow_wg_smem_raw) + warp * (g.xs + g.dys);
@@ -186,7 +355,7 @@ __global__ void __launch_bounds__(WG_WARPS * 32, NARROW_WG_MIN_BLOCKS)
 #pragma unroll
     for (int i = 0; i < DU; i++) {
         const int u = lane + 32 * i, k = u / c8;
-        dslot[i] = u < WG_TW * c8 ? (k * d.cout + (u - k * c8) * 8) << 6 | k : -1;
+        dslot[i] = u < NARROW_TW * c8 ? (k * d.cout + (u - k * c8) * 8) << 6 | k : -1;
     }
     float acc[MT][NT][4];
 #pragma unroll
@@ -196,36 +365,11 @@ __global__ void __launch_bounds__(WG_WARPS * 32, NARROW_WG_MIN_BLOCKS)
 #pragma unroll
             for (int r = 0; r < 4; r++)
                 acc[i][j][r] = 0.0f;
-    T zero;
-    ptl_st(&zero, 0.0f);
-    for (int t = blockIdx.x * WG_WARPS + warp; t < g.tiles; t += g.warps) {
-        const int row = t / g.tpr, ox0 = (t - row * g.tpr) * WG_TW, img = row / d.ho, oy = row - img * d.ho;
-        const int np = min(WG_TW, d.wo - ox0);
-        const int iy0 = oy * d.stride - d.pad, ix0 = ox0 * d.stride - d.pad;
-        /* the input rows' elements under the tile, rel 0 .. span * CIN, valid in [lo, hi) (columns outside the
-         * image: zero); row ky sits in xs from its head, the element's offset in an aligned 8-element block of x, so
-         * that whole blocks move */
-        const int lo = max(0, -ix0) * CIN, hi = max(lo, min(g.span, d.w - ix0) * CIN);
-        int s0[NARROW_K];
-        uint4 xv[NARROW_K][XU];
-#pragma unroll
-        for (int ky = 0; ky < NARROW_K; ky++) {
-            const int iy = iy0 + ky;
-            s0[ky] = ((img * d.h + iy) * d.w + ix0) * CIN;
-#pragma unroll
-            for (int i = 0; i < XU; i++) {
-                const int rel0 = 8 * (lane + 32 * i) - (s0[ky] & 7);
-                xv[ky][i] = make_uint4(0, 0, 0, 0);
-                if (iy >= 0 && iy < d.h && lane + 32 * i < g.upr && rel0 + 8 > lo && rel0 < hi) {
-                    if (x_vec)
-                        xv[ky][i] = *reinterpret_cast<const uint4 *>(x + s0[ky] + rel0);
-                    else
-                        for (int q = 0; q < 8; q++)
-                            if (rel0 + q >= lo && rel0 + q < hi)
-                                reinterpret_cast<T *>(&xv[ky][i])[q] = x[s0[ky] + rel0 + q];
-                }
-            }
-        }
+    for (int t = blockIdx.x * NARROW_WARPS + warp; t < g.tiles; t += g.warps) {
+        const int row = t / g.tpr, ox0 = (t - row * g.tpr) * NARROW_TW, img = row / d.ho, oy = row - img * d.ho;
+        const int np = min(NARROW_TW, d.wo - ox0);
+        narrow_rows<T, CIN> rows;
+        rows.load(d, g, x, x_vec, img, oy * d.stride - d.pad, ox0 * d.stride - d.pad, lane);
         /* dy four blocks a lane at a time; the input rows are stored with the first four */
         const T *src = dy + ((int64_t)row * d.wo + ox0) * d.cout;
 #pragma unroll
@@ -245,20 +389,7 @@ __global__ void __launch_bounds__(WG_WARPS * 32, NARROW_WG_MIN_BLOCKS)
             }
             if (i0 == 0) {
                 __syncwarp(); /* the last tile's reads are done */
-#pragma unroll
-                for (int ky = 0; ky < NARROW_K; ky++)
-#pragma unroll
-                    for (int i = 0; i < XU; i++) {
-                        const int rel0 = 8 * (lane + 32 * i) - (s0[ky] & 7);
-                        if (lane + 32 * i < g.upr) {
-                            if (rel0 < lo || rel0 + 8 > hi) /* a block across the image's edge */
-#pragma unroll
-                                for (int q = 0; q < 8; q++)
-                                    if (rel0 + q < lo || rel0 + q >= hi)
-                                        reinterpret_cast<T *>(&xv[ky][i])[q] = zero;
-                            *reinterpret_cast<uint4 *>(xs + ky * g.xrow + 8 * (lane + 32 * i)) = xv[ky][i];
-                        }
-                    }
+                rows.store(xs, g, lane);
             }
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -267,11 +398,10 @@ __global__ void __launch_bounds__(WG_WARPS * 32, NARROW_WG_MIN_BLOCKS)
                     *reinterpret_cast<uint4 *>(dys + (ds >> 6) + (ds & 63) * (g.pitch - d.cout)) = dv[i];
             }
         }
-        const int h0 = s0[0] & 7, h1 = s0[1] & 7, h2 = s0[2] & 7;
         int toff[NT];
 #pragma unroll
         for (int j = 0; j < NT; j++)
-            toff[j] = off[j] + (tky[j] == 0 ? h0 : tky[j] == 1 ? h1 : h2);
+            toff[j] = off[j] + rows.head_of(tky[j]);
         __syncwarp();
         for (int k0 = 0; k0 < np; k0 += 16) {
             uint32_t a[MT][4];
@@ -296,7 +426,7 @@ __global__ void __launch_bounds__(WG_WARPS * 32, NARROW_WG_MIN_BLOCKS)
     /* the block's sums, warp after warp, then its partial row */
     float *sums = reinterpret_cast<float *>(narrow_wg_smem_raw);
     const int nout = d.cout * TAPS;
-    for (int w = 0; w < WG_WARPS; w++) {
+    for (int w = 0; w < NARROW_WARPS; w++) {
         __syncthreads();
         if (warp == w)
 #pragma unroll
@@ -378,15 +508,35 @@ extern "C" int ptl_conv2d_narrow_takes(const ptl_conv2d_desc *d)
            d->cout <= PTL_NARROW_MAX_COUT && d->cout % 8 == 0;
 }
 
-extern "C" int ptl_conv2d_narrow_wgrad_takes(const ptl_conv2d_desc *d, ptl_dtype dt)
+/* Whether the tensor-core kernels take d in dtype dt (a forward here that does): their inputs, at most two input
+ * pixels a tap apart (narrow_rows::XU), int indices. */
+static int narrow_mma_takes(const ptl_conv2d_desc *d, ptl_dtype dt)
 {
     return ptl_conv2d_narrow_takes(d) && (dt == PTL_BFLOAT16 || dt == PTL_FLOAT16) && d->stride <= 2 &&
            ptl_conv2d_int32_ok(d);
 }
 
+extern "C" int ptl_conv2d_narrow_wgrad_takes(const ptl_conv2d_desc *d, ptl_dtype dt) { return narrow_mma_takes(d, dt); }
+
 extern "C" size_t ptl_conv2d_narrow_wgrad_workspace(const ptl_conv2d_desc *d)
 {
-    return (size_t)narrow_wg_geometry(d).blocks * d->cout * 9 * d->cin * sizeof(float);
+    return (size_t)narrow_geometry(d, WG_MAX_WARPS).blocks * d->cout * 9 * d->cin * sizeof(float);
+}
+
+/* The tensor-core forward: a warp a tile. */
+template <typename T>
+static int narrow_forward_mma(cudaStream_t stream, const ptl_conv2d_desc *d, const T *x, const T *w, T *y)
+{
+    const narrow_geom g = narrow_geometry(d, INT_MAX);
+    const size_t smem = (size_t)NARROW_WARPS * g.xs * sizeof(T); /* under 48 KB: 4 * 3 * 528 elements at most */
+    const int x_vec = narrow_x_vec(d, x);
+    NARROW_CIN_DISPATCH(d, NARROW_DISPATCH4(MT, (d->cout + 15) / 16,
+                                            ptl_launch(narrow_forward_mma_kernel<T, CIN, MT>, g.blocks,
+                                                       NARROW_WARPS * 32, smem, stream, *d, g, x, w, y, x_vec)));
+    PTL_LAUNCH_CHECK("narrow_forward_mma_kernel");
+    return 0;
+fail:
+    return -1;
 }
 
 /* Output pixels a forward thread computes. */
@@ -395,6 +545,13 @@ extern "C" size_t ptl_conv2d_narrow_wgrad_workspace(const ptl_conv2d_desc *d)
 extern "C" int ptl_conv2d_narrow_forward(cudaStream_t stream, const char *fn, ptl_dtype dt, const ptl_conv2d_desc *d,
                                          const void *x, const void *w, void *y)
 {
+    /* y's channel pairs stored as 32-bit words */
+    if (narrow_mma_takes(d, dt) && ptl_aligned16(y, NULL, NULL)) {
+        if (dt == PTL_BFLOAT16)
+            return narrow_forward_mma(stream, d, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w,
+                                      (__nv_bfloat16 *)y);
+        return narrow_forward_mma(stream, d, (const __half *)x, (const __half *)w, (__half *)y);
+    }
     const int64_t pixels = (int64_t)d->n * d->ho * d->wo;
     const int i32 = ptl_conv2d_int32_ok(d);
     PTL_LAYER_DISPATCH(fn, dt, NARROW_CIN_DISPATCH(d, {
@@ -419,16 +576,15 @@ fail:
 }
 
 template <typename T, int CIN, int MT>
-static int narrow_wgrad_launch(cudaStream_t stream, const ptl_conv2d_desc *d, const narrow_wg_geom &g, const T *x,
+static int narrow_wgrad_launch(cudaStream_t stream, const ptl_conv2d_desc *d, const narrow_geom &g, const T *x,
                                const T *dy, float *part)
 {
     const size_t smem = narrow_wg_smem(d, &g, sizeof(T));
-    /* x's 16-byte blocks in one load each where none can pass its end */
-    const int x_vec = ptl_aligned16(x, NULL, NULL) && (int64_t)d->n * d->h * d->w * d->cin % 8 == 0;
+    const int x_vec = narrow_x_vec(d, x);
     if (smem > 48 * 1024)
         PTL_CUDA_TRY(cudaFuncSetAttribute(narrow_wgrad_kernel<T, CIN, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           (int)smem));
-    ptl_launch(narrow_wgrad_kernel<T, CIN, MT>, g.blocks, WG_WARPS * 32, smem, stream, *d, g, x, dy, part, x_vec,
+    ptl_launch(narrow_wgrad_kernel<T, CIN, MT>, g.blocks, NARROW_WARPS * 32, smem, stream, *d, g, x, dy, part, x_vec,
                ptl_aligned16(dy, NULL, NULL));
     PTL_LAUNCH_CHECK("narrow_wgrad_kernel");
     return 0;
@@ -440,7 +596,7 @@ fail:
 template <typename T>
 static int narrow_wgrad_run(cudaStream_t stream, const ptl_conv2d_desc *d, const T *x, const T *dy, T *dw, float *part)
 {
-    const narrow_wg_geom g = narrow_wg_geometry(d);
+    const narrow_geom g = narrow_geometry(d, WG_MAX_WARPS);
     const int nout = d->cout * 9 * d->cin;
     NARROW_CIN_DISPATCH(d, NARROW_DISPATCH4(MT, (d->cout + 15) / 16,
                                             PTL_CHECK((narrow_wgrad_launch<T, CIN, MT>(stream, d, g, x, dy, part)))));

@@ -1,13 +1,15 @@
 /* Direct kernels for 3x3 ungrouped convolutions with few input channels (YOLO26's stem: 3 -> 16, stride 2), on
  * conv2d.h's layouts. cuDNN has no tensor-core engine for a 3-channel input: its generic forward for the stem took
- * 61 us at batch 4, 640 on an H100, alone on the GPU at the step's start, the forward here 25; its weight gradient
+ * 61 us at batch 4, 640 on an H100, alone on the GPU at the step's start, the forward here 14; its weight gradient
  * pads the input to more channels and runs a split-K GEMM, about 80 us at the end of the backward (benchmarks/
  * RESULTS.md, issue 22), which the weight gradient here runs on tensor cores. The input gradient stays on cuDNN
  * (the stem needs none).
  *
- * The forward: one thread per 4 output pixels and pack of output channels, the 9 * cin taps summed in float32 in
- * (ky, kx, ci) order. The weight gradient: per-warp tiles of output pixels, float32 sums of fixed tiles, added in
- * a fixed order. Both bitwise reproducible. */
+ * In bfloat16 and float16 (stride 1 or 2) both directions run on tensor cores over per-warp tiles of 64 output
+ * pixels, the input rows under a tile staged in shared memory: the forward's outputs each summed by one lane, the
+ * weight gradient's float32 sums of fixed tiles added in a fixed order. In float32 the forward takes one thread per
+ * 4 output pixels and pack of output channels, the 9 * cin taps summed in (ky, kx, ci) order, and the weight
+ * gradient stays on cuDNN (no TF32). All bitwise reproducible. */
 #ifndef PTL_CUDA_CONV2D_NARROW_H
 #define PTL_CUDA_CONV2D_NARROW_H
 
