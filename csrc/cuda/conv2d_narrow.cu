@@ -148,6 +148,33 @@ __device__ __forceinline__ uint32_t pack2(T lo, T hi)
                                                                     << 16;
 }
 
+/* Tile t: its output row (n * ho + oy) and first pixel, its pixels, and the input position under that pixel. */
+struct narrow_tile {
+    int row, ox0, np, img, iy0, ix0;
+};
+
+__device__ __forceinline__ narrow_tile narrow_tile_at(const ptl_conv2d_desc &d, const narrow_geom &g, int t)
+{
+    narrow_tile u;
+    u.row = t / g.tpr;
+    u.ox0 = (t - u.row * g.tpr) * NARROW_TW;
+    u.np = min(NARROW_TW, d.wo - u.ox0);
+    u.img = u.row / d.ho;
+    u.iy0 = (u.row - u.img * d.ho) * d.stride - d.pad;
+    u.ix0 = u.ox0 * d.stride - d.pad;
+    return u;
+}
+
+/* Tap k (OHWI order, (ky * 3 + kx) * CIN + ci): its element in its input row of xs (before the row's head) and
+ * that row, -1 past the taps. */
+template <int CIN>
+__device__ __forceinline__ void narrow_tap(int k, int xrow, int *off, int *ky)
+{
+    const int r = k / (NARROW_K * CIN);
+    *off = r * xrow + k - r * NARROW_K * CIN;
+    *ky = k < NARROW_K * NARROW_K * CIN ? r : -1;
+}
+
 /* The input rows under a tile: loaded into registers, then stored into a warp's xs. */
 template <typename T, int CIN>
 struct narrow_rows {
@@ -158,14 +185,14 @@ struct narrow_rows {
     uint4 v[NARROW_K][XU];
 
     __device__ __forceinline__ void load(const ptl_conv2d_desc &d, const narrow_geom &g, const T *x, int x_vec,
-                                         int img, int iy0, int ix0, int lane)
+                                         const narrow_tile &u, int lane)
     {
-        lo = max(0, -ix0) * CIN;
-        hi = max(lo, min(g.span, d.w - ix0) * CIN);
+        lo = max(0, -u.ix0) * CIN;
+        hi = max(lo, min(g.span, d.w - u.ix0) * CIN);
 #pragma unroll
         for (int ky = 0; ky < NARROW_K; ky++) {
-            const int iy = iy0 + ky;
-            s0[ky] = ((img * d.h + iy) * d.w + ix0) * CIN;
+            const int iy = u.iy0 + ky;
+            s0[ky] = ((u.img * d.h + iy) * d.w + u.ix0) * CIN;
 #pragma unroll
             for (int i = 0; i < XU; i++) {
                 const int rel0 = 8 * (lane + 32 * i) - head(ky);
@@ -233,11 +260,8 @@ __global__ void __launch_bounds__(NARROW_WARPS * 32)
 #pragma unroll
     for (int kt = 0; kt < KT; kt++) {
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int k = kt * 16 + 2 * tq + (e & 1) + (e >> 1) * 8, ky = k / (NARROW_K * CIN);
-            off[kt][e] = ky * g.xrow + k - ky * NARROW_K * CIN;
-            tky[kt][e] = k < TAPS ? ky : -1;
-        }
+        for (int e = 0; e < 4; e++)
+            narrow_tap<CIN>(kt * 16 + 2 * tq + (e & 1) + (e >> 1) * 8, g.xrow, &off[kt][e], &tky[kt][e]);
 #pragma unroll
         for (int nt = 0; nt < NTL; nt++) {
             const int co = nt * 8 + gq;
@@ -252,10 +276,10 @@ __global__ void __launch_bounds__(NARROW_WARPS * 32)
         }
     }
     for (int t = blockIdx.x * NARROW_WARPS + warp; t < g.tiles; t += g.warps) {
-        const int row = t / g.tpr, ox0 = (t - row * g.tpr) * NARROW_TW, img = row / d.ho, oy = row - img * d.ho;
-        const int np = min(NARROW_TW, d.wo - ox0);
+        const narrow_tile u = narrow_tile_at(d, g, t);
+        const int np = u.np;
         narrow_rows<T, CIN> rows;
-        rows.load(d, g, x, x_vec, img, oy * d.stride - d.pad, ox0 * d.stride - d.pad, lane);
+        rows.load(d, g, x, x_vec, u, lane);
         __syncwarp(); /* the last tile's reads are done */
         rows.store(xs, g, lane);
         int toff[KT][4];
@@ -265,7 +289,7 @@ __global__ void __launch_bounds__(NARROW_WARPS * 32)
             for (int e = 0; e < 4; e++)
                 toff[kt][e] = tky[kt][e] < 0 ? -1 : off[kt][e] + rows.head_of(tky[kt][e]);
         __syncwarp();
-        T *yt = y + ((int64_t)row * d.wo + ox0) * d.cout;
+        T *yt = y + ((int64_t)u.row * d.wo + u.ox0) * d.cout;
         for (int m0 = 0; m0 < np; m0 += 16) {
             const int p0 = (m0 + gq) * sc, p1 = p0 + 8 * sc; /* pixels m0 + gq and m0 + gq + 8 */
             uint32_t a[KT][4];
@@ -344,11 +368,8 @@ __global__ void __launch_bounds__(NARROW_WARPS * 32, NARROW_WG_MIN_BLOCKS)
     const int sc = d.stride * CIN; /* one pixel along a tap's input row */
     int off[NT], tky[NT];          /* this lane's tap of each N tile: its element in its row, the row (-1 past TAPS) */
 #pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const int n = j * 8 + gq, ky = n / (NARROW_K * CIN);
-        off[j] = ky * g.xrow + n - ky * NARROW_K * CIN;
-        tky[j] = n < TAPS ? ky : -1;
-    }
+    for (int j = 0; j < NT; j++)
+        narrow_tap<CIN>(j * 8 + gq, g.xrow, &off[j], &tky[j]);
     /* this lane's dy blocks: (k * cout + c) << 6 | k for pixel k, channels c .. c + 7; -1 past the tile */
     int dslot[DU];
     const int c8 = d.cout / 8;
@@ -366,12 +387,12 @@ __global__ void __launch_bounds__(NARROW_WARPS * 32, NARROW_WG_MIN_BLOCKS)
             for (int r = 0; r < 4; r++)
                 acc[i][j][r] = 0.0f;
     for (int t = blockIdx.x * NARROW_WARPS + warp; t < g.tiles; t += g.warps) {
-        const int row = t / g.tpr, ox0 = (t - row * g.tpr) * NARROW_TW, img = row / d.ho, oy = row - img * d.ho;
-        const int np = min(NARROW_TW, d.wo - ox0);
+        const narrow_tile u = narrow_tile_at(d, g, t);
+        const int np = u.np;
         narrow_rows<T, CIN> rows;
-        rows.load(d, g, x, x_vec, img, oy * d.stride - d.pad, ox0 * d.stride - d.pad, lane);
+        rows.load(d, g, x, x_vec, u, lane);
         /* dy four blocks a lane at a time; the input rows are stored with the first four */
-        const T *src = dy + ((int64_t)row * d.wo + ox0) * d.cout;
+        const T *src = dy + ((int64_t)u.row * d.wo + u.ox0) * d.cout;
 #pragma unroll
         for (int i0 = 0; i0 < DU; i0 += 4) {
             uint4 dv[4];
