@@ -98,6 +98,34 @@ static int cuda_upsample_backward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
                                         PTL_NET_IN_AT(c, grad), IN(c).accumulate);
 }
 
+/* An Add whose output is a channel slice (a Concat's part built in place) in one launch each way; else the
+ * rows every backend shares (copy_layers.c), whose channel copies give the same bits in two launches. */
+static int add_into_slice(const ptl_net_call *c)
+{
+    const ptl_net_arg *o = &c->out[0];
+    return (o->c0 || o->nc != o->c) && c->nin == 2 && c->in[0].c == o->nc && c->in[1].c == o->nc;
+}
+
+/* an input's gradient for the fused backward: NULL where none is wanted or it shares the output's slot */
+static void *add_grad(const ptl_net_call *c, int j) { return c->in[j].grad == c->out[0].grad ? NULL : c->in[j].grad; }
+
+static int cuda_add_forward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
+{
+    if (!add_into_slice(c))
+        return ptl_net_add_forward(ctx, c);
+    return ptl_add_rows_cuda(ctx, c->dt, ptl_net_arg_rows(c, &c->out[0]), c->out[0].nc, c->in[0].data,
+                             c->in[1].data, PTL_NET_OUT_AT(c, data));
+}
+
+static int cuda_add_backward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
+{
+    if (!add_into_slice(c))
+        return ptl_net_add_backward(ctx, c);
+    return ptl_add_rows_backward_cuda(ctx, c->dt, ptl_net_arg_rows(c, &c->out[0]), c->out[0].nc,
+                                      PTL_NET_OUT_AT(c, grad), add_grad(c, 0), c->in[0].accumulate, add_grad(c, 1),
+                                      c->in[1].accumulate);
+}
+
 static int cuda_attention_forward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
 {
     return ptl_attention_forward_cuda(ctx, c->dt, PTL_ATTENTION_CALL_DIMS(c), IN(c).data, c->saved, c->out[0].data,
@@ -209,7 +237,8 @@ const ptl_net_backend ptl_net_backend_cuda = {
     .add = ptl_add_cuda,
     .accumulate = ptl_accumulate_cuda,
     .channel_copy = ptl_channel_copy_cuda,
-    .layer = {PTL_NET_COPY_LAYERS,
+    .layer = {PTL_NET_CAT_LAYER,
+              [PTL_OP_ADD] = {cuda_add_forward, cuda_add_backward, .slices = PTL_NET_SLICE_OUT},
               [PTL_OP_POOL] = {cuda_maxpool_forward, cuda_maxpool_backward, cuda_maxpool_scratch_bytes,
                                .slices = PTL_NET_SLICE_IN | PTL_NET_SLICE_OUT},
               [PTL_OP_UP] = {cuda_upsample_forward, cuda_upsample_backward, .slices = PTL_NET_SLICE_IN | PTL_NET_SLICE_OUT},

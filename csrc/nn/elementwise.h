@@ -22,6 +22,12 @@ int ptl_zero(ptl_dtype dt, int64_t n, void *y);
 struct ptl_cuda_ctx;
 int ptl_add_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t n, const void *a, const void *b, void *y);
 int ptl_accumulate_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t n, const void *x, void *y);
+/* y = a + b for (m, c) rows a and b, y's rows ldy elements apart (a channel slice of a wider output); and its
+ * backward: the slice of dy into g0 and g1 ((m, c); each NULL, overwritten or, with acc, added to). */
+int ptl_add_rows_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *a, const void *b, void *y,
+                      int ldy);
+int ptl_add_rows_backward_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *dy, int ldy,
+                               void *g0, int acc0, void *g1, int acc1);
 #endif
 
 #ifdef __cplusplus

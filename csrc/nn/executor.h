@@ -143,14 +143,15 @@ typedef struct {
 } ptl_net_layer;
 
 /* Add and Concat (copy_layers.c): rows written once over the calling backend's add, accumulate, copy and
- * channel_copy; every backend's table holds them (PTL_NET_COPY_LAYERS). */
+ * channel_copy; every backend's table holds them (PTL_NET_COPY_LAYERS), but for CUDA's own Add row (an Add into
+ * a Concat's slice in one launch, the same bits). */
 int ptl_net_add_forward(ptl_exec_ctx *ctx, const ptl_net_call *c);
 int ptl_net_add_backward(ptl_exec_ctx *ctx, const ptl_net_call *c);
 int ptl_net_cat_forward(ptl_exec_ctx *ctx, const ptl_net_call *c);
 int ptl_net_cat_backward(ptl_exec_ctx *ctx, const ptl_net_call *c);
+#define PTL_NET_CAT_LAYER [PTL_OP_CAT] = {ptl_net_cat_forward, ptl_net_cat_backward, NULL, 0, PTL_NET_SLICE_IN}
 #define PTL_NET_COPY_LAYERS                                                                                  \
-    [PTL_OP_ADD] = {ptl_net_add_forward, ptl_net_add_backward, NULL, 0, PTL_NET_SLICE_OUT},                  \
-    [PTL_OP_CAT] = {ptl_net_cat_forward, ptl_net_cat_backward, NULL, 0, PTL_NET_SLICE_IN}
+    [PTL_OP_ADD] = {ptl_net_add_forward, ptl_net_add_backward, NULL, 0, PTL_NET_SLICE_OUT}, PTL_NET_CAT_LAYER
 
 /* Where an argument's channels start in p (its activation or gradient; NULL stays NULL). */
 static inline void *ptl_net_arg_at(void *p, const ptl_net_arg *a, ptl_dtype dt)
@@ -527,6 +528,8 @@ void ptl_net_exec_retire(ptl_net_exec *x);
 /* The head output (branch 0 o2m, 1 o2o; which 0 boxes (B, A, 4), 1 scores (B, A, nc)) of the last
  * forward, master dtype, valid until the next forward of the shape or its slot's eviction. */
 void *ptl_net_exec_output(ptl_net_exec *x, int branch, int which);
+/* The current shape's network input (B, H, W, 3) in its slot (compute dtype): a forward of it copies nothing. */
+void *ptl_net_exec_input(ptl_net_exec *x);
 /* Bytes held: master storage, weight copies, tables; the per-shape slots. */
 void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *shape_bytes);
 
