@@ -113,7 +113,7 @@ class Engine:
                                    find=bool(getattr(trainer, "benchmark", False)))
         self._fill_loaders()
         self.params, self.grads, self.buffers = model.flat_parameters, model.flat_gradients, model.flat_buffers
-        self._inputs = {}  # CUDA: per batch shape, the network input and the uint8 staging buffer
+        self._uploads, self._inputs = {}, {}  # CUDA: per batch shape, the uint8 staging buffer; validation's input
         self.capture = False
         self._plans = {}  # per batch shape: the fused step's fixed arguments
         if not for_fit:
@@ -264,13 +264,10 @@ class Engine:
         na, nc = num_anchors((h, w)), self.model.num_classes
         dev = self.device
         net = self.model._exec
-        if dev == "cpu":
-            inp, staging = _C.empty(shape, dtype="float32"), None
-        else:
-            inp, staging = self._input_buffers(shape)
+        staging = None if dev == "cpu" else self._staging(shape)
         grads = tuple(_C.empty((b, na, k), dtype="float32", device=dev) for k in (4, nc, 4, nc))
         ema = self.opt.ema
-        plan = {"net": net, "input": inp, "staging": staging, "grads": grads, "gains": self.model.loss_gains,
+        plan = {"net": net, "shape": (b, h, w), "staging": staging, "grads": grads, "gains": self.model.loss_gains,
                 "scale_from": (self.opt.scalars, _optim.SCALE_INDEX) if self.opt.scaler else None,
                 "optim": self.opt.step_kwargs(),
                 "ema": None if ema is None else [(ema.params, self.params)] + (
@@ -283,11 +280,17 @@ class Engine:
         self._plans[shape] = _C.train_step_plan(plan)
         return self._plans[shape]
 
-    def _input_buffers(self, shape):
-        """CUDA: the network input (compute dtype) and the uint8 upload buffer for a batch shape."""
+    def _staging(self, shape):
+        """CUDA: the uint8 upload buffer for a batch shape (the fused step normalises from it into the
+        network's own input)."""
+        if shape not in self._uploads:
+            self._uploads[shape] = _C.empty((int(np.prod(shape)),), dtype="uint8", device=self.device)
+        return self._uploads[shape]
+
+    def _input(self, shape):
+        """CUDA: a network input (compute dtype) for a batch shape, for the model's own forward (validation)."""
         if shape not in self._inputs:
-            self._inputs[shape] = (_C.empty(shape, dtype=self.model.compute_dtype, device=self.device),
-                                   _C.empty((int(np.prod(shape)),), dtype="uint8", device=self.device))
+            self._inputs[shape] = _C.empty(shape, dtype=self.model.compute_dtype, device=self.device)
         return self._inputs[shape]
 
     def end_epoch(self, rows):
@@ -335,8 +338,9 @@ class Engine:
         in the compute dtype, uploaded and normalised asynchronously into a buffer kept per shape."""
         if self.device == "cpu":
             return batch.images
-        dst, staging = self._input_buffers(tuple(batch.images.shape))
-        batch.upload(dst, staging)
+        shape = tuple(batch.images.shape)
+        dst = self._input(shape)
+        batch.upload(dst, self._staging(shape))
         return dst
 
     # -- validation on the EMA weights

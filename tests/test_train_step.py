@@ -109,6 +109,8 @@ def test_data_parallel_plan_and_step_arguments_are_checked(setup, monkeypatch):
         _C.train_step_plan(dict(plan, comm=object(), bn=eng.buffers))
     with pytest.raises(ValueError, match="all_reduce_in_graph needs a CUDA network"):
         _C.train_step_plan(dict(plan, all_reduce_in_graph=True))
+    with pytest.raises(ValueError, match="multiples of 32, got 100x64"):
+        _C.train_step_plan(dict(plan, shape=(2, 100, 64)))
     before = _state(eng) + [eng.buffers.numpy(), eng.grads.numpy()]
     g_lrs, moms, wds = eng.opt.group_values()
     with pytest.raises(ValueError, match="without images"):

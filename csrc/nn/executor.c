@@ -757,6 +757,11 @@ int ptl_net_exec_zero_grad(ptl_net_exec *x)
 
 void *ptl_net_exec_output(ptl_net_exec *x, int branch, int which) { return x->cur->out[branch & 1][which & 1].ptr; }
 
+void *ptl_net_exec_input(ptl_net_exec *x)
+{
+    return (char *)x->cur->arena.ptr + (size_t)x->cur->L.voff[x->net->input] * x->csz;
+}
+
 void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *shape_bytes)
 {
     const ptl_network *net = x->net;
@@ -1225,8 +1230,8 @@ int ptl_net_exec_forward(ptl_net_exec *x, const void *images, int B, int H, int 
     x->fwd_training = x->training;
     use_main_queue(x);
     PTL_CHECK(x->be->weight_cast(x->ctx, x->cdt, x->wtab.ptr, x->wt.n, x->wt.total, x->params, x->wc.ptr));
-    PTL_CHECK(x->be->copy(x->ctx, AT(x->cur->arena.ptr, x->cur->L.voff[x->net->input]), images,
-                          (size_t)B * H * W * 3 * x->csz));
+    if (images != ptl_net_exec_input(x))
+        PTL_CHECK(x->be->copy(x->ctx, ptl_net_exec_input(x), images, (size_t)B * H * W * 3 * x->csz));
     for (int i = 0; i < x->net->nops; i++) {
         for (int b = 0; branch_early(x) && b < x->br.n; b++)
             if (x->br.b[b].fork == i && branch_apart(x, b))

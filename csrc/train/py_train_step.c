@@ -63,26 +63,20 @@ static int convert_dist(PyObject *module, const ptl_net_exec *x, PyObject *comm,
 
 static int convert_plan(PyObject *module, PyObject *d, ptl_step_plan *p)
 {
-    static char *keys[] = {"net", "input", "staging", "grads", "gains", "scale_from", "optim", "ema", "record",
+    static char *keys[] = {"net", "shape", "staging", "grads", "gains", "scale_from", "optim", "ema", "record",
                            "world", "comm", "bn", "watch", "all_reduce_in_graph", NULL};
-    PyObject *net, *input, *staging, *grads, *scale, *optim, *ema, *comm = Py_None, *bn = Py_None, *watch = Py_None;
+    PyObject *net, *staging, *grads, *scale, *optim, *ema, *comm = Py_None, *bn = Py_None, *watch = Py_None;
     PyObject *none = PyTuple_New(0);
     p->world = 1;
-    const int ok = none && PyArg_ParseTupleAndKeywords(none, d, "OOOO(ddd)OO!Op|iOOOp:train_step_plan", keys, &net,
-                                                       &input, &staging, &grads, &p->gains[0], &p->gains[1],
-                                                       &p->gains[2], &scale, &PyDict_Type, &optim, &ema, &p->record,
-                                                       &p->world, &comm, &bn, &watch, &p->all_reduce_in_graph);
+    const int ok = none && PyArg_ParseTupleAndKeywords(none, d, "O(iii)OO(ddd)OO!Op|iOOOp:train_step_plan", keys, &net,
+                                                       &p->B, &p->H, &p->W, &staging, &grads, &p->gains[0],
+                                                       &p->gains[1], &p->gains[2], &scale, &PyDict_Type, &optim, &ema,
+                                                       &p->record, &p->world, &comm, &bn, &watch,
+                                                       &p->all_reduce_in_graph);
     Py_XDECREF(none);
     if (!ok || !(p->net = ptl_py_executor(net)))
         return -1;
     const ptl_net_exec *x = p->net;
-    PtlTensor *in = ptl_tensor_arg(module, input, "plan['input']", (int)x->cdt, &x->device, 4, NULL);
-    if (!in)
-        return -1;
-    p->B = (int)in->shape[0];
-    p->H = (int)in->shape[1];
-    p->W = (int)in->shape[2];
-    p->input = ptl_tensor_data(in);
     const int64_t n = (int64_t)p->B * p->H * p->W * 3, A = ptl_obj_num_anchors(p->H, p->W);
     if (A < 0)
         return ptl_raise_int(module);

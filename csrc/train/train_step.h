@@ -2,7 +2,7 @@
  * objective, backward and, when the step is due, the optimizer step and the EMA update.
  *
  * A plan (ptl_step_plan) is made once per batch shape: the network executor, the buffers the step
- * writes (network input, upload staging, output gradients), the objective's settings, the optimizer's
+ * writes (upload staging, output gradients), the objective's settings, the optimizer's
  * buffers, tables and fixed settings, the EMA pairs. The per-step call passes only what changes:
  * the batch, its targets and the schedule's scalars.
  *
@@ -58,8 +58,7 @@ typedef struct {
 
 typedef struct {
     ptl_net_exec *net;
-    int B, H, W;
-    void *input;          /* (B, H, W, 3) in the compute dtype on the network's device */
+    int B, H, W;          /* the batch shape; the step normalises its images into the network's input */
     uint8_t *staging;     /* CUDA: B*H*W*3 bytes on the device, the upload's landing place; NULL on the CPU */
     void *grads[2][2];    /* d total / d outputs, master dtype, shaped like the outputs */
     double gains[3];      /* box, cls, l1 */
