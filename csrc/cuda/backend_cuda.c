@@ -29,14 +29,6 @@ static int cuda_alloc(ptl_cuda_ctx *ctx, size_t bytes, ptl_net_buf *b)
 
 static void cuda_release(ptl_cuda_ctx *ctx, ptl_net_buf *b) { ptl_alloc_free(ctx->alloc, b->block); }
 
-static int cuda_zero(ptl_cuda_ctx *ctx, void *p, size_t bytes)
-{
-    PTL_CUDA_TRY(cudaMemsetAsync(p, 0, bytes, ctx->stream));
-    return 0;
-fail:
-    return -1;
-}
-
 static int cuda_copy(ptl_cuda_ctx *ctx, void *dst, const void *src, size_t bytes)
 {
     PTL_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream));
@@ -215,7 +207,7 @@ const ptl_net_backend ptl_net_backend_cuda = {
     .activate = cuda_activate,
     .alloc = cuda_alloc,
     .release = cuda_release,
-    .zero = cuda_zero,
+    .zero = ptl_zero_cuda,
     .copy = cuda_copy,
     .upload = cuda_upload,
     .download = cuda_download,

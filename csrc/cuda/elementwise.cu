@@ -1,5 +1,5 @@
-/* Element-wise add/accumulate (CUDA), and the add of two (m, c) rows into a channel slice of a wider output
- * with its backward (an Add whose output is a Concat's part built in place). */
+/* Element-wise add/accumulate (CUDA), the add of two (m, c) rows into a channel slice of a wider output with
+ * its backward (an Add whose output is a Concat's part built in place), and the executor's zeroing. */
 
 #include "../nn/elementwise.h"
 #include "layers_common.cuh"
@@ -189,6 +189,37 @@ extern "C" int ptl_add_rows_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int64
                        ROWS_LAUNCH(add_rows_backward_kernel, m, c, ldy, dy, g0, g1, (const T *)dy, ldy / v_, (T *)g0,
                                    acc0, (T *)g1, acc1));
     PTL_LAUNCH_CHECK("add_rows_backward_kernel");
+    return 0;
+fail:
+    return -1;
+}
+
+/* ---------------------------------------------------------------- zero
+ * A kernel, not cudaMemsetAsync: in a recorded graph a memset node ends the early launch of the kernel after
+ * it (that kernel starts only once the memset has finished and it is then scheduled, microseconds later). 16
+ * bytes a thread where the pointer and the size allow, else one byte. */
+
+template <typename W>
+__global__ void zero_kernel(int64_t n, W *p)
+{
+    ptl_wait_prior();
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        p[i] = W{};
+}
+
+extern "C" int ptl_zero_cuda(ptl_cuda_ctx *ctx, void *p, size_t bytes)
+{
+    if (bytes == 0)
+        return 0;
+    if (bytes % 16 == 0 && ptl_aligned16(p, NULL, NULL)) {
+        const int64_t n = (int64_t)(bytes / 16);
+        ptl_launch(zero_kernel<uint4>, ptl_grid_for(n, 256), 256, 0, ctx->stream, n, (uint4 *)p);
+    } else {
+        ptl_launch(zero_kernel<uint8_t>, ptl_grid_for((int64_t)bytes, 256), 256, 0, ctx->stream, (int64_t)bytes,
+                   (uint8_t *)p);
+    }
+    PTL_LAUNCH_CHECK("zero_kernel");
     return 0;
 fail:
     return -1;

@@ -22,6 +22,8 @@ int ptl_zero(ptl_dtype dt, int64_t n, void *y);
 struct ptl_cuda_ctx;
 int ptl_add_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t n, const void *a, const void *b, void *y);
 int ptl_accumulate_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t n, const void *x, void *y);
+/* bytes zero bytes at p, as a kernel (early launch: no graph memset node) */
+int ptl_zero_cuda(struct ptl_cuda_ctx *ctx, void *p, size_t bytes);
 /* y = a + b for (m, c) rows a and b, y's rows ldy elements apart (a channel slice of a wider output); and its
  * backward: the slice of dy into g0 and g1 ((m, c); each NULL, overwritten or, with acc, added to). */
 int ptl_add_rows_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *a, const void *b, void *y,
