@@ -436,6 +436,47 @@ def test_add_and_accumulate():
         C.layer_add(T(a), T(b[:2]))
 
 
+def test_add_into_a_slice():
+    """The Add row into a Concat's slice (the executor's in-place Concat part): y's other channels untouched, the
+    backward's two gradients overwritten or added to, and against float64 finite differences."""
+    rng = np.random.default_rng(15)
+    a, b = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, 3, 4, 5))
+    y0 = rng.standard_normal((2, 3, 4, 9))
+    y = T(y0)
+    C.layer_add_into(T(a), T(b), y, 3)
+    want = y0.copy()
+    want[..., 3:8] = a + b
+    np.testing.assert_array_equal(N(y), want)
+
+    r = rng.standard_normal(y0.shape)  # loss = sum(r * y): dy = r
+    da0, db0 = rng.standard_normal(a.shape), rng.standard_normal(a.shape)
+    da, db = T(da0), T(db0)
+    C.layer_add_into_backward(T(r), 3, da, db, True, False)
+    np.testing.assert_array_equal(N(da), da0 + r[..., 3:8])
+    np.testing.assert_array_equal(N(db), r[..., 3:8])
+
+    def loss(a, b):
+        out = T(y0)
+        C.layer_add_into(T(a), T(b), out, 3)
+        return float(np.sum(r * N(out)))
+
+    for i in range(2):
+        g = [T(np.zeros(a.shape)), None]
+        g = g if i == 0 else g[::-1]
+        C.layer_add_into_backward(T(r), 3, g[0], g[1], False, False)
+        assert_grad(N(g[i]), numgrad(loss, [a.copy(), b.copy()], i))
+    with pytest.raises(ValueError, match="y_off"):
+        C.layer_add_into(T(a), T(b), y, 5)
+    with pytest.raises(ValueError, match="at least one"):
+        C.layer_add_into_backward(T(r), 3, None, None, False, False)
+
+
+def test_zero():
+    t = T(np.ones((3, 5)))
+    C.layer_zero(t)
+    np.testing.assert_array_equal(N(t), np.zeros((3, 5)))
+
+
 # ---------------------------------------------------------------------------------------------- attention
 
 

@@ -576,6 +576,47 @@ def test_add_and_accumulate(dt, shape):
     assert same_bits(y, acc)
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("c, y_off, yc", [(16, 8, 40), (3, 5, 11)])  # 16-byte packs; one element a thread
+def test_add_into_a_slice_matches_cpu(dt, c, y_off, yc):
+    """CUDA's own Add row into a Concat's slice (one kernel each way) against the CPU's row of two channel copies:
+    one float32 add stored in dt, y's other channels untouched; the backward's slice copied or added into each
+    input gradient (either may be missing), bit for bit as the copies give."""
+    rng = np.random.default_rng(16)
+    shape = (2, 5, 7, c)
+    a, b = rounded(rng.standard_normal(shape), dt), rounded(rng.standard_normal(shape), dt)
+    y0 = rounded(rng.standard_normal(shape[:3] + (yc,)), dt)
+    y = gpu(y0, dt)
+    C.layer_add_into(gpu(a, dt), gpu(b, dt), y, y_off)
+    want = y0.copy()
+    want[..., y_off:y_off + c] = round_like_gpu(a.astype(np.float32) + b.astype(np.float32), dt)
+    assert np.array_equal(host(y), want)
+    ref = ptl.tensor(y0.astype(np.float32))
+    C.layer_add_into(ptl.tensor(a.astype(np.float32)), ptl.tensor(b.astype(np.float32)), ref, y_off)
+    if dt == "float32":
+        assert np.array_equal(host(y), N(ref))
+    dy = rounded(rng.standard_normal(y0.shape), dt)
+    g0 = [rounded(rng.standard_normal(shape), dt) for _ in range(2)]
+    for acc in ((False, False), (True, False), (False, True), (True, True)):
+        for missing in (None, 0, 1):
+            g = [None if j == missing else gpu(g0[j], dt) for j in range(2)]
+            C.layer_add_into_backward(gpu(dy, dt), y_off, g[0], g[1], acc[0], acc[1])
+            for j in range(2):
+                if j == missing:
+                    continue
+                sl = dy[..., y_off:y_off + c]
+                want = round_like_gpu(g0[j].astype(np.float32) + sl.astype(np.float32), dt) if acc[j] else sl
+                assert np.array_equal(host(g[j]), want), (acc, missing, j)
+
+
+@pytest.mark.parametrize("dt, n", [("float32", 4099), ("float32", 4096), ("bfloat16", 7)])
+def test_zero_kernel(dt, n):
+    """The CUDA backend's zeroing (a kernel: 16 bytes a thread, or one where the size does not allow)."""
+    t = gpu(np.arange(1, n + 1), dt)
+    C.layer_zero(t)
+    assert np.array_equal(host(t), np.zeros(n))
+
+
 # ---------------------------------------------------------------------------------------------- maxpool / upsample
 
 

@@ -965,6 +965,113 @@ fail:
     return NULL;
 }
 
+/* The Add row's call (executor.h) of two (n, h, w, c) inputs shaped like a into channels [y_off, y_off + c) of y
+ * (n, h, w, C), as the executor makes it for an Add built into a Concat's slice, its memory left for the caller;
+ * -1 where y does not fit (raised). */
+static int add_into_call(const kernels *k, const ptl_net_op *op, PtlTensor *a, PtlTensor *y, int y_off,
+                         ptl_net_call *c)
+{
+    const int ch = (int)a->shape[3], yc = (int)y->shape[3];
+    for (int d = 0; d < 3; d++)
+        if (y->shape[d] != a->shape[d]) {
+            PyErr_SetString(PyExc_ValueError, "y: leading dimensions differ from the inputs'");
+            return -1;
+        }
+    if (y_off < 0 || y_off + ch > yc) {
+        PyErr_Format(PyExc_ValueError, "y_off: channels [%d, %d) do not fit in y's %d", y_off, y_off + ch, yc);
+        return -1;
+    }
+    *c = layer_call(k, op, a, NULL, NULL, 0);
+    c->nin = 2;
+    c->in[1] = c->in[0];
+    c->out[0] = (ptl_net_arg){NULL, NULL, (int)y->shape[1], (int)y->shape[2], yc, y_off, ch, 0};
+    c->nout = 1;
+    return 0;
+}
+
+/* layer_add_into(a, b, y, y_off, *, cpu_kernels=None): y[..., y_off:y_off + c] = a + b through the backend's Add
+ * row. */
+static PyObject *py_add_into(PyObject *m, PyObject *args, PyObject *kwargs)
+{
+    static char *kw[] = {"a", "b", "y", "y_off", "cpu_kernels", NULL};
+    PyObject *ao, *bo, *yo;
+    const char *kn = NULL;
+    int y_off;
+    kernels k;
+    ptl_net_call c;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOi|$z:layer_add_into", kw, &ao, &bo, &yo, &y_off, &kn))
+        return NULL;
+    PtlTensor *a = arg(m, ao, "a", NULL, 4, NULL), *b, *y;
+    const ptl_net_op op = {.kind = PTL_OP_ADD};
+    if (!a || !(b = arg(m, bo, "b", a, 4, a->shape)) || !(y = arg(m, yo, "y", a, 4, NULL)) ||
+        kernels_of(m, a, kn, &k) || add_into_call(&k, &op, a, y, y_off, &c))
+        return NULL;
+    c.in[0].data = ptl_tensor_data(a);
+    c.in[1].data = ptl_tensor_data(b);
+    c.out[0].data = ptl_tensor_data(y);
+    RUN(k.be->layer[PTL_OP_ADD].forward(k.ctx, &c));
+    Py_RETURN_NONE;
+fail:
+    return NULL;
+}
+
+/* layer_add_into_backward(dy, dy_off, da, db, accumulate_a, accumulate_b, *, cpu_kernels=None): the Add row's
+ * backward from channels [dy_off, dy_off + c) of dy into da and db (n, h, w, c; either may be None), each
+ * overwritten or added to. */
+static PyObject *py_add_into_backward(PyObject *m, PyObject *args, PyObject *kwargs)
+{
+    static char *kw[] = {"dy", "dy_off", "da", "db", "accumulate_a", "accumulate_b", "cpu_kernels", NULL};
+    PyObject *dyo, *dao, *dbo;
+    const char *kn = NULL;
+    int dy_off, acc_a, acc_b, err = 0;
+    kernels k;
+    ptl_net_call c;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiOOpp|$z:layer_add_into_backward", kw, &dyo, &dy_off, &dao, &dbo,
+                                     &acc_a, &acc_b, &kn))
+        return NULL;
+    PtlTensor *dy = arg(m, dyo, "dy", NULL, 4, NULL);
+    if (!dy)
+        return NULL;
+    PtlTensor *da = opt_arg(m, dao, "da", dy, 4, NULL, &err), *g = da;
+    PtlTensor *db = err ? NULL : opt_arg(m, dbo, "db", dy, 4, da ? da->shape : NULL, &err);
+    if (err)
+        return NULL;
+    if (!g && !(g = db)) {
+        PyErr_SetString(PyExc_ValueError, "da, db: at least one gradient is needed");
+        return NULL;
+    }
+    const ptl_net_op op = {.kind = PTL_OP_ADD};
+    if (kernels_of(m, dy, kn, &k) || add_into_call(&k, &op, g, dy, dy_off, &c))
+        return NULL;
+    c.in[0].grad = data_or_null(da);
+    c.in[0].accumulate = acc_a;
+    c.in[1].grad = data_or_null(db);
+    c.in[1].accumulate = acc_b;
+    c.out[0].grad = ptl_tensor_data(dy);
+    RUN(k.be->layer[PTL_OP_ADD].backward(k.ctx, &c));
+    Py_RETURN_NONE;
+fail:
+    return NULL;
+}
+
+/* layer_zero(t, *, cpu_kernels=None): every byte of t zero, through the backend's zeroing. */
+static PyObject *py_zero(PyObject *m, PyObject *args, PyObject *kwargs)
+{
+    static char *kw[] = {"t", "cpu_kernels", NULL};
+    PyObject *to;
+    const char *kn = NULL;
+    kernels k;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$z:layer_zero", kw, &to, &kn))
+        return NULL;
+    PtlTensor *t = arg(m, to, "t", NULL, -1, NULL);
+    if (!t || kernels_of(m, t, kn, &k))
+        return NULL;
+    RUN(k.be->zero(k.ctx, ptl_tensor_data(t), (size_t)ptl_tensor_numel(t) * ptl_dtype_size(t->dtype)));
+    Py_RETURN_NONE;
+fail:
+    return NULL;
+}
+
 /* layer_accumulate(x, y, *, cpu_kernels=None): y += x. */
 static PyObject *py_accumulate(PyObject *m, PyObject *args, PyObject *kwargs)
 {
@@ -1014,6 +1121,10 @@ static PyMethodDef methods[] = {
      "(qkv, attn, d_o, dv|None, heads, kd, hd, dqkv, *, cpu_kernels=None); dqkv ="},
     {"layer_add", KEYWORDS(py_add), "(a, b, y=None, *, cpu_kernels=None) -> a + b"},
     {"layer_accumulate", KEYWORDS(py_accumulate), "(x, y, *, cpu_kernels=None); y += x"},
+    {"layer_add_into", KEYWORDS(py_add_into), "(a, b, y, y_off, *, cpu_kernels=None); y[..., y_off:y_off+c] = a + b"},
+    {"layer_add_into_backward", KEYWORDS(py_add_into_backward),
+     "(dy, dy_off, da|None, db|None, accumulate_a, accumulate_b, *, cpu_kernels=None); da, db = (or +=) the slice"},
+    {"layer_zero", KEYWORDS(py_zero), "(t, *, cpu_kernels=None); t = 0 through the backend's zeroing"},
     {NULL, NULL, 0, NULL},
 };
 
