@@ -79,23 +79,23 @@ int ptl_step_plan_check(const ptl_step_plan *p)
     return check_dist(p);
 }
 
-/* The host batch into the network input of the current shape (ptl_net_exec_input: the forward then copies
- * nothing): normalised on the CPU, or copied to the device's staging buffer on the upload stream (beside the
- * previous step's work, ../cuda/upload_queue.h) and normalised there (asynchronously; the loader slot's fence
+/* The host batch into `input`, the network input of the current shape (ptl_net_exec_input: the forward then
+ * copies nothing): normalised on the CPU, or copied to the device's staging buffer on the upload stream (beside
+ * the previous step's work, ../cuda/upload_queue.h) and normalised there (asynchronously; the loader slot's fence
  * tells the loader when the copy has read its pixels). */
-static int upload(const ptl_step_plan *p, const ptl_step_args *a)
+static int upload(const ptl_step_plan *p, const ptl_step_args *a, void *input)
 {
-    ptl_net_exec *x = p->net;
+    const ptl_net_exec *x = p->net;
     const int64_t n = (int64_t)p->B * p->H * p->W * 3;
     if (ptl_fault_hit(PTL_FAULT_UPLOAD))
         return -1;
     if (x->device.type == PTL_CPU)
-        return ptl_normalize_u8_cpu(a->images, ptl_net_exec_input(x), x->cdt, n);
+        return ptl_normalize_u8_cpu(a->images, input, x->cdt, n);
 #ifdef PTL_WITH_CUDA
     ptl_cuda_ctx *ctx = x->ctx;
     cudaStream_t copy;
     PTL_CHECK(ptl_cuda_upload(ctx, p->staging, a->images, (size_t)n, &copy));
-    PTL_CHECK(ptl_normalize_u8_cuda(p->staging, ptl_net_exec_input(x), x->cdt, n, ctx->stream));
+    PTL_CHECK(ptl_normalize_u8_cuda(p->staging, input, x->cdt, n, ctx->stream));
     PTL_CHECK(ptl_cuda_upload_read(ctx));
     if (a->loader)
         PTL_CHECK(ptl_loader_record_fence(a->loader, a->slot, copy));
@@ -175,8 +175,8 @@ static int network_pass(const ptl_step_plan *p, const ptl_step_args *a, ptl_obj_
     ptl_net_exec *x = p->net;
     /* the shape's slot first (a partial batch in between keeps the full shape's recording), then its input */
     PTL_CHECK(ptl_net_exec_prepare(x, p->B, p->H, p->W));
-    PTL_CHECK(upload(p, a));
     void *const input = ptl_net_exec_input(x);
+    PTL_CHECK(upload(p, a, input));
     const int replay = ptl_net_recorded(x);
     PTL_CHECK(ptl_fault_hit(PTL_FAULT_FORWARD));
     PTL_CHECK(replay ? ptl_net_replay(x, PTL_NET_REPLAY_FORWARD) : ptl_net_exec_forward(x, input, p->B, p->H, p->W));
