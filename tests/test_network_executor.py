@@ -454,19 +454,23 @@ def test_no_block_leaks():
         _C.executor_replay(Net(_state(), True).x)
 
 
+@pytest.mark.parametrize("scale", ["yolo26n", "yolo26l"])
 @pytest.mark.parametrize("cast_biases", [False, True])
-def test_weight_table_search(cast_biases):
-    """The CUDA weight kernels find each run's record by binary search over the table and then walk the run
-    (csrc/nn/weight_cast.h), the cast in the copy's OHWI order, the gradient in the master's OIHW order; on the
-    CPU backend's table (weights only) and the CUDA backend's (weights and biases) the search and the runs of
-    both orders from every multiple of 4 map each element as the per-record walk the CPU uses does, padding
-    and runs across records included."""
-    det = Detector("yolo26n", num_classes=80)
+def test_weight_table_tiles(scale, cast_biases):
+    """The CUDA weight kernels take the table cut into tiles, one a block (csrc/nn/weight_cast.h): on the CPU
+    backend's table (weights only) and the CUDA backend's (weights and biases) the tiles in both orders map
+    each element of the copy to its master element as the per-record walk the CPU uses does, exactly once,
+    the padding to nothing, the master's order consecutive, each staged element to its own slot. yolo26l's
+    3x3 convs over 512 channels have rows longer than a tile, cut into runs of input channels."""
+    det = Detector(scale, num_classes=80)
     convs = sum(1 for n, _, s in det.parameter_table() if len(s) == 4)
     biases = sum(1 for n, _, s in det.parameter_table() if n.endswith(".bias") and "bn" not in n)
-    records, elements = _C.network_check_weight_table(det._net, cast_biases)
+    records, tiles, elements = _C.network_check_weight_table(det._net, cast_biases)
     assert records == convs + (biases if cast_biases else 0)
-    assert elements >= sum(int(np.prod(s)) for n, _, s in det.parameter_table() if len(s) == 4)
+    weights = sum(int(np.prod(s)) for n, _, s in det.parameter_table() if len(s) == 4)
+    assert elements >= weights
+    # every record is cut (at least one tile each), and no tile holds more than the kernels stage
+    assert records <= tiles and weights <= tiles * 4096
 
 
 def test_eval_shapes_leave_the_training_slots():

@@ -6,79 +6,91 @@
 #include "layers_common.cuh"
 
 #define NET_THREADS 256
+#define WCAST_THREADS 256
+#define WCAST_BATCH 4
 
-/* Each thread of the weight kernels takes runs of V = 16 / sizeof(T) consecutive elements (ptl_wcast_walk: one
- * table search a run). wcast_run gives a run's master and copy offsets (-1: past the copy's end, or padding),
- * walked in the copy's order or (oihw) the master's. */
-template <int V>
-__device__ __forceinline__ void wcast_run(const ptl_wcast_entry *tab, int n, int64_t total, int64_t i0, int oihw,
-                                          int64_t *s, int64_t *d)
+/* A block's loop over its tile's `size` elements, WCAST_BATCH a thread at once, every load of a batch issued
+ * before any is used (a load's latency, not bandwidth, bounds these small kernels). load(i) reads element i's
+ * value, store(i, v) writes it. */
+template <typename Load, typename Store>
+__device__ __forceinline__ void wcast_tile_loop(int size, Load load, Store store)
 {
-    static_assert(V <= PTL_WCAST_RUN && V % 4 == 0, "ptl_net_wcast_check walks runs of this length");
-    ptl_wcast_walk w;
-    ptl_wcast_walk_at(&w, tab, n, i0, oihw);
+    constexpr int B = WCAST_BATCH;
+    for (int i0 = threadIdx.x; i0 < size; i0 += B * blockDim.x) {
+        float v[B];
 #pragma unroll
-    for (int u = 0; u < V; u++) {
-        const bool in = i0 + u < total;
-        s[u] = in ? ptl_wcast_walk_src(&w) : -1;
-        d[u] = in ? ptl_wcast_walk_dst(&w) : -1;
-        ptl_wcast_walk_next(&w);
+        for (int u = 0; u < B; u++)
+            if (i0 + u * (int)blockDim.x < size)
+                v[u] = load(i0 + u * (int)blockDim.x);
+#pragma unroll
+        for (int u = 0; u < B; u++)
+            if (i0 + u * (int)blockDim.x < size)
+                store(i0 + u * (int)blockDim.x, v[u]);
     }
 }
 
-/* In the copy's order, a run stored as one 16-byte access where it lies in one record and `vec` (the copy
- * 16-byte aligned) allows. */
-template <typename T>
-__global__ void weight_cast_kernel(const ptl_wcast_entry *tab, int n, int64_t total, const float *src, T *dst, int vec)
+/* The tile's element (r, c, tap), its i-th in the given order. In the master's order element i lies at
+ * t->src + i (ptl_net_wcast_check checks it); only its staging slot needs the coordinates. */
+__device__ __forceinline__ int wcast_slot(const ptl_wcast_tile *t, int i, int copy)
 {
-    ptl_wait_prior();
-    constexpr int V = 16 / sizeof(T);
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x * V;
-    for (int64_t i0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * V; i0 < total; i0 += stride) {
-        int64_t s[V], d[V];
-        wcast_run<V>(tab, n, total, i0, 0, s, d);
-        ptl_pack<T, V> out;
-        unsigned ok = 0;
-#pragma unroll
-        for (int u = 0; u < V; u++)
-            if (s[u] >= 0) {
-                ptl_st(&out.v[u], src[s[u]]);
-                ok |= 1u << u;
-            }
-        if (vec && ok == (1u << V) - 1)
-            *reinterpret_cast<ptl_pack<T, V> *>(dst + i0) = out;
-        else
-#pragma unroll
-            for (int u = 0; u < V; u++)
-                if (ok >> u & 1)
-                    dst[i0 + u] = out.v[u]; /* d[u], in the copy's order */
-    }
+    int r, c, tap;
+    ptl_wcast_tile_at(t, i, copy, &r, &c, &tap);
+    return ptl_wcast_tile_slot(t, r, c, tap);
 }
 
-/* The reverse, in the master's order (a run's read-add-writes consecutive, the copy's elements gathered): each
- * master element receives its one addition. */
+__device__ __forceinline__ int64_t wcast_dst(const ptl_wcast_tile *t, int i)
+{
+    int r, c, tap;
+    ptl_wcast_tile_at(t, i, 1, &r, &c, &tap);
+    return ptl_wcast_tile_dst(t, r, c, tap);
+}
+
+/* One block a tile (weight_cast.h). A tile whose layouts agree is a straight copy; any other is read into
+ * shared memory in the master's order and written out in the copy's, so both are consecutive across a warp. */
 template <typename T>
-__global__ void weight_grad_kernel(const ptl_wcast_entry *tab, int n, int64_t total, const T *g, float *grad)
+__global__ void __launch_bounds__(WCAST_THREADS)
+    weight_cast_kernel(const ptl_wcast_tile *__restrict__ tiles, const float *__restrict__ src, T *__restrict__ dst)
 {
     ptl_wait_prior();
-    constexpr int V = 16 / sizeof(T);
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x * V;
-    for (int64_t i0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * V; i0 < total; i0 += stride) {
-        int64_t s[V], d[V];
-        float acc[V], add[V];
-        wcast_run<V>(tab, n, total, i0, 1, s, d);
-        /* every read before any write, so that they are in flight together (the run's elements are distinct) */
-#pragma unroll
-        for (int u = 0; u < V; u++)
-            if (s[u] >= 0) {
-                acc[u] = grad[s[u]];
-                add[u] = ptl_ld(g + d[u]);
-            }
-#pragma unroll
-        for (int u = 0; u < V; u++)
-            if (s[u] >= 0)
-                grad[s[u]] = acc[u] + add[u];
+    __shared__ float stage[PTL_WCAST_STAGE];
+    const ptl_wcast_tile t = tiles[blockIdx.x];
+    const int size = ptl_wcast_tile_size(&t);
+    if (t.kk == 1) {
+        wcast_tile_loop(
+            size, [&](int i) { return src[t.src + i]; }, [&](int i, float v) { ptl_st(dst + t.dst + i, v); });
+        return;
     }
+    wcast_tile_loop(
+        size, [&](int i) { return src[t.src + i]; }, [&](int i, float v) { stage[wcast_slot(&t, i, 0)] = v; });
+    __syncthreads();
+    wcast_tile_loop(
+        size, [&](int i) { return stage[wcast_slot(&t, i, 1)]; },
+        [&](int i, float v) { ptl_st(dst + wcast_dst(&t, i), v); });
+}
+
+/* The reverse: the copy's gradient staged in its own order, then each master element's one addition in the
+ * master's order (the master's value and the addend both read before the batch's writes). */
+template <typename T>
+__global__ void __launch_bounds__(WCAST_THREADS)
+    weight_grad_kernel(const ptl_wcast_tile *__restrict__ tiles, const T *__restrict__ g, float *__restrict__ grad)
+{
+    ptl_wait_prior();
+    __shared__ float stage[PTL_WCAST_STAGE];
+    const ptl_wcast_tile t = tiles[blockIdx.x];
+    const int size = ptl_wcast_tile_size(&t);
+    if (t.kk == 1) {
+        wcast_tile_loop(
+            size, [&](int i) { return grad[t.src + i] + ptl_ld(g + t.dst + i); },
+            [&](int i, float v) { grad[t.src + i] = v; });
+        return;
+    }
+    wcast_tile_loop(
+        size, [&](int i) { return ptl_ld(g + wcast_dst(&t, i)); },
+        [&](int i, float v) { stage[wcast_slot(&t, i, 1)] = v; });
+    __syncthreads();
+    wcast_tile_loop(
+        size, [&](int i) { return grad[t.src + i] + stage[wcast_slot(&t, i, 0)]; },
+        [&](int i, float v) { grad[t.src + i] = v; });
 }
 
 /* I: uint32_t where the map and the output have fewer than 2^32 elements (head_narrow), else int64_t. */
@@ -121,38 +133,28 @@ static int head_narrow(int B, int64_t hw, int C, int64_t A)
     return ptl_net_head_fits32(B, hw, C, A, (int64_t)ptl_grid_for(INT64_MAX, NET_THREADS) * NET_THREADS);
 }
 
-/* The kernels' runs over a copy of `total` elements: 16 bytes each. */
-static int64_t runs(int64_t total, ptl_dtype dt)
+extern "C" int ptl_net_weight_cast_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_table *t,
+                                        const void *params, void *wc)
 {
-    const int64_t v = 16 / (int64_t)ptl_dtype_size(dt);
-    return (total + v - 1) / v;
-}
-
-extern "C" int ptl_net_weight_cast_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n,
-                                        int64_t total, const void *params, void *wc)
-{
-    cudaStream_t stream = ctx->stream;
-    if (total <= 0 || n <= 0)
+    if (t->ntiles <= 0)
         return 0;
     PTL_LAYER_DISPATCH("network weight cast", dt,
-                       ptl_launch(weight_cast_kernel<T>, ptl_grid_for(runs(total, dt), NET_THREADS), NET_THREADS, 0,
-                                  stream, tab, n, total, (const float *)params, (T *)wc,
-                                  ptl_aligned16(wc, NULL, NULL)));
+                       ptl_launch(weight_cast_kernel<T>, t->ntiles, WCAST_THREADS, 0, ctx->stream, t->tiles,
+                                  (const float *)params, (T *)wc));
     PTL_LAUNCH_CHECK("weight_cast_kernel");
     return 0;
 fail:
     return -1;
 }
 
-extern "C" int ptl_net_weight_grad_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n,
-                                        int64_t total, const void *g, void *grads)
+extern "C" int ptl_net_weight_grad_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_table *t, const void *g,
+                                        void *grads)
 {
-    cudaStream_t stream = ctx->stream;
-    if (total <= 0 || n <= 0)
+    if (t->ntiles <= 0)
         return 0;
     PTL_LAYER_DISPATCH("network weight gradient", dt,
-                       ptl_launch(weight_grad_kernel<T>, ptl_grid_for(runs(total, dt), NET_THREADS), NET_THREADS, 0,
-                                  stream, tab, n, total, (const T *)g, (float *)grads));
+                       ptl_launch(weight_grad_kernel<T>, t->ntiles, WCAST_THREADS, 0, ctx->stream, t->tiles,
+                                  (const T *)g, (float *)grads));
     PTL_LAUNCH_CHECK("weight_grad_kernel");
     return 0;
 fail:

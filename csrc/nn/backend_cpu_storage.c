@@ -88,10 +88,10 @@ static int round_call(ptl_dtype storage, const ptl_net_call *c, int backward)
         return REF.conv_backward_bias(ctx, p, dy, db, ws, wsb) ||                                                  \
                round_values(STORAGE, db, ptl_net_cpu_plan_desc(p)->cout);                                          \
     }                                                                                                              \
-    static int NAME##_weight_cast(ptl_exec_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n,              \
-                                  int64_t total, const void *params, void *wc)                                     \
+    static int NAME##_weight_cast(ptl_exec_ctx *ctx, ptl_dtype dt, const ptl_wcast_table *t, const void *params,  \
+                                  void *wc)                                                                        \
     {                                                                                                              \
-        return REF.weight_cast(ctx, dt, tab, n, total, params, wc) || round_values(STORAGE, wc, total);            \
+        return REF.weight_cast(ctx, dt, t, params, wc) || round_values(STORAGE, wc, t->total);                     \
     }                                                                                                              \
     static int NAME##_batchnorm_forward(ptl_exec_ctx *ctx, ptl_dtype dt, int64_t m, int c, const void *x,          \
                                         const void *g, const void *b, void *rm, void *rv, int tr, ptl_act act,     \

@@ -366,6 +366,7 @@ void ptl_net_exec_free(ptl_net_exec *x)
     bfree(x, &x->wc);
     bfree(x, &x->wgc);
     bfree(x, &x->wtab);
+    bfree(x, &x->wtiles);
     ptl_net_grad_plan_free(&x->gp);
     ptl_net_wtab_free(&x->wt);
     free(x->op_frozen);
@@ -515,6 +516,9 @@ int ptl_net_exec_create(const ptl_network *net, const ptl_net_backend *be, ptl_e
     }
     PTL_CHECK(balloc(x, (size_t)x->wt.n * sizeof(ptl_wcast_entry), &x->wtab));
     PTL_CHECK(be->upload(ctx, x->wtab.ptr, x->wt.tab, (size_t)x->wt.n * sizeof(ptl_wcast_entry)));
+    PTL_CHECK(balloc(x, (size_t)x->wt.ntiles * sizeof(ptl_wcast_tile), &x->wtiles));
+    PTL_CHECK(be->upload(ctx, x->wtiles.ptr, x->wt.tiles, (size_t)x->wt.ntiles * sizeof(ptl_wcast_tile)));
+    x->wtable = (ptl_wcast_table){x->wtab.ptr, x->wtiles.ptr, x->wt.n, x->wt.ntiles, x->wt.total};
     PTL_CHECK(balloc(x, (size_t)x->wt.total * x->csz, &x->wc));
     PTL_CHECK(balloc(x, (size_t)x->wt.total * x->csz, &x->wgc));
     /* padding stays zero in both, so no stale bits are ever read as weights */
@@ -765,7 +769,8 @@ void *ptl_net_exec_input(ptl_net_exec *x)
 void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *shape_bytes)
 {
     const ptl_network *net = x->net;
-    int64_t fixed = 2 * x->wt.total * (int64_t)x->csz + x->wt.n * (int64_t)sizeof(ptl_wcast_entry);
+    int64_t fixed = 2 * x->wt.total * (int64_t)x->csz + x->wt.n * (int64_t)sizeof(ptl_wcast_entry) +
+                    x->wt.ntiles * (int64_t)sizeof(ptl_wcast_tile);
     const int64_t sizes[4] = {net->nparams, net->nparams, net->nbuffers, net->nstats};
     for (int i = 0; i < 4; i++)
         fixed += x->own[i].block ? sizes[i] * (int64_t)x->msz : 0;
@@ -1229,7 +1234,7 @@ int ptl_net_exec_forward(ptl_net_exec *x, const void *images, int B, int H, int 
     x->have_forward = 0;
     x->fwd_training = x->training;
     use_main_queue(x);
-    PTL_CHECK(x->be->weight_cast(x->ctx, x->cdt, x->wtab.ptr, x->wt.n, x->wt.total, x->params, x->wc.ptr));
+    PTL_CHECK(x->be->weight_cast(x->ctx, x->cdt, &x->wtable, x->params, x->wc.ptr));
     if (images != ptl_net_exec_input(x))
         PTL_CHECK(x->be->copy(x->ctx, ptl_net_exec_input(x), images, (size_t)B * H * W * 3 * x->csz));
     for (int i = 0; i < x->net->nops; i++) {
@@ -1297,7 +1302,7 @@ int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *
     for (int t = x->net->nops; t < x->net->nops + x->side_lag; t++)
         PTL_CHECK(side_settle(x, t % x->side_lag));
     PTL_CHECK(branch_joins(x, -1, d_out, want));
-    PTL_CHECK(x->be->weight_grad(x->ctx, x->cdt, x->wtab.ptr, x->wt.n, x->wt.total, x->wgc.ptr, x->grads));
+    PTL_CHECK(x->be->weight_grad(x->ctx, x->cdt, &x->wtable, x->wgc.ptr, x->grads));
     if (d_images)
         PTL_CHECK(x->be->copy(x->ctx, d_images, AT(S->arena.ptr, S->L.goff[x->net->input]),
                               (size_t)S->L.B * S->L.H * S->L.W * 3 * x->csz));

@@ -208,10 +208,8 @@ typedef struct ptl_net_backend {
     int (*reserve_scratch)(ptl_exec_ctx *ctx, size_t bytes);         /* NULL: nothing to reserve */
 
     /* weights: wc[OHWI, dt] = params[OIHW] for every table entry; grads[OIHW] += wgc[OHWI] */
-    int (*weight_cast)(ptl_exec_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n, int64_t total,
-                       const void *params, void *wc);
-    int (*weight_grad)(ptl_exec_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n, int64_t total,
-                       const void *wgc, void *grads);
+    int (*weight_cast)(ptl_exec_ctx *ctx, ptl_dtype dt, const ptl_wcast_table *t, const void *params, void *wc);
+    int (*weight_grad)(ptl_exec_ctx *ctx, ptl_dtype dt, const ptl_wcast_table *t, const void *wgc, void *grads);
 
     /* layers (the contracts of ../nn/<op>.h; dw and db add, dx overwrites) */
     int (*conv_forward)(ptl_exec_ctx *ctx, const void *plan, const void *x, const void *w, const void *bias, void *y,
@@ -393,7 +391,8 @@ typedef struct ptl_net_exec {
     void *params, *grads, *buffers, *stats;
     void *own_params, *own_buffers;
     ptl_net_buf own[4]; /* params, grads, buffers, stats when allocated here */
-    ptl_net_buf wc, wgc, wtab;
+    ptl_net_buf wc, wgc, wtab, wtiles;
+    ptl_wcast_table wtable; /* wt in the backend's memory */
 
     /* the backward's weight and bias gradients beside the rest (ptl_net_exec_set_side_lag): the lag, per
      * mark the op whose side work it waits for (-1: none); the branches (ptl_net_exec_set_branches): on, off

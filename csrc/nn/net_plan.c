@@ -320,6 +320,7 @@ int ptl_net_branches_find(const ptl_network *net, ptl_net_branches *br)
 void ptl_net_wtab_free(ptl_net_wtab *wt)
 {
     free(wt->tab);
+    free(wt->tiles);
     free(wt->op_w);
     free(wt->op_b);
     memset(wt, 0, sizeof *wt);
@@ -359,6 +360,12 @@ int ptl_net_wtab_build(const ptl_network *net, int cast_biases, ptl_net_wtab *wt
     }
     wt->n = n;
     wt->total = cursor;
+    const int ntiles = ptl_net_wcast_tiles(wt->tab, n, NULL);
+    if (ntiles < 0 || !(wt->tiles = malloc((size_t)(ntiles ? ntiles : 1) * sizeof *wt->tiles))) {
+        ptl_net_wtab_free(wt);
+        return ntiles < 0 ? -1 : oom();
+    }
+    wt->ntiles = ptl_net_wcast_tiles(wt->tab, n, wt->tiles);
     return 0;
 }
 

@@ -69,9 +69,10 @@ int ptl_net_cat_in_place(const ptl_network *net, const uint8_t slices[PTL_NET_OP
 /* Where each conv's weight (and bias, with cast_biases) sits in the compute-dtype copy. */
 typedef struct {
     ptl_wcast_entry *tab;
-    int n;
-    int64_t total;        /* elements of the copy, padding included */
-    int64_t *op_w, *op_b; /* per op: offset in the copy (-1: none) */
+    ptl_wcast_tile *tiles; /* the records cut for the CUDA kernels */
+    int n, ntiles;
+    int64_t total;         /* elements of the copy, padding included */
+    int64_t *op_w, *op_b;  /* per op: offset in the copy (-1: none) */
 } ptl_net_wtab;
 
 int ptl_net_wtab_build(const ptl_network *net, int cast_biases, ptl_net_wtab *wt);

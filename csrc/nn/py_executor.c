@@ -555,8 +555,9 @@ static PyObject *py_info(PyObject *self, PyObject *cap)
     return info;
 }
 
-/* network_check_weight_table(net, cast_biases): builds the weight-cast table a backend with or without cast
- * biases uses and checks the CUDA kernels' per-element search against the per-record walk (tests). */
+/* network_check_weight_table(net, cast_biases) -> (records, tiles, elements): builds the weight-cast table a
+ * backend with or without cast biases uses and checks the CUDA kernels' tiles against the per-record walk
+ * (tests). */
 static PyObject *py_check_weight_table(PyObject *self, PyObject *args)
 {
     PyObject *cap;
@@ -569,8 +570,8 @@ static PyObject *py_check_weight_table(PyObject *self, PyObject *args)
     ptl_net_wtab wt;
     if (ptl_net_wtab_build(net, cast_biases, &wt))
         return ptl_raise(self);
-    const int rc = ptl_net_wcast_check(wt.tab, wt.n, wt.total);
-    PyObject *res = rc ? NULL : Py_BuildValue("(iL)", wt.n, (long long)wt.total);
+    const int rc = ptl_net_wcast_check(wt.tab, wt.n, wt.tiles, wt.ntiles, wt.total);
+    PyObject *res = rc ? NULL : Py_BuildValue("(iiL)", wt.n, wt.ntiles, (long long)wt.total);
     ptl_net_wtab_free(&wt);
     return rc ? ptl_raise(self) : res;
 }

@@ -1,8 +1,11 @@
 /* CPU reference of the executor's weight casts and head copies (weight_cast.h). The head copies walk
  * their output element by element with the CUDA kernels' index arithmetic (../cuda/weight_cast.cu);
- * the weight casts walk each record in nested loops (several times faster than the per-element
- * search), and ptl_net_wcast_check compares that walk with the search and the CUDA kernels' runs. */
+ * the weight casts walk each record in nested loops, and ptl_net_wcast_check compares that walk with the CUDA
+ * kernels' tiles (ptl_net_wcast_tiles). */
 #include "weight_cast.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 #include "conv2d.h"
 
@@ -54,58 +57,128 @@ int ptl_net_weight_grad(ptl_dtype dt, const ptl_wcast_entry *tab, int n, const v
     return 0;
 }
 
-int ptl_net_wcast_check(const ptl_wcast_entry *tab, int n, int64_t total)
+static int min_int(int64_t a, int64_t b) { return (int)(a < b ? a : b); }
+
+int ptl_net_wcast_tiles(const ptl_wcast_entry *tab, int n, ptl_wcast_tile *tiles)
 {
+    int count = 0;
+    for (int i = 0; i < n; i++) {
+        const ptl_wcast_entry *e = &tab[i];
+        const int cig = e->cin_g, kk = e->k * e->k;
+        if (kk == 1 || cig == 1) { /* the two layouts agree */
+            const int64_t size = (int64_t)e->cout * cig * kk;
+            for (int64_t j = 0; j < size; j += PTL_WCAST_TILE, count++)
+                if (tiles) {
+                    const int nc = min_int(PTL_WCAST_TILE, size - j);
+                    tiles[count] = (ptl_wcast_tile){e->src + j, e->dst + j, 1, nc, nc, 1};
+                }
+            continue;
+        }
+        /* whole output channels where one fits, else one in runs of input channels */
+        const int rows = min_int(PTL_WCAST_TILE / ((int64_t)cig * kk), PTL_WCAST_STAGE / ((int64_t)kk * (cig + 1)));
+        const int nc = rows ? cig : min_int(PTL_WCAST_TILE / kk, PTL_WCAST_STAGE / kk - 1);
+        if (nc < 1)
+            return ptl_set_error(PTL_ERR_VALUE,
+                                 "weight table: a %dx%d kernel has more taps than the weight kernels stage (%d)", e->k,
+                                 e->k, PTL_WCAST_STAGE / 2 - 1);
+        const int step = rows ? rows : 1;
+        for (int co = 0; co < e->cout; co += step)
+            for (int c0 = 0; c0 < cig; c0 += nc, count++)
+                if (tiles)
+                    tiles[count] = (ptl_wcast_tile){e->src + ((int64_t)co * cig + c0) * kk,
+                                                    e->dst + (int64_t)co * kk * cig + c0,
+                                                    min_int(step, e->cout - co),
+                                                    min_int(nc, cig - c0),
+                                                    cig,
+                                                    kk};
+    }
+    return count;
+}
+
+/* The tiles' walks, in the master's order (copy 0) or the copy's, against want[i] (the master element of copy
+ * element i, -1 in the padding); seen counts the visits. */
+static int check_tiles(const ptl_wcast_tile *tiles, int ntiles, int64_t total, const int64_t *want, int copy,
+                       uint8_t *seen, uint8_t *slots)
+{
+    const char *order = copy ? "copy" : "master";
+    memset(seen, 0, (size_t)total);
+    for (int t = 0; t < ntiles; t++) {
+        const ptl_wcast_tile *tl = &tiles[t];
+        const int size = ptl_wcast_tile_size(tl);
+        if (tl->rows < 1 || tl->nc < 1 || tl->kk < 1 || size > PTL_WCAST_TILE)
+            return ptl_set_error(PTL_ERR_RUNTIME, "weight table: tile %d holds %d x %d x %d elements", t, tl->rows,
+                                 tl->nc, tl->kk);
+        memset(slots, 0, PTL_WCAST_STAGE);
+        for (int i = 0; i < size; i++) {
+            int r, c, tap;
+            ptl_wcast_tile_at(tl, i, copy, &r, &c, &tap);
+            const int64_t src = ptl_wcast_tile_src(tl, r, c, tap), dst = ptl_wcast_tile_dst(tl, r, c, tap);
+            const int slot = ptl_wcast_tile_slot(tl, r, c, tap);
+            /* the kernels take the master's order as consecutive: element i at src + i */
+            if (dst < 0 || dst >= total || want[dst] != src || seen[dst] || (!copy && src != tl->src + i))
+                return ptl_set_error(PTL_ERR_RUNTIME,
+                                     "weight table: tile %d's element %d (%s order) maps copy %lld to master %lld, "
+                                     "expected master %lld once",
+                                     t, i, order, (long long)dst, (long long)src,
+                                     (long long)(dst >= 0 && dst < total ? want[dst] : -2));
+            if (tl->kk > 1 && (slot < 0 || slot >= PTL_WCAST_STAGE || slots[slot]))
+                return ptl_set_error(PTL_ERR_RUNTIME, "weight table: tile %d's element %d takes staging slot %d twice "
+                                     "or past the staging", t, i, slot);
+            seen[dst] = 1;
+            if (tl->kk > 1)
+                slots[slot] = 1;
+        }
+    }
+    for (int64_t i = 0; i < total; i++)
+        if (seen[i] != (want[i] >= 0))
+            return ptl_set_error(PTL_ERR_RUNTIME, "weight table: the tiles (%s order) %s copy element %lld", order,
+                                 seen[i] ? "write the padding" : "miss", (long long)i);
+    return 0;
+}
+
+int ptl_net_wcast_check(const ptl_wcast_entry *tab, int n, const ptl_wcast_tile *tiles, int ntiles, int64_t total)
+{
+    int64_t *want = malloc((size_t)(total ? total : 1) * sizeof *want);
+    uint8_t *seen = malloc((size_t)(total ? total : 1)), *slots = malloc(PTL_WCAST_STAGE);
+    int rc = -1;
+    if (!want || !seen || !slots) {
+        ptl_set_error(PTL_ERR_MEMORY, "weight table check: out of memory");
+        goto fail;
+    }
     int64_t i = 0;
     for (int r = 0; r < n; r++) {
         const ptl_wcast_entry *e = &tab[r];
         const int cig = e->cin_g, kk = e->k * e->k;
         const int64_t end = r + 1 < n ? tab[r + 1].dst : total;
-        if (e->dst != i)
-            return ptl_set_error(PTL_ERR_RUNTIME, "weight table: record %d starts at %lld, expected %lld", r,
-                                 (long long)e->dst, (long long)i);
+        if (e->dst != i || end > total) {
+            ptl_set_error(PTL_ERR_RUNTIME, "weight table: record %d starts at %lld, expected %lld", r,
+                          (long long)e->dst, (long long)i);
+            goto fail;
+        }
         for (int co = 0; co < e->cout; co++)
             for (int t = 0; t < kk; t++)
-                for (int ci = 0; ci < cig; ci++, i++) {
-                    const int64_t want = e->src + ((int64_t)co * cig + ci) * kk + t;
-                    const int found = ptl_wcast_find(tab, n, i);
-                    const int64_t got = ptl_wcast_src(&tab[found], i - tab[found].dst);
-                    if (found != r || got != want)
-                        return ptl_set_error(PTL_ERR_RUNTIME,
-                                             "weight table: element %lld maps to record %d offset %lld, expected "
-                                             "record %d offset %lld",
-                                             (long long)i, found, (long long)got, r, (long long)want);
-                }
-        for (; i < end; i++) /* padding: in record r, mapped to nothing */
-            if (ptl_wcast_find(tab, n, i) != r || ptl_wcast_src(&tab[r], i - e->dst) != -1)
-                return ptl_set_error(PTL_ERR_RUNTIME, "weight table: padding element %lld is mapped", (long long)i);
-    }
-    if (i != total)
-        return ptl_set_error(PTL_ERR_RUNTIME, "weight table: covers %lld of %lld elements", (long long)i,
-                             (long long)total);
-    for (int oihw = 0; oihw < 2; oihw++)
-        for (int64_t i0 = 0; i0 < total; i0 += 4) {
-            ptl_wcast_walk w;
-            ptl_wcast_walk_at(&w, tab, n, i0, oihw);
-            for (int u = 0; u < PTL_WCAST_RUN && i0 + u < total; u++, ptl_wcast_walk_next(&w)) {
-                /* OHWI order: the copy's element i0 + u; master order: the record's master element at the same
-                 * offset; either way the pair the search gives for the copy element */
-                const ptl_wcast_entry *e = &tab[ptl_wcast_find(tab, n, i0 + u)];
-                const int64_t j = i0 + u - e->dst, size = (int64_t)e->cout * e->cin_g * e->k * e->k;
-                const int64_t src = w.e != e ? -2 : ptl_wcast_walk_src(&w), dst = ptl_wcast_walk_dst(&w);
-                const int64_t want_src = oihw ? (j < size ? e->src + j : -1) : ptl_wcast_src(e, j);
-                const int dst_ok = want_src < 0 ? dst == -1
-                                   : oihw       ? dst >= e->dst && ptl_wcast_src(e, dst - e->dst) == src
-                                                : dst == i0 + u;
-                if (src != want_src || !dst_ok)
-                    return ptl_set_error(PTL_ERR_RUNTIME,
-                                         "weight table: the %s walk from element %lld maps element %lld to master "
-                                         "%lld and copy %lld, expected master %lld",
-                                         oihw ? "master-order" : "copy-order", (long long)i0, (long long)(i0 + u),
-                                         (long long)src, (long long)dst, (long long)want_src);
-            }
+                for (int ci = 0; ci < cig; ci++)
+                    want[i++] = e->src + ((int64_t)co * cig + ci) * kk + t;
+        if (i > end) {
+            ptl_set_error(PTL_ERR_RUNTIME, "weight table: record %d runs past the next", r);
+            goto fail;
         }
-    return 0;
+        while (i < end)
+            want[i++] = -1;
+    }
+    if (i != total) {
+        ptl_set_error(PTL_ERR_RUNTIME, "weight table: covers %lld of %lld elements", (long long)i, (long long)total);
+        goto fail;
+    }
+    for (int copy = 0; copy < 2; copy++)
+        if (check_tiles(tiles, ntiles, total, want, copy, seen, slots))
+            goto fail;
+    rc = 0;
+fail:
+    free(want);
+    free(seen);
+    free(slots);
+    return rc;
 }
 
 /* The head copies for element type T and index type I: the 32-bit one where ptl_net_head_fits32, as the CUDA

@@ -23,120 +23,58 @@ typedef struct {
     int cout, cin_g, k, pad_;
 } ptl_wcast_entry;
 
-/* The longest run a CUDA thread walks: 16 bytes of bfloat16 or float16 (float32's are 4 elements). */
-#define PTL_WCAST_RUN 8
-
-/* The last record starting at or before element `i` of the OHWI copy. */
-PTL_HD int ptl_wcast_find(const ptl_wcast_entry *tab, int n, int64_t i)
-{
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (tab[mid].dst <= i)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
-
-/* Offset in OIHW (cout, cin_g, k, k) of element j of the same tensor in OHWI (cout, k, k, cin_g), or
- * -1 when j lies in the padding after the tensor. */
-PTL_HD int64_t ptl_wcast_src(const ptl_wcast_entry *e, int64_t j)
-{
-    const int cin_g = e->cin_g, k = e->k;
-    if (j >= (int64_t)e->cout * cin_g * k * k)
-        return -1;
-    const int ci = (int)(j % cin_g);
-    int64_t r = j / cin_g;
-    const int kw = (int)(r % k);
-    r /= k;
-    const int kh = (int)(r % k);
-    const int64_t co = r / k;
-    return e->src + ((co * cin_g + ci) * k + kh) * k + kw;
-}
-
-/* A walk over consecutive elements of the OHWI copy from element i on (the CUDA kernels' per-thread runs): the
- * record, and the element's coordinates (co, kh, kw, ci) in it, found once and then advanced one element at a
- * time without a division (a search and four 64-bit divisions per element made the cast instruction-bound).
- * With oihw the offsets within each record are taken in the master order instead: the walk's element i is
- * then master element src + (i - dst) of its record, so that a run's master elements are consecutive (the
- * gradient's read-add-writes) while the copy's are gathered. Either order visits each element once. */
+/* The CUDA weight kernels' work items: one block takes one tile, `rows` output channels of one record from
+ * its channel co0 and in each the input channels [c0, c0 + nc) of its cin_g, every one of its kk = k * k taps;
+ * src and dst are the master and copy offsets of the tile's element (co0, c0, tap 0). A record whose two
+ * layouts agree (1x1, depthwise, biases) is cut into tiles of nc consecutive elements with kk = 1 and rows = 1.
+ * Any other tile is staged through shared memory, so that the block reads and writes both layouts in their
+ * own order (a thread per element in one order gathers from the other: 8x the memory transactions). */
 typedef struct {
-    const ptl_wcast_entry *e, *last;
-    int64_t i, next, co; /* the element; where the record after e starts (INT64_MAX: e is the last) */
-    int kh, kw, ci, oihw;
-} ptl_wcast_walk;
+    int64_t src, dst;
+    int rows, nc, cin_g, kk;
+} ptl_wcast_tile;
 
-PTL_HD void ptl_wcast_walk_at(ptl_wcast_walk *w, const ptl_wcast_entry *tab, int n, int64_t i, int oihw)
+/* At most this many elements a tile, and floats of staging (a staged row holds nc + 1 floats a tap, which keeps
+ * a warp's taps off one shared-memory bank). */
+#define PTL_WCAST_TILE 4096
+#define PTL_WCAST_STAGE 4608
+
+/* The table as a backend reads it, in the backend's memory: the records (the CPU walks them) and their tiles
+ * (the CUDA kernels'); the copy's elements, padding included. */
+typedef struct {
+    const ptl_wcast_entry *tab;
+    const ptl_wcast_tile *tiles;
+    int n, ntiles;
+    int64_t total;
+} ptl_wcast_table;
+
+PTL_HD int ptl_wcast_tile_size(const ptl_wcast_tile *t) { return t->rows * t->nc * t->kk; }
+
+/* Element (r, c, tap) of a tile (its r-th output channel, c-th input channel): offsets in the master and in
+ * the copy, and its staging slot. */
+PTL_HD int64_t ptl_wcast_tile_src(const ptl_wcast_tile *t, int r, int c, int tap)
 {
-    const ptl_wcast_entry *e = tab + ptl_wcast_find(tab, n, i);
-    int64_t j = i - e->dst;
-    w->e = e;
-    w->last = tab + n - 1;
-    w->i = i;
-    w->next = e < w->last ? e[1].dst : INT64_MAX;
-    w->oihw = oihw;
-    if (oihw) {
-        w->kw = (int)(j % e->k);
-        j /= e->k;
-        w->kh = (int)(j % e->k);
-        j /= e->k;
-        w->ci = (int)(j % e->cin_g);
-        w->co = j / e->cin_g;
-    } else {
-        w->ci = (int)(j % e->cin_g);
-        j /= e->cin_g;
-        w->kw = (int)(j % e->k);
-        j /= e->k;
-        w->kh = (int)(j % e->k);
-        w->co = j / e->k;
-    }
+    return t->src + ((int64_t)r * t->cin_g + c) * t->kk + tap;
 }
 
-/* The walk's element's offsets in the master parameters and in the copy; -1 in the padding after a record. */
-PTL_HD int64_t ptl_wcast_walk_src(const ptl_wcast_walk *w)
+PTL_HD int64_t ptl_wcast_tile_dst(const ptl_wcast_tile *t, int r, int c, int tap)
 {
-    const ptl_wcast_entry *e = w->e;
-    return w->co < e->cout ? e->src + ((w->co * e->cin_g + w->ci) * e->k + w->kh) * e->k + w->kw : -1;
+    return t->dst + ((int64_t)r * t->kk + tap) * t->cin_g + c;
 }
 
-PTL_HD int64_t ptl_wcast_walk_dst(const ptl_wcast_walk *w)
+PTL_HD int ptl_wcast_tile_slot(const ptl_wcast_tile *t, int r, int c, int tap)
 {
-    const ptl_wcast_entry *e = w->e;
-    return w->co < e->cout ? e->dst + ((w->co * e->k + w->kh) * e->k + w->kw) * e->cin_g + w->ci : -1;
+    return (r * t->kk + tap) * (t->nc + 1) + c;
 }
 
-/* past a record's end co only grows: the padding maps to nothing */
-PTL_HD void ptl_wcast_walk_next(ptl_wcast_walk *w)
+/* The tile's i-th element in the master's order (r, c, tap) or (copy) in the copy's (r, tap, c). */
+PTL_HD void ptl_wcast_tile_at(const ptl_wcast_tile *t, int i, int copy, int *r, int *c, int *tap)
 {
-    const ptl_wcast_entry *e = w->e;
-    if (++w->i == w->next) {
-        w->e++;
-        w->next = w->e < w->last ? w->e[1].dst : INT64_MAX;
-        w->co = 0;
-        w->kh = w->kw = w->ci = 0;
-    } else if (w->oihw) {
-        if (++w->kw == e->k) {
-            w->kw = 0;
-            if (++w->kh == e->k) {
-                w->kh = 0;
-                if (++w->ci == e->cin_g) {
-                    w->ci = 0;
-                    w->co++;
-                }
-            }
-        }
-    } else if (++w->ci == e->cin_g) {
-        w->ci = 0;
-        if (++w->kw == e->k) {
-            w->kw = 0;
-            if (++w->kh == e->k) {
-                w->kh = 0;
-                w->co++;
-            }
-        }
-    }
+    const int per = t->nc * t->kk, j = i - (*r = i / per) * per;
+    if (copy)
+        *c = j - (*tap = j / t->nc) * t->nc;
+    else
+        *tap = j - (*c = j / t->kk) * t->kk;
 }
 
 /* Index in the (B, A, C) head output of element i of a level's (B, hw, C) map at anchor offset a0; the
@@ -162,11 +100,13 @@ PTL_HD int ptl_net_head_fits32(int B, int64_t hw, int C, int64_t A, int64_t slac
 int ptl_net_weight_cast(ptl_dtype dt, const ptl_wcast_entry *tab, int n, const void *params, void *wc);
 /* grads[OIHW] += wgc[OHWI] for every record. */
 int ptl_net_weight_grad(ptl_dtype dt, const ptl_wcast_entry *tab, int n, const void *wgc, void *grads);
-/* Checks that the per-element search (ptl_wcast_find, ptl_wcast_src) maps every element of a copy of `total`
- * elements as the per-record walk does, and that the CUDA kernels' walks (ptl_wcast_walk in both orders,
- * PTL_WCAST_RUN elements from every multiple of 4) map them as the search does; -1 naming the first mismatch
- * (tests). */
-int ptl_net_wcast_check(const ptl_wcast_entry *tab, int n, int64_t total);
+/* Cuts the n records into tiles: writes them to `tiles` (NULL: only counts) and returns their number, or -1
+ * (a kernel too large for a tile's staging). */
+int ptl_net_wcast_tiles(const ptl_wcast_entry *tab, int n, ptl_wcast_tile *tiles);
+/* Checks that the records lie back to back over a copy of `total` elements and that the tiles (in either
+ * order) map every element of each record's copy to its master element as the per-record walk does, exactly
+ * once, each within its staging; -1 naming the first mismatch (tests). */
+int ptl_net_wcast_check(const ptl_wcast_entry *tab, int n, const ptl_wcast_tile *tiles, int ntiles, int64_t total);
 /* out[(b*A + a0 + i)*C + c] = map[(b*hw + i)*C + c] for a level's map (B, hw, C); the backward
  * gmap[...] (= or +=, accumulate 0 or 1) d_out[...]. */
 int ptl_net_head_out(ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0, const void *map, void *out);
@@ -176,11 +116,11 @@ int ptl_net_head_grad(ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t
 #ifdef PTL_WITH_CUDA
 struct ptl_cuda_ctx;
 /* The same on the device: compute dtype dt (float32, bfloat16, float16) for wc, wgc and the maps;
- * float32 for params, grads, the head outputs and d_out. tab lives on the device. */
-int ptl_net_weight_cast_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n,
-                             int64_t total, const void *params, void *wc);
-int ptl_net_weight_grad_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_entry *tab, int n,
-                             int64_t total, const void *wgc, void *grads);
+ * float32 for params, grads, the head outputs and d_out. The weight kernels take the table's tiles. */
+int ptl_net_weight_cast_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_table *t, const void *params,
+                             void *wc);
+int ptl_net_weight_grad_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_table *t, const void *wgc,
+                             void *grads);
 int ptl_net_head_out_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0,
                           const void *map, void *out);
 int ptl_net_head_grad_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int B, int64_t hw, int C, int64_t A,
