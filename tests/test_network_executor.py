@@ -460,7 +460,8 @@ def test_weight_table_tiles(scale, cast_biases):
     """The CUDA weight kernels take the table cut into tiles, one a block (csrc/nn/weight_cast.h): on the CPU
     backend's table (weights only) and the CUDA backend's (weights and biases) the tiles in both orders map
     each element of the copy to its master element as the per-record walk the CPU uses does, exactly once,
-    the padding to nothing, the master's order consecutive, each staged element to its own slot. yolo26l's
+    the padding to nothing, the master's order consecutive, each staged element to its own slot, and each
+    thread's walk (a block's stride at a time, by carries) reaches the coordinates division gives. yolo26l's
     3x3 convs over 512 channels have rows longer than a tile, cut into runs of input channels."""
     det = Detector(scale, num_classes=80)
     convs = sum(1 for n, _, s in det.parameter_table() if len(s) == 4)

@@ -6,91 +6,92 @@
 #include "layers_common.cuh"
 
 #define NET_THREADS 256
-#define WCAST_THREADS 256
 #define WCAST_BATCH 4
 
-/* A block's loop over its tile's `size` elements, WCAST_BATCH a thread at once, every load of a batch issued
- * before any is used (a load's latency, not bandwidth, bounds these small kernels). load(i) reads element i's
- * value, store(i, v) writes it. */
+/* A block's loop over its tile's elements in the master's order (copy 0) or the copy's, WCAST_BATCH a thread
+ * at once, every load of a batch issued before any is used (a load's latency bounds these small kernels); each
+ * thread walks its elements' coordinates (ptl_wcast_pos_add). load(i, p) reads the value of element i at p,
+ * store(i, p, v) writes it. */
 template <typename Load, typename Store>
-__device__ __forceinline__ void wcast_tile_loop(int size, Load load, Store store)
+__device__ __forceinline__ void wcast_tile_loop(const ptl_wcast_tile *t, int copy, Load load, Store store)
 {
     constexpr int B = WCAST_BATCH;
-    for (int i0 = threadIdx.x; i0 < size; i0 += B * blockDim.x) {
+    const int size = ptl_wcast_tile_size(t);
+    const ptl_wcast_pos stride = ptl_wcast_tile_at(t, PTL_WCAST_THREADS, copy);
+    ptl_wcast_pos p = ptl_wcast_tile_at(t, threadIdx.x, copy);
+    for (int i0 = threadIdx.x; i0 < size; i0 += B * PTL_WCAST_THREADS) {
         float v[B];
+        ptl_wcast_pos at[B];
+#pragma unroll
+        for (int u = 0; u < B; u++) {
+            at[u] = p;
+            if (i0 + u * PTL_WCAST_THREADS < size)
+                v[u] = load(i0 + u * PTL_WCAST_THREADS, p);
+            ptl_wcast_pos_add(t, copy, &p, &stride);
+        }
 #pragma unroll
         for (int u = 0; u < B; u++)
-            if (i0 + u * (int)blockDim.x < size)
-                v[u] = load(i0 + u * (int)blockDim.x);
-#pragma unroll
-        for (int u = 0; u < B; u++)
-            if (i0 + u * (int)blockDim.x < size)
-                store(i0 + u * (int)blockDim.x, v[u]);
+            if (i0 + u * PTL_WCAST_THREADS < size)
+                store(i0 + u * PTL_WCAST_THREADS, at[u], v[u]);
     }
 }
 
-/* The tile's element (r, c, tap), its i-th in the given order. In the master's order element i lies at
- * t->src + i (ptl_net_wcast_check checks it); only its staging slot needs the coordinates. */
-__device__ __forceinline__ int wcast_slot(const ptl_wcast_tile *t, int i, int copy)
+__device__ __forceinline__ int wcast_slot(const ptl_wcast_tile *t, ptl_wcast_pos p)
 {
-    int r, c, tap;
-    ptl_wcast_tile_at(t, i, copy, &r, &c, &tap);
-    return ptl_wcast_tile_slot(t, r, c, tap);
-}
-
-__device__ __forceinline__ int64_t wcast_dst(const ptl_wcast_tile *t, int i)
-{
-    int r, c, tap;
-    ptl_wcast_tile_at(t, i, 1, &r, &c, &tap);
-    return ptl_wcast_tile_dst(t, r, c, tap);
+    return ptl_wcast_tile_slot(t, p.r, p.c, p.tap);
 }
 
 /* One block a tile (weight_cast.h). A tile whose layouts agree is a straight copy; any other is read into
- * shared memory in the master's order and written out in the copy's, so both are consecutive across a warp. */
+ * shared memory in the master's order and written out in the copy's, so both are consecutive across a warp. In
+ * the master's order element i lies at t.src + i (ptl_net_wcast_check checks it). */
 template <typename T>
-__global__ void __launch_bounds__(WCAST_THREADS)
+__global__ void __launch_bounds__(PTL_WCAST_THREADS)
     weight_cast_kernel(const ptl_wcast_tile *__restrict__ tiles, const float *__restrict__ src, T *__restrict__ dst)
 {
     ptl_wait_prior();
     __shared__ float stage[PTL_WCAST_STAGE];
     const ptl_wcast_tile t = tiles[blockIdx.x];
-    const int size = ptl_wcast_tile_size(&t);
     if (t.kk == 1) {
-        wcast_tile_loop(
-            size, [&](int i) { return src[t.src + i]; }, [&](int i, float v) { ptl_st(dst + t.dst + i, v); });
+        for (int i = threadIdx.x; i < t.nc; i += PTL_WCAST_THREADS)
+            ptl_st(dst + t.dst + i, src[t.src + i]);
         return;
     }
     wcast_tile_loop(
-        size, [&](int i) { return src[t.src + i]; }, [&](int i, float v) { stage[wcast_slot(&t, i, 0)] = v; });
+        &t, 0, [&](int i, ptl_wcast_pos) { return src[t.src + i]; },
+        [&](int, ptl_wcast_pos p, float v) { stage[wcast_slot(&t, p)] = v; });
     __syncthreads();
     wcast_tile_loop(
-        size, [&](int i) { return stage[wcast_slot(&t, i, 1)]; },
-        [&](int i, float v) { ptl_st(dst + wcast_dst(&t, i), v); });
+        &t, 1, [&](int, ptl_wcast_pos p) { return stage[wcast_slot(&t, p)]; },
+        [&](int, ptl_wcast_pos p, float v) { ptl_st(dst + ptl_wcast_tile_dst(&t, p.r, p.c, p.tap), v); });
 }
 
-/* The reverse: the copy's gradient staged in its own order, then each master element's one addition in the
- * master's order (the master's value and the addend both read before the batch's writes). */
+/* The reverse: the copy's gradient staged in its own order (each element cleared once read), then each master
+ * element's one addition in the master's order (the master's value and the addend both read before the batch's
+ * writes). */
 template <typename T>
-__global__ void __launch_bounds__(WCAST_THREADS)
-    weight_grad_kernel(const ptl_wcast_tile *__restrict__ tiles, const T *__restrict__ g, float *__restrict__ grad)
+__global__ void __launch_bounds__(PTL_WCAST_THREADS)
+    weight_grad_kernel(const ptl_wcast_tile *__restrict__ tiles, T *__restrict__ g, float *__restrict__ grad)
 {
     ptl_wait_prior();
     __shared__ float stage[PTL_WCAST_STAGE];
     const ptl_wcast_tile t = tiles[blockIdx.x];
-    const int size = ptl_wcast_tile_size(&t);
     if (t.kk == 1) {
-        wcast_tile_loop(
-            size, [&](int i) { return grad[t.src + i] + ptl_ld(g + t.dst + i); },
-            [&](int i, float v) { grad[t.src + i] = v; });
+        for (int i = threadIdx.x; i < t.nc; i += PTL_WCAST_THREADS) {
+            grad[t.src + i] += ptl_ld(g + t.dst + i);
+            ptl_st(g + t.dst + i, 0.0f);
+        }
         return;
     }
     wcast_tile_loop(
-        size, [&](int i) { return ptl_ld(g + wcast_dst(&t, i)); },
-        [&](int i, float v) { stage[wcast_slot(&t, i, 1)] = v; });
+        &t, 1, [&](int, ptl_wcast_pos p) { return ptl_ld(g + ptl_wcast_tile_dst(&t, p.r, p.c, p.tap)); },
+        [&](int, ptl_wcast_pos p, float v) {
+            stage[wcast_slot(&t, p)] = v;
+            ptl_st(g + ptl_wcast_tile_dst(&t, p.r, p.c, p.tap), 0.0f);
+        });
     __syncthreads();
     wcast_tile_loop(
-        size, [&](int i) { return grad[t.src + i] + stage[wcast_slot(&t, i, 0)]; },
-        [&](int i, float v) { grad[t.src + i] = v; });
+        &t, 0, [&](int i, ptl_wcast_pos p) { return grad[t.src + i] + stage[wcast_slot(&t, p)]; },
+        [&](int i, ptl_wcast_pos, float v) { grad[t.src + i] = v; });
 }
 
 /* I: uint32_t where the map and the output have fewer than 2^32 elements (head_narrow), else int64_t. */
@@ -139,7 +140,7 @@ extern "C" int ptl_net_weight_cast_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const p
     if (t->ntiles <= 0)
         return 0;
     PTL_LAYER_DISPATCH("network weight cast", dt,
-                       ptl_launch(weight_cast_kernel<T>, t->ntiles, WCAST_THREADS, 0, ctx->stream, t->tiles,
+                       ptl_launch(weight_cast_kernel<T>, t->ntiles, PTL_WCAST_THREADS, 0, ctx->stream, t->tiles,
                                   (const float *)params, (T *)wc));
     PTL_LAUNCH_CHECK("weight_cast_kernel");
     return 0;
@@ -147,14 +148,14 @@ fail:
     return -1;
 }
 
-extern "C" int ptl_net_weight_grad_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_table *t, const void *g,
+extern "C" int ptl_net_weight_grad_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_table *t, void *g,
                                         void *grads)
 {
     if (t->ntiles <= 0)
         return 0;
     PTL_LAYER_DISPATCH("network weight gradient", dt,
-                       ptl_launch(weight_grad_kernel<T>, t->ntiles, WCAST_THREADS, 0, ctx->stream, t->tiles,
-                                  (const T *)g, (float *)grads));
+                       ptl_launch(weight_grad_kernel<T>, t->ntiles, PTL_WCAST_THREADS, 0, ctx->stream, t->tiles,
+                                  (T *)g, (float *)grads));
     PTL_LAUNCH_CHECK("weight_grad_kernel");
     return 0;
 fail:

@@ -120,7 +120,7 @@ WITHOUT_CTX(cpu_conv_backward_bias, ((void)ws, (void)wsb, ptl_conv2d_backward_bi
 WITHOUT_CTX(cpu_weight_cast, ptl_net_weight_cast(dt, t->tab, t->n, params, wc), ptl_dtype dt, const ptl_wcast_table *t,
             const void *params, void *wc)
 WITHOUT_CTX(cpu_weight_grad, ptl_net_weight_grad(dt, t->tab, t->n, wgc, grads), ptl_dtype dt, const ptl_wcast_table *t,
-            const void *wgc, void *grads)
+            void *wgc, void *grads)
 WITHOUT_CTX(cpu_batchnorm_forward, ptl_batchnorm_forward(dt, m, c, x, g, b, rm, rv, tr, act, sm, si, y, ld),
             ptl_dtype dt, int64_t m, int c, const void *x, const void *g, const void *b, void *rm, void *rv, int tr,
             ptl_act act, void *sm, void *si, void *y, int ld)

@@ -51,11 +51,26 @@ int ptl_net_record(ptl_net_exec *x, const void *images, int B, int H, int W, con
     return x->be->record(x, images, B, H, W, d_out, tail);
 }
 
+static void use_main_queue(ptl_net_exec *x);
+
 int ptl_net_replay(ptl_net_exec *x, int part)
 {
     if (!x->be->replay)
         return ptl_set_error(PTL_ERR_RUNTIME, "network replay: the %s backend has no graph recorder", x->be->name);
-    return x->be->replay(x, part);
+    if (part == PTL_NET_REPLAY_FORWARD)
+        return x->be->replay(x, part);
+    /* the recorded backward adds into wgc as the last weight_grad left it: zero, unless an eager backward failed */
+    if (x->wgc_dirty) {
+        use_main_queue(x);
+        if (activate(x->be, x->ctx) || x->be->zero(x->ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz))
+            return -1;
+        x->wgc_dirty = 0;
+    }
+    if (x->be->replay(x, part)) {
+        x->wgc_dirty = 1;
+        return -1;
+    }
+    return 0;
 }
 
 int ptl_net_recorded(ptl_net_exec *x) { return x->be->recorded ? x->be->recorded(x) : 0; }
@@ -1285,7 +1300,10 @@ int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *
                                               "nothing for a backward); run it again with gradients on");
     PTL_CHECK(activate(x->be, x->ctx));
     use_main_queue(x);
-    PTL_CHECK(x->be->zero(x->ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz));
+    /* the weight gradients add into wgc, which the last backward's weight_grad left zero unless it failed */
+    if (x->wgc_dirty)
+        PTL_CHECK(x->be->zero(x->ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz));
+    x->wgc_dirty = 1;
     const int want = d_images != NULL;
     /* the branches' backwards in reverse order of fork: on each queue the one joined first comes first */
     for (int b = x->br.n - 1; branch_early(x) && b >= 0; b--)
@@ -1303,6 +1321,7 @@ int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *
         PTL_CHECK(side_settle(x, t % x->side_lag));
     PTL_CHECK(branch_joins(x, -1, d_out, want));
     PTL_CHECK(x->be->weight_grad(x->ctx, x->cdt, &x->wtable, x->wgc.ptr, x->grads));
+    x->wgc_dirty = 0;
     if (d_images)
         PTL_CHECK(x->be->copy(x->ctx, d_images, AT(S->arena.ptr, S->L.goff[x->net->input]),
                               (size_t)S->L.B * S->L.H * S->L.W * 3 * x->csz));

@@ -207,9 +207,9 @@ typedef struct ptl_net_backend {
     size_t (*bn_scratch_bytes)(int64_t m, int c);                    /* NULL: none */
     int (*reserve_scratch)(ptl_exec_ctx *ctx, size_t bytes);         /* NULL: nothing to reserve */
 
-    /* weights: wc[OHWI, dt] = params[OIHW] for every table entry; grads[OIHW] += wgc[OHWI] */
+    /* weights: wc[OHWI, dt] = params[OIHW] for every table entry; grads[OIHW] += wgc[OHWI], then wgc = 0 */
     int (*weight_cast)(ptl_exec_ctx *ctx, ptl_dtype dt, const ptl_wcast_table *t, const void *params, void *wc);
-    int (*weight_grad)(ptl_exec_ctx *ctx, ptl_dtype dt, const ptl_wcast_table *t, const void *wgc, void *grads);
+    int (*weight_grad)(ptl_exec_ctx *ctx, ptl_dtype dt, const ptl_wcast_table *t, void *wgc, void *grads);
 
     /* layers (the contracts of ../nn/<op>.h; dw and db add, dx overwrites) */
     int (*conv_forward)(ptl_exec_ctx *ctx, const void *plan, const void *x, const void *w, const void *bias, void *y,
@@ -392,6 +392,7 @@ typedef struct ptl_net_exec {
     void *own_params, *own_buffers;
     ptl_net_buf own[4]; /* params, grads, buffers, stats when allocated here */
     ptl_net_buf wc, wgc, wtab, wtiles;
+    int wgc_dirty; /* a backward began and its weight_grad (which leaves wgc zero) has not run */
     ptl_wcast_table wtable; /* wt in the backend's memory */
 
     /* the backward's weight and bias gradients beside the rest (ptl_net_exec_set_side_lag): the lag, per

@@ -32,20 +32,24 @@ fail:
     return -1;
 }
 
-/* Each master element receives exactly one addition, so the order over elements does not matter. */
+/* Each master element receives exactly one addition, so the order over elements does not matter; each copy
+ * element is cleared once read. */
 #define GRAD(T)                                                                                          \
     for (int r = 0; r < n; r++) {                                                                        \
         const ptl_wcast_entry *e = &tab[r];                                                              \
         const int cig = e->cin_g, kk = e->k * e->k;                                                      \
-        const T *g = (const T *)wgc + e->dst;                                                            \
+        T *g = (T *)wgc + e->dst;                                                                        \
         T *out = (T *)grads + e->src;                                                                    \
         for (int co = 0; co < e->cout; co++)                                                             \
             for (int t = 0; t < kk; t++)                                                                 \
-                for (int ci = 0; ci < cig; ci++)                                                         \
-                    out[((int64_t)co * cig + ci) * kk + t] += g[((int64_t)co * kk + t) * cig + ci];      \
+                for (int ci = 0; ci < cig; ci++) {                                                       \
+                    T *gi = &g[((int64_t)co * kk + t) * cig + ci];                                       \
+                    out[((int64_t)co * cig + ci) * kk + t] += *gi;                                       \
+                    *gi = 0;                                                                             \
+                }                                                                                        \
     }
 
-int ptl_net_weight_grad(ptl_dtype dt, const ptl_wcast_entry *tab, int n, const void *wgc, void *grads)
+int ptl_net_weight_grad(ptl_dtype dt, const ptl_wcast_entry *tab, int n, void *wgc, void *grads)
 {
     if (check_dt("net_weight_grad", dt))
         return -1;
@@ -109,24 +113,36 @@ static int check_tiles(const ptl_wcast_tile *tiles, int ntiles, int64_t total, c
             return ptl_set_error(PTL_ERR_RUNTIME, "weight table: tile %d holds %d x %d x %d elements", t, tl->rows,
                                  tl->nc, tl->kk);
         memset(slots, 0, PTL_WCAST_STAGE);
-        for (int i = 0; i < size; i++) {
-            int r, c, tap;
-            ptl_wcast_tile_at(tl, i, copy, &r, &c, &tap);
-            const int64_t src = ptl_wcast_tile_src(tl, r, c, tap), dst = ptl_wcast_tile_dst(tl, r, c, tap);
-            const int slot = ptl_wcast_tile_slot(tl, r, c, tap);
-            /* the kernels take the master's order as consecutive: element i at src + i */
-            if (dst < 0 || dst >= total || want[dst] != src || seen[dst] || (!copy && src != tl->src + i))
-                return ptl_set_error(PTL_ERR_RUNTIME,
-                                     "weight table: tile %d's element %d (%s order) maps copy %lld to master %lld, "
-                                     "expected master %lld once",
-                                     t, i, order, (long long)dst, (long long)src,
-                                     (long long)(dst >= 0 && dst < total ? want[dst] : -2));
-            if (tl->kk > 1 && (slot < 0 || slot >= PTL_WCAST_STAGE || slots[slot]))
-                return ptl_set_error(PTL_ERR_RUNTIME, "weight table: tile %d's element %d takes staging slot %d twice "
-                                     "or past the staging", t, i, slot);
-            seen[dst] = 1;
-            if (tl->kk > 1)
-                slots[slot] = 1;
+        /* each thread's walk, as the kernels take it: from its first element, a block's stride at a time */
+        const ptl_wcast_pos stride = ptl_wcast_tile_at(tl, PTL_WCAST_THREADS, copy);
+        for (int x = 0; x < PTL_WCAST_THREADS && x < size; x++) {
+            ptl_wcast_pos p = ptl_wcast_tile_at(tl, x, copy);
+            for (int i = x; i < size; i += PTL_WCAST_THREADS, ptl_wcast_pos_add(tl, copy, &p, &stride)) {
+                const ptl_wcast_pos want_p = ptl_wcast_tile_at(tl, i, copy);
+                if (p.r != want_p.r || p.c != want_p.c || p.tap != want_p.tap)
+                    return ptl_set_error(PTL_ERR_RUNTIME,
+                                         "weight table: tile %d's walk (%s order) reaches element %d at (%d, %d, %d), "
+                                         "not (%d, %d, %d)",
+                                         t, order, i, p.r, p.c, p.tap, want_p.r, want_p.c, want_p.tap);
+                const int64_t src = ptl_wcast_tile_src(tl, p.r, p.c, p.tap);
+                const int64_t dst = ptl_wcast_tile_dst(tl, p.r, p.c, p.tap);
+                const int slot = ptl_wcast_tile_slot(tl, p.r, p.c, p.tap);
+                /* the kernels take the master's order as consecutive: element i at src + i */
+                if (dst < 0 || dst >= total || want[dst] != src || seen[dst] || (!copy && src != tl->src + i))
+                    return ptl_set_error(PTL_ERR_RUNTIME,
+                                         "weight table: tile %d's element %d (%s order) maps copy %lld to master %lld, "
+                                         "expected master %lld once",
+                                         t, i, order, (long long)dst, (long long)src,
+                                         (long long)(dst >= 0 && dst < total ? want[dst] : -2));
+                if (tl->kk > 1 && (slot < 0 || slot >= PTL_WCAST_STAGE || slots[slot]))
+                    return ptl_set_error(PTL_ERR_RUNTIME,
+                                         "weight table: tile %d's element %d takes staging slot %d twice or past the "
+                                         "staging",
+                                         t, i, slot);
+                seen[dst] = 1;
+                if (tl->kk > 1)
+                    slots[slot] = 1;
+            }
         }
     }
     for (int64_t i = 0; i < total; i++)

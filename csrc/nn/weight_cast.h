@@ -67,14 +67,44 @@ PTL_HD int ptl_wcast_tile_slot(const ptl_wcast_tile *t, int r, int c, int tap)
     return (r * t->kk + tap) * (t->nc + 1) + c;
 }
 
+/* An element's coordinates in a tile. */
+typedef struct {
+    int r, c, tap;
+} ptl_wcast_pos;
+
 /* The tile's i-th element in the master's order (r, c, tap) or (copy) in the copy's (r, tap, c). */
-PTL_HD void ptl_wcast_tile_at(const ptl_wcast_tile *t, int i, int copy, int *r, int *c, int *tap)
+PTL_HD ptl_wcast_pos ptl_wcast_tile_at(const ptl_wcast_tile *t, int i, int copy)
 {
-    const int per = t->nc * t->kk, j = i - (*r = i / per) * per;
+    ptl_wcast_pos p;
+    const int per = t->nc * t->kk, j = i - (p.r = i / per) * per;
     if (copy)
-        *c = j - (*tap = j / t->nc) * t->nc;
+        p.c = j - (p.tap = j / t->nc) * t->nc;
     else
-        *tap = j - (*c = j / t->kk) * t->kk;
+        p.tap = j - (p.c = j / t->kk) * t->kk;
+    return p;
+}
+
+/* The CUDA kernels' threads a block: thread x takes a tile's elements x, x + PTL_WCAST_THREADS, ... */
+#define PTL_WCAST_THREADS 256
+
+/* p's element advanced by the element count whose coordinates are s (ptl_wcast_tile_at), in the same order:
+ * digits added with carries, so that a thread walks its elements without the divisions (three 32-bit
+ * divisions an element made the kernels bound by their instructions). */
+PTL_HD void ptl_wcast_pos_add(const ptl_wcast_tile *t, int copy, ptl_wcast_pos *p, const ptl_wcast_pos *s)
+{
+    if (copy) {
+        const int k1 = (p->c += s->c) >= t->nc;
+        p->c -= k1 ? t->nc : 0;
+        const int k2 = (p->tap += s->tap + k1) >= t->kk;
+        p->tap -= k2 ? t->kk : 0;
+        p->r += s->r + k2;
+    } else {
+        const int k1 = (p->tap += s->tap) >= t->kk;
+        p->tap -= k1 ? t->kk : 0;
+        const int k2 = (p->c += s->c + k1) >= t->nc;
+        p->c -= k2 ? t->nc : 0;
+        p->r += s->r + k2;
+    }
 }
 
 /* Index in the (B, A, C) head output of element i of a level's (B, hw, C) map at anchor offset a0; the
@@ -98,8 +128,9 @@ PTL_HD int ptl_net_head_fits32(int B, int64_t hw, int C, int64_t A, int64_t slac
 
 /* wc[OHWI] = params[OIHW] for every record (CPU: float32 or float64 in and out). */
 int ptl_net_weight_cast(ptl_dtype dt, const ptl_wcast_entry *tab, int n, const void *params, void *wc);
-/* grads[OIHW] += wgc[OHWI] for every record. */
-int ptl_net_weight_grad(ptl_dtype dt, const ptl_wcast_entry *tab, int n, const void *wgc, void *grads);
+/* grads[OIHW] += wgc[OHWI] for every record, and wgc's elements then set to zero (the executor's next backward
+ * adds into them without zeroing first). */
+int ptl_net_weight_grad(ptl_dtype dt, const ptl_wcast_entry *tab, int n, void *wgc, void *grads);
 /* Cuts the n records into tiles: writes them to `tiles` (NULL: only counts) and returns their number, or -1
  * (a kernel too large for a tile's staging). */
 int ptl_net_wcast_tiles(const ptl_wcast_entry *tab, int n, ptl_wcast_tile *tiles);
@@ -119,7 +150,7 @@ struct ptl_cuda_ctx;
  * float32 for params, grads, the head outputs and d_out. The weight kernels take the table's tiles. */
 int ptl_net_weight_cast_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_table *t, const void *params,
                              void *wc);
-int ptl_net_weight_grad_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_table *t, const void *wgc,
+int ptl_net_weight_grad_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, const ptl_wcast_table *t, void *wgc,
                              void *grads);
 int ptl_net_head_out_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int B, int64_t hw, int C, int64_t A, int64_t a0,
                           const void *map, void *out);
