@@ -28,7 +28,7 @@ typedef struct {
  * src and dst are the master and copy offsets of the tile's element (co0, c0, tap 0). A record whose two
  * layouts agree (1x1, depthwise, biases) is cut into tiles of nc consecutive elements with kk = 1 and rows = 1.
  * Any other tile is staged through shared memory, so that the block reads and writes both layouts in their
- * own order (a thread per element in one order gathers from the other: 8x the memory transactions). */
+ * own order, consecutively across a warp. */
 typedef struct {
     int64_t src, dst;
     int rows, nc, cin_g, kk;
