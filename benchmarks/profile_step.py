@@ -184,7 +184,7 @@ def main():
     what += "" if args.optimizer == "auto" else " " + args.optimizer
     print(f"{what} batch {args.batch} {args.dtype} {args.imgsz}: wall {np.median(wall):.2f} ms median "
           f"({np.min(wall):.2f}-{np.max(wall):.2f}), mean {np.mean(wall):.2f} over {args.iters}; host enqueue "
-          f"{np.median(enq):.2f} ms median; back to back {b2b:.2f} ms per step; early launch "
+          f"{np.median(enq):.2f} ms median; back to back {b2b:.3f} ms per step; early launch "
           f"{'on' if ptl.cuda.early_launch() else 'off'}; the first 5 steps {warmup:.2f} s")
     if waits:
         # the loader's bound, or the GPU's seen through the loader's slots (the module docstring)
