@@ -1,25 +1,28 @@
-/* CUDA detection objective: the same assignment and losses as csrc/objective/objective.c (float32
- * instance of objective_math.h), without host-device synchronisation.
+/* CUDA detection objective: the same assignment as csrc/objective/objective.c (float32 instance of
+ * objective_math.h, bit for bit), the same losses and gradients up to float32 rounding, without
+ * host-device synchronisation.
  *
- * The targets' upload and both branches' resets run on the workspace's own stream while the forward still runs;
- * then per branch, the one-to-many on the device's stream and the one-to-one on the workspace's stream beside it
- * (each with its own buffers; the two join before the final sum, so the objective's span on the critical path is
- * the longer branch's, not their sum):
- *   init      the branch's owners, counts, keys and partial sums reset (one launch)
- *   select    OBJ_SEL_SPLIT blocks per (image, GT): candidates (STAL box), metric, top-k (block merge
- *             of per-thread top-k lists, then the GT's last block merges the blocks' lists; keys =
+ * The targets' upload and the reset of both branches' state run on the workspace's own stream while the
+ * forward still runs. Then each launch, on the device's stream, covers both branches (one-to-many and
+ * one-to-one, each with its own buffers; a block works for one of them), so the objective is one chain of
+ * seven launches on one stream, with no join between streams:
+ *   select    OBJ_SEL_SPLIT blocks per (branch, image, GT): candidates (STAL box), metric, top-k (block
+ *             merge of per-thread top-k lists, then the GT's last block merges the blocks' lists; keys =
  *             value bits, then anchor descending so ties go to the lower anchor), the zero-metric fill
  *             of the documented tie rule, claims per anchor
- *   conflict  one thread per selection: the claimant that flips the anchor's claim count to -1
- *             resolves it (largest CIoU over all GTs, first GT on ties); the result is the same
- *             whichever thread does it
- *   top1      (o2o, topk2 = 1) atomicMax of (metric, anchor) keys per GT, then keep the winner
- *   stats     atomicMax of metric/overlap bits per GT (non-negative floats order like their bits)
- *   nval      normalised target per anchor + per-block partial sums of T
- *   cls, box  BCE over all anchors x classes, CIoU + L1 over the foreground, gradients, per-block
- *             partial sums
- * Every sum is per block then reduced by one block in a fixed order: results are deterministic.
- * Atomics are only integer max/add/CAS whose outcome does not depend on their order. */
+ *   conflict  one warp per selection: the claimant that flips the anchor's claim count to -1 resolves it
+ *             (largest CIoU over all GTs, first GT on ties); the result is the same whichever warp does it
+ *   top1      (o2o only, topk2 = 1) atomicMax of (metric, anchor) keys per GT
+ *   stats     the top-1 winners kept (o2o); atomicMax of metric/overlap bits per GT (non-negative
+ *             floats order like their bits)
+ *   nval      normalised target per anchor + per-block partial sums of T; the branch's last block to
+ *             finish sums them
+ *   cls       BCE over all anchors x classes and its gradient, per-block partial sums
+ *   box       CIoU + L1 over the foreground and their gradients, per-block partial sums; the branch's last
+ *             block sums the branch's partial sums, and the last branch to finish writes the losses
+ * (The BCE and the boxes in one launch were slower back to back: benchmarks/RESULTS.md.)
+ * Every sum is per block, then summed by one block in a fixed order: results are deterministic. Atomics are
+ * only integer max/add/CAS whose outcome does not depend on their order. */
 #include <stdint.h>
 
 #include "../objective/objective.h"
@@ -34,7 +37,7 @@
  * (benchmarks/RESULTS.md, call 80). */
 #define OBJ_SEL_THREADS 256
 #define OBJ_SEL_SPLIT 4
-#define OBJ_NB 1024 /* blocks of the grid-stride kernels = length of the partial-sum arrays */
+#define OBJ_NB 2048 /* most blocks of a branch's grid-stride part = length of its partial-sum arrays */
 #define OBJ_KMAX PTL_OBJ_TOPK_O2M
 
 struct ptl_obj_workspace {
@@ -46,11 +49,11 @@ struct ptl_obj_workspace {
     size_t pcap[2];
     cudaEvent_t ev[2];
     int ev_used[2], turn;
-    /* the stream of the upload, the resets and the one-to-one branch, at the device stream's priority */
+    /* the stream of the upload and the resets, at the device stream's priority */
     cudaStream_t side;
-    /* ready: the upload and resets done; fork: the forward's outputs (and the device stream's earlier work);
-     * join: the side's branch done; done: the final sum, after which a call's buffers are free again */
-    cudaEvent_t ready, fork, join, done;
+    /* fork: the device stream's earlier work; ready: the upload and resets done; done: the call's last
+     * launch, after which its buffers are free again */
+    cudaEvent_t fork, ready, done;
     int done_used;
 };
 
@@ -61,6 +64,7 @@ struct ObjGeom {
     int B, M, nc, H, W;
 };
 
+/* One branch's buffers. */
 struct ObjBufs {
     const int32_t *count, *cls;
     const float *gbox;
@@ -70,8 +74,30 @@ struct ObjBufs {
     unsigned int *amax, *omax;
     unsigned long long *seltop; /* per (GT, part) its block's top-k keys, descending */
     int32_t *selnum, *seldone;  /* their counts; per GT the parts done */
-    double *part, *res; /* part: 4 x OBJ_NB (box, cls, l1, T); res: 2 branches x (box, cls, l1, T) */
+    double *part;               /* 4 x OBJ_NB: box, cls, l1, T */
 };
+
+/* What the launches of one call read: both branches' buffers, inputs, outputs and settings. */
+struct ObjCall {
+    ObjBufs w[2];
+    const void *boxes[2], *scores[2];
+    void *gboxes[2], *gscores[2];
+    int topk[2], top1[2];
+    double kcls[2], kbox[2], kl1[2]; /* the gradients' scales before the division by T */
+    double wt[2], gain[3];
+    const float *dscale; /* the loss scale on the device, or NULL */
+    float *losses;
+    double *res;  /* per branch: box, cls, l1, T */
+    int32_t *ctr; /* blocks done: [0, 2) nval per branch, [2, 4) box per branch; [4] branches done */
+    unsigned nb_anchor, nb_cls; /* blocks per branch of the per-anchor kernels and of the BCE */
+    ptl_dtype dt;
+};
+
+template <typename T>
+__device__ __forceinline__ T obj_pick(const T (&a)[2], int br)
+{
+    return br ? a[1] : a[0];
+}
 
 __device__ __forceinline__ float obj_ld(const void *p, ptl_dtype dt, int64_t i)
 {
@@ -135,39 +161,51 @@ __device__ void obj_claim(const ObjBufs &w, int64_t ba, int j, float al, float u
     w.povl[ba] = u;
 }
 
-/* A branch's state reset in one launch instead of a memset each: the partial sums, and where the branch assigns
- * (na anchors, ng GTs; 0 when the assignment is given) the owners (-1), claim counts, and per GT its key,
- * maxima and count of finished selection parts. */
-__global__ void obj_init_kernel(ObjBufs w, int64_t na, int64_t ng)
+/* Both branches' state reset in one launch instead of a memset each: the partial sums and the call's block
+ * counters, and where the branches assign (na anchors, ng GTs a branch; 0 when the assignment is given) the
+ * owners (-1), claim counts, and per GT its key, maxima and count of finished selection parts. */
+__global__ void obj_init_kernel(ObjCall c, int64_t na, int64_t ng)
 {
     ptl_wait_prior();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < 4 * OBJ_NB || i < na || i < ng;
          i += stride) {
-        if (i < 4 * OBJ_NB)
-            w.part[i] = 0;
-        if (i < na) {
-            w.owner[i] = -1;
-            w.claim[i] = 0;
-        }
-        if (i < ng) {
-            w.gtkey[i] = 0;
-            w.amax[i] = 0;
-            w.omax[i] = 0;
-            w.seldone[i] = 0;
+        if (i < 5)
+            c.ctr[i] = 0;
+        for (int br = 0; br < 2; br++) {
+            const ObjBufs &w = c.w[br];
+            if (i < 4 * OBJ_NB)
+                w.part[i] = 0;
+            if (i < na) {
+                w.owner[i] = -1;
+                w.claim[i] = 0;
+            }
+            if (i < ng) {
+                w.gtkey[i] = 0;
+                w.amax[i] = 0;
+                w.omax[i] = 0;
+                w.seldone[i] = 0;
+            }
         }
     }
 }
 
-__global__ void __launch_bounds__(OBJ_SEL_THREADS)
-    obj_select_kernel(ObjGeom g, ObjBufs w, const void *boxes, const void *scores, ptl_dtype dt, int topk)
+/* OBJ_SEL_SPLIT blocks per (branch, image, GT). */
+__global__ void __launch_bounds__(OBJ_SEL_THREADS) obj_select_kernel(ObjGeom g, ObjCall c)
 {
     ptl_wait_prior();
     __shared__ unsigned long long top[OBJ_KMAX];
     __shared__ unsigned long long wmax[OBJ_SEL_THREADS / 32];
     __shared__ int ntop, last;
-    const int part = (int)(blockIdx.x % OBJ_SEL_SPLIT);
-    const int64_t bj = blockIdx.x / OBJ_SEL_SPLIT;
+    const int64_t per = (int64_t)g.B * g.M * OBJ_SEL_SPLIT;
+    const int br = (int64_t)blockIdx.x >= per;
+    const int64_t blk = (int64_t)blockIdx.x - br * per;
+    const ObjBufs w = obj_pick(c.w, br);
+    const void *const boxes = obj_pick(c.boxes, br), *const scores = obj_pick(c.scores, br);
+    const ptl_dtype dt = c.dt;
+    const int topk = obj_pick(c.topk, br);
+    const int part = (int)(blk % OBJ_SEL_SPLIT);
+    const int64_t bj = blk / OBJ_SEL_SPLIT;
     int b = (int)(bj / g.M), j = (int)(bj % g.M);
     int32_t *sel = w.sel + bj * topk;
     if (j >= w.count[b]) {
@@ -187,7 +225,7 @@ __global__ void __launch_bounds__(OBJ_SEL_THREADS)
         obj_f_cell_range(e[1], e[3], s, g.lh[l], &y0[l], &y1[l]);
         cnt[l + 1] = cnt[l] + (int64_t)(x1[l] - x0[l]) * (y1[l] - y0[l]);
     }
-    const int c = w.cls[bj];
+    const int gc = w.cls[bj];
     unsigned long long loc[OBJ_KMAX];
     int nloc = 0;
     for (int64_t i = part * blockDim.x + threadIdx.x; i < cnt[PTL_OBJ_NUM_LEVELS]; i += blockDim.x * OBJ_SEL_SPLIT) {
@@ -202,7 +240,8 @@ __global__ void __launch_bounds__(OBJ_SEL_THREADS)
         float d[4], al;
         for (int k = 0; k < 4; k++)
             d[k] = obj_ld(boxes, dt, ba * 4 + k);
-        obj_f_pair(gb, e, (float)x + 0.5f, (float)y + 0.5f, (float)(8 << l), d, obj_ld(scores, dt, ba * g.nc + c), &al);
+        obj_f_pair(gb, e, (float)x + 0.5f, (float)y + 0.5f, (float)(8 << l), d, obj_ld(scores, dt, ba * g.nc + gc),
+                   &al);
         if (!(al > 0))
             continue;
         unsigned long long key = obj_key(al, a);
@@ -313,7 +352,7 @@ __global__ void __launch_bounds__(OBJ_SEL_THREADS)
         sel[ns] = -1;
 }
 
-/* One warp per selected (image, GT, k) entry. An anchor that several GTs selected goes to the GT of the
+/* One warp per selected (branch, image, GT, k) entry. An anchor that several GTs selected goes to the GT of the
  * largest overlap (CIoU), the first on ties, and to GT 0 when GT 0's overlap is NaN: what a scan over the
  * GTs in order, replacing the best only by a strictly greater value, picks. Lane l scans GTs l, l + 32, ...
  * and a shuffle tree combines the lanes, both by obj_conflict_beats; one thread scanning every GT made this a
@@ -326,14 +365,20 @@ __device__ __forceinline__ bool obj_conflict_beats(float ov, int j, float bov, i
     return j >= 0 && ov == ov && (best < 0 || ov > bov || (ov == bov && j < best));
 }
 
-__global__ void obj_conflict_kernel(ObjGeom g, ObjBufs w, const void *boxes, const void *scores, ptl_dtype dt,
-                                    int topk)
+__global__ void obj_conflict_kernel(ObjGeom g, ObjCall c)
 {
     ptl_wait_prior();
-    const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int64_t wi = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int64_t n0 = (int64_t)g.B * g.M * c.topk[0];
+    const int br = wi >= n0;
+    const int64_t i = wi - br * n0;
     const int lane = threadIdx.x & 31;
+    const int topk = obj_pick(c.topk, br);
     if (i >= (int64_t)g.B * g.M * topk)
         return;
+    const ObjBufs w = obj_pick(c.w, br);
+    const void *const boxes = obj_pick(c.boxes, br), *const scores = obj_pick(c.scores, br);
+    const ptl_dtype dt = c.dt;
     const int32_t a = w.sel[i];
     if (a < 0)
         return;
@@ -395,11 +440,23 @@ __global__ void obj_top1_kernel(ObjGeom g, ObjBufs w)
     }
 }
 
-__global__ void obj_stats_kernel(ObjGeom g, ObjBufs w, int top1)
+/* The branch of block blockIdx.x of a launch of nb blocks per branch, and the block's index within it. */
+__device__ __forceinline__ int obj_branch(unsigned nb, unsigned *blk)
+{
+    const int br = blockIdx.x >= nb;
+    *blk = blockIdx.x - (br ? nb : 0);
+    return br;
+}
+
+__global__ void obj_stats_kernel(ObjGeom g, ObjCall c)
 {
     ptl_wait_prior();
+    unsigned blk;
+    const int br = obj_branch(c.nb_anchor, &blk);
+    const ObjBufs w = obj_pick(c.w, br);
+    const int top1 = obj_pick(c.top1, br);
     int64_t n = (int64_t)g.B * g.A;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t i = (int64_t)blk * blockDim.x + threadIdx.x; i < n; i += (int64_t)c.nb_anchor * blockDim.x) {
         int j = w.owner[i];
         if (j < 0)
             continue;
@@ -418,7 +475,7 @@ __global__ void obj_stats_kernel(ObjGeom g, ObjBufs w, int top1)
     }
 }
 
-/* Block sum of v (double) into out[blockIdx.x]; every thread of the block must call it. */
+/* Block sum of v (double) into *out (thread 0 writes it); every thread of the block must call it. */
 __device__ void obj_block_sum(double v, double *out)
 {
     __shared__ double red[OBJ_THREADS / 32];
@@ -436,12 +493,58 @@ __device__ void obj_block_sum(double v, double *out)
     }
 }
 
-__global__ void __launch_bounds__(OBJ_THREADS) obj_nval_kernel(ObjGeom g, ObjBufs w)
+/* Whether this block is the last of `total` to reach this point (each counts itself in *ctr once); the partial
+ * sums every block wrote by thread 0 (obj_block_sum) are then visible to it. Every thread of the block must
+ * call it; only thread 0 waits for its writes (the other threads' outputs are read by later launches). */
+__device__ bool obj_last_block(int32_t *ctr, unsigned total)
+{
+    __shared__ int last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(ctr, 1) == (int)total - 1;
+        if (last)
+            __threadfence();
+    }
+    __syncthreads();
+    return last;
+}
+
+/* By the branch's last block: partial array k (in a fixed order) into res[k] for k in [k0, k1); k == 3 is T,
+ * at least 1. Only the first nb partial sums were written this call (the rest are zeros, which add nothing);
+ * each thread loads its share at once, then adds it in order. */
+__device__ void obj_sum_parts(const ObjBufs &w, int k0, int k1, unsigned nb, double *res)
+{
+    __shared__ double tot;
+    for (int k = k0; k < k1; k++) {
+        double v[OBJ_NB / OBJ_THREADS];
+#pragma unroll
+        for (int q = 0; q < OBJ_NB / OBJ_THREADS; q++) {
+            const unsigned i = threadIdx.x + q * OBJ_THREADS;
+            v[q] = i < nb ? __ldcg(&w.part[k * OBJ_NB + i]) : 0.0;
+        }
+        double s = 0;
+#pragma unroll
+        for (int q = 0; q < OBJ_NB / OBJ_THREADS; q++)
+            s += v[q];
+        obj_block_sum(s, &tot);
+        __syncthreads();
+        if (threadIdx.x == 0)
+            res[k] = k == 3 ? (tot > 1 ? tot : 1.0) : tot;
+        __syncthreads();
+    }
+}
+
+/* The normalised targets and T's partial sums, then T (the branch's last block). */
+__global__ void __launch_bounds__(OBJ_THREADS) obj_nval_kernel(ObjGeom g, ObjCall c)
 {
     ptl_wait_prior();
+    unsigned blk;
+    const int br = obj_branch(c.nb_anchor, &blk);
+    const ObjBufs w = obj_pick(c.w, br);
     int64_t n = (int64_t)g.B * g.A;
     double acc = 0;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t i = (int64_t)blk * blockDim.x + threadIdx.x; i < n; i += (int64_t)c.nb_anchor * blockDim.x) {
         int j = w.owner[i];
         float v = 0;
         if (j >= 0) {
@@ -452,36 +555,26 @@ __global__ void __launch_bounds__(OBJ_THREADS) obj_nval_kernel(ObjGeom g, ObjBuf
         }
         w.nval[i] = v;
     }
-    obj_block_sum(acc, &w.part[3 * OBJ_NB + blockIdx.x]);
+    obj_block_sum(acc, &w.part[3 * OBJ_NB + blk]);
+    if (obj_last_block(&c.ctr[br], c.nb_anchor))
+        obj_sum_parts(w, 3, 4, c.nb_anchor, c.res + 4 * br);
 }
 
-/* T's partial sums from given targets (assignment passed in). */
-__global__ void __launch_bounds__(OBJ_THREADS) obj_tsum_kernel(ObjGeom g, ObjBufs w)
+/* T from given targets (the assignment passed in): partial sums, then T (the branch's last block). */
+__global__ void __launch_bounds__(OBJ_THREADS) obj_tsum_kernel(ObjGeom g, ObjCall c)
 {
     ptl_wait_prior();
+    unsigned blk;
+    const int br = obj_branch(c.nb_anchor, &blk);
+    const ObjBufs w = obj_pick(c.w, br);
     int64_t n = (int64_t)g.B * g.A;
     double acc = 0;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    for (int64_t i = (int64_t)blk * blockDim.x + threadIdx.x; i < n; i += (int64_t)c.nb_anchor * blockDim.x)
         if (w.owner[i] >= 0)
             acc += (double)w.nval[i];
-    obj_block_sum(acc, &w.part[3 * OBJ_NB + blockIdx.x]);
-}
-
-/* One block: sums partial array k (fixed order) for k in [k0, k1) into res[k]; k == 3 is T. */
-__global__ void __launch_bounds__(OBJ_THREADS) obj_reduce_kernel(ObjBufs w, int k0, int k1, double *res)
-{
-    ptl_wait_prior();
-    for (int k = k0; k < k1; k++) {
-        double s = 0;
-        for (int i = threadIdx.x; i < OBJ_NB; i += blockDim.x)
-            s += w.part[k * OBJ_NB + i];
-        __shared__ double tot;
-        obj_block_sum(s, &tot);
-        __syncthreads();
-        if (threadIdx.x == 0)
-            res[k] = k == 3 ? (tot > 1 ? tot : 1.0) : tot;
-        __syncthreads();
-    }
+    obj_block_sum(acc, &w.part[3 * OBJ_NB + blk]);
+    if (obj_last_block(&c.ctr[br], c.nb_anchor))
+        obj_sum_parts(w, 3, 4, c.nb_anchor, c.res + 4 * br);
 }
 
 /* V consecutive scores as floats: one 16-byte load per 8 half-width or 4 float32 values when V is 8 (the
@@ -533,20 +626,29 @@ __device__ __forceinline__ void obj_st_v(void *p, ptl_dtype dt, int64_t i, const
     }
 }
 
-/* Classification BCE and its gradient, V consecutive classes of one anchor a thread (8 when nc and the
- * pointers allow 16-byte access: one owner lookup and one division per 8 scores). I: the group index's type,
- * 32-bit unsigned where B * A * nc fits (its division is several times cheaper). */
-template <typename I, int V>
-__global__ void __launch_bounds__(OBJ_THREADS)
-    obj_cls_kernel(ObjGeom g, ObjBufs w, const void *scores, void *gscores, ptl_dtype dt, double scale,
-                   const float *dscale, const double *res)
+/* The BCE of logit x against target t and its gradient's unscaled part sigmoid(x) - t, from one e = exp(-|x|):
+ * the sigmoid as 1 / (1 + e) or e / (1 + e) by the sign of x. e and the division by the hardware's
+ * approximations (within a few ulp: the gradient needs no more, and the assignment, which must agree with the
+ * CPU's bit for bit, does not use them); the BCE's log1p by CUDA's (1 ulp: its value is the reported loss). */
+__device__ __forceinline__ float obj_cls_term(float x, float t, float *dx)
 {
-    ptl_wait_prior();
+    const float e = __expf(-fabsf(x));
+    *dx = __fdividef(x >= 0 ? 1.0f : e, 1.0f + e) - t;
+    return (x > 0 ? x : 0.0f) - x * t + log1pf(e);
+}
+
+/* Classification BCE and its gradient over the branch's anchors x classes, V consecutive classes of one
+ * anchor a thread (8 when nc and the pointers allow 16-byte access: one owner lookup and one division per 8
+ * scores); blk of nb blocks; its partial sum of the BCE. I: the group index's type, 32-bit unsigned where
+ * B * A * nc fits (its division is several times cheaper). */
+template <typename I, int V>
+__device__ __forceinline__ double obj_cls_part(const ObjGeom &g, const ObjBufs &w, const void *scores,
+                                               void *gscores, ptl_dtype dt, float k, unsigned blk, unsigned nb)
+{
     const I ncv = (I)(g.nc / V);
     const I n = (I)g.B * (I)g.A * ncv;
-    float k = (float)(scale * (dscale ? (double)*dscale : 1.0) / res[3]);
     double acc = 0;
-    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+    for (I i = (I)blk * blockDim.x + threadIdx.x; i < n; i += (I)nb * blockDim.x) {
         const I ba = i / ncv;
         const int c0 = (int)(i - ba * ncv) * V;
         const int j = w.owner[ba];
@@ -557,26 +659,25 @@ __global__ void __launch_bounds__(OBJ_THREADS)
         obj_ld_v<V>(scores, dt, e, x);
 #pragma unroll
         for (int q = 0; q < V; q++) {
-            const float t = c0 + q == tc ? tv : 0.0f;
-            acc += (double)obj_f_bce(x[q], t);
-            gx[q] = (obj_f_sigmoid(x[q]) - t) * k;
+            float d;
+            acc += (double)obj_cls_term(x[q], c0 + q == tc ? tv : 0.0f, &d);
+            gx[q] = d * k;
         }
         if (gscores)
             obj_st_v<V>(gscores, dt, e, gx);
     }
-    obj_block_sum(acc, &w.part[1 * OBJ_NB + blockIdx.x]);
+    return acc;
 }
 
-__global__ void __launch_bounds__(OBJ_THREADS)
-    obj_box_kernel(ObjGeom g, ObjBufs w, const void *boxes, void *gboxes, ptl_dtype dt, double sbox, double sl1,
-                   const float *dscale, const double *res)
+/* CIoU + L1 over the branch's foreground anchors and their gradients (zero elsewhere); blk of nb blocks; its
+ * partial sums of both losses. */
+__device__ void obj_box_part(const ObjGeom &g, const ObjBufs &w, const void *boxes, void *gboxes,
+                             ptl_dtype dt, float kb, float kl, unsigned blk, unsigned nb, double *box_sum,
+                             double *l1_sum)
 {
-    ptl_wait_prior();
     int64_t n = (int64_t)g.B * g.A;
-    const double ds = dscale ? (double)*dscale : 1.0;
-    float kb = (float)(sbox * ds / res[3]), kl = (float)(sl1 * ds / res[3]);
     double accb = 0, accl = 0;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t i = (int64_t)blk * blockDim.x + threadIdx.x; i < n; i += (int64_t)nb * blockDim.x) {
         int j = w.owner[i];
         float t = j >= 0 ? w.nval[i] : 0.0f;
         float gd[4] = {0, 0, 0, 0};
@@ -613,25 +714,72 @@ __global__ void __launch_bounds__(OBJ_THREADS)
             for (int q = 0; q < 4; q++)
                 obj_st(gboxes, dt, i * 4 + q, gd[q]);
     }
-    obj_block_sum(accb, &w.part[0 * OBJ_NB + blockIdx.x]);
-    obj_block_sum(accl, &w.part[2 * OBJ_NB + blockIdx.x]);
+    *box_sum = accb;
+    *l1_sum = accl;
 }
 
-__global__ void obj_final_kernel(const double *res, double w0, double w1, double g0, double g1, double g2, int B,
-                                 float *losses)
+/* BCE of both branches: per branch nb_cls blocks, each its partial sum. */
+template <typename I, int V>
+__global__ void __launch_bounds__(OBJ_THREADS) obj_cls_kernel(ObjGeom g, ObjCall c)
 {
     ptl_wait_prior();
-    const double gain[3] = {g0, g1, g2};
-    double wt[2] = {w0, w1}, total = 0;
-    for (int br = 0; br < 2; br++)
+    unsigned blk;
+    const int br = obj_branch(c.nb_cls, &blk);
+    const ObjBufs w = obj_pick(c.w, br);
+    const double ds = c.dscale ? (double)*c.dscale : 1.0;
+    const void *const scores = obj_pick(c.scores, br);
+    void *const gscores = obj_pick(c.gscores, br);
+    const float k = (float)(obj_pick(c.kcls, br) * ds / c.res[4 * br + 3]);
+    /* the dtype a constant in each call, so the conversions are chosen once, not per element */
+    double acc;
+    if (c.dt == PTL_BFLOAT16)
+        acc = obj_cls_part<I, V>(g, w, scores, gscores, PTL_BFLOAT16, k, blk, c.nb_cls);
+    else if (c.dt == PTL_FLOAT16)
+        acc = obj_cls_part<I, V>(g, w, scores, gscores, PTL_FLOAT16, k, blk, c.nb_cls);
+    else
+        acc = obj_cls_part<I, V>(g, w, scores, gscores, PTL_FLOAT32, k, blk, c.nb_cls);
+    obj_block_sum(acc, &w.part[1 * OBJ_NB + blk]);
+}
+
+/* CIoU + L1 of both branches (per branch nb_anchor blocks), then the branch's last block sums the partial sums
+ * (the BCE's too), and the last branch to finish writes the losses (loss components times the batch size,
+ * each branch's and the weighted total). */
+__global__ void __launch_bounds__(OBJ_THREADS) obj_box_kernel(ObjGeom g, ObjCall c)
+{
+    ptl_wait_prior();
+    __shared__ int last;
+    unsigned blk;
+    const int br = obj_branch(c.nb_anchor, &blk);
+    const ObjBufs w = obj_pick(c.w, br);
+    const double *res = c.res + 4 * br;
+    const double ds = c.dscale ? (double)*c.dscale : 1.0;
+    double accb, accl;
+    obj_box_part(g, w, obj_pick(c.boxes, br), obj_pick(c.gboxes, br), c.dt,
+                 (float)(obj_pick(c.kbox, br) * ds / res[3]), (float)(obj_pick(c.kl1, br) * ds / res[3]), blk,
+                 c.nb_anchor, &accb, &accl);
+    obj_block_sum(accb, &w.part[0 * OBJ_NB + blk]);
+    obj_block_sum(accl, &w.part[2 * OBJ_NB + blk]);
+    if (!obj_last_block(&c.ctr[2 + br], c.nb_anchor))
+        return;
+    obj_sum_parts(w, 0, 3, c.nb_anchor > c.nb_cls ? c.nb_anchor : c.nb_cls, c.res + 4 * br);
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(&c.ctr[4], 1) == 1;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x != 0)
+        return;
+    __threadfence();
+    double total = 0;
+    for (int b = 0; b < 2; b++)
         for (int k = 0; k < 3; k++) {
-            double comp = gain[k] * res[4 * br + k] / res[4 * br + 3];
-            losses[1 + 3 * br + k] = (float)(B * comp);
-            total += wt[br] * B * comp;
-            if (br == 1)
-                losses[7 + k] = (float)comp;
+            const double comp = c.gain[k] * __ldcg(&c.res[4 * b + k]) / __ldcg(&c.res[4 * b + 3]);
+            c.losses[1 + 3 * b + k] = (float)(g.B * comp);
+            total += c.wt[b] * g.B * comp;
+            if (b == 1)
+                c.losses[7 + k] = (float)comp;
         }
-    losses[0] = (float)total;
+    c.losses[0] = (float)total;
 }
 
 extern "C" int ptl_obj_workspace_create(ptl_runtime *rt, int device, ptl_obj_workspace **out)
@@ -653,7 +801,6 @@ extern "C" int ptl_obj_workspace_create(ptl_runtime *rt, int device, ptl_obj_wor
     }
     PTL_CUDA_TRY(cudaEventCreateWithFlags(&ws->ready, cudaEventDisableTiming));
     PTL_CUDA_TRY(cudaEventCreateWithFlags(&ws->fork, cudaEventDisableTiming));
-    PTL_CUDA_TRY(cudaEventCreateWithFlags(&ws->join, cudaEventDisableTiming));
     PTL_CUDA_TRY(cudaEventCreateWithFlags(&ws->done, cudaEventDisableTiming));
     *out = ws;
     return 0;
@@ -680,8 +827,8 @@ extern "C" void ptl_obj_workspace_destroy(ptl_obj_workspace *ws)
             cudaStreamSynchronize(ws->side);
             cudaStreamDestroy(ws->side);
         }
-        cudaEvent_t evs[4] = {ws->ready, ws->fork, ws->join, ws->done};
-        for (int i = 0; i < 4; i++)
+        cudaEvent_t evs[3] = {ws->ready, ws->fork, ws->done};
+        for (int i = 0; i < 3; i++)
             if (evs[i])
                 cudaEventDestroy(evs[i]);
         if (ws->dblock)
@@ -692,17 +839,26 @@ extern "C" void ptl_obj_workspace_destroy(ptl_obj_workspace *ws)
 
 static size_t obj_align(size_t n) { return (n + 255) & ~(size_t)255; }
 
+/* Blocks of 256 threads for n items, at most OBJ_NB (the partial-sum arrays' length). */
+static unsigned obj_blocks(int64_t n)
+{
+    const int64_t nb = (n + OBJ_THREADS - 1) / OBJ_THREADS;
+    return (unsigned)(nb < 1 ? 1 : nb > OBJ_NB ? OBJ_NB : nb);
+}
+
 extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar, const ptl_obj_targets *tg)
 {
     ptl_cuda_ctx *ctx;
     ObjGeom g;
-    ObjBufs wb[2];
+    ObjCall c;
     cudaStream_t st;
-    const int64_t B = ar->B, A = ar->A, M = tg->M, BA = B * A, BM = B * M;
-    const int topks[2] = {PTL_OBJ_TOPK_O2M, PTL_OBJ_TOPK_O2O}, topk2s[2] = {PTL_OBJ_TOPK2_O2M, PTL_OBJ_TOPK2_O2O};
-    const double wt[2] = {ar->o2m_weight, ar->o2m_weight < 1 ? 1 - ar->o2m_weight : 0};
+    const int64_t B = ar->B, A = ar->A, M = tg->M, BA = B * A, BM = B * M, ncls = BA * ar->nc;
+    const int v8 = ar->nc % 8 == 0 && ptl_aligned16(ar->scores[0], ar->grad_scores[0], NULL) &&
+                   ptl_aligned16(ar->scores[1], ar->grad_scores[1], NULL);
+    const int narrow = ncls <= (int64_t)UINT32_MAX - (int64_t)OBJ_NB * OBJ_THREADS; /* i + stride fits */
     static_assert(PTL_OBJ_TOPK2_O2M == PTL_OBJ_TOPK_O2M && PTL_OBJ_TOPK2_O2O == 1,
                   "the CUDA top-k2 step handles topk2 == 1 only");
+    static_assert(PTL_OBJ_TOPK_O2O <= OBJ_KMAX, "the selection's lists hold OBJ_KMAX keys");
 
     if (ar->dtype != PTL_FLOAT32 && ar->dtype != PTL_BFLOAT16 && ar->dtype != PTL_FLOAT16)
         return ptl_set_error(PTL_ERR_TYPE, "objective: CUDA outputs must be float32, bfloat16 or float16, got %s",
@@ -712,7 +868,7 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
     st = ctx->stream;
 
     /* device workspace: targets, then per branch its per-anchor and per-GT buffers and partial sums (the offsets
-     * below are within a branch's), then the branches' results */
+     * below are within a branch's), then the branches' results and the block counters */
     size_t tgt_bytes = obj_align(sizeof(int32_t) * (size_t)(B + BM) + sizeof(float) * 4 * (size_t)BM);
     size_t off_owner = 0, off_claim = off_owner + obj_align(4 * (size_t)BA);
     size_t off_palign = off_claim + obj_align(4 * (size_t)BA), off_povl = off_palign + obj_align(4 * (size_t)BA);
@@ -723,8 +879,8 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
     size_t off_seldone = off_selnum + obj_align(4 * (size_t)BM * OBJ_SEL_SPLIT);
     size_t off_part = off_seldone + obj_align(4 * (size_t)BM);
     size_t branch_bytes = off_part + obj_align(sizeof(double) * 4 * OBJ_NB);
-    size_t off_res = tgt_bytes + 2 * branch_bytes;
-    size_t need = off_res + obj_align(sizeof(double) * 8);
+    size_t off_res = tgt_bytes + 2 * branch_bytes, off_ctr = off_res + obj_align(sizeof(double) * 8);
+    size_t need = off_ctr + obj_align(sizeof(int32_t) * 5);
     int grown = 0;
     if (need > ws->dcap) {
         /* grown geometrically: the box count per image varies from batch to batch */
@@ -740,7 +896,7 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
     }
     char *base = (char *)ws->dbuf;
     for (int br = 0; br < 2; br++) {
-        ObjBufs &w = wb[br];
+        ObjBufs &w = c.w[br];
         char *bb = base + tgt_bytes + br * branch_bytes;
         w.count = (const int32_t *)base;
         w.cls = w.count + B;
@@ -758,11 +914,31 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
         w.selnum = (int32_t *)(bb + off_selnum);
         w.seldone = (int32_t *)(bb + off_seldone);
         w.part = (double *)(bb + off_part);
-        w.res = (double *)(base + off_res);
+        c.boxes[br] = ar->boxes[br];
+        c.scores[br] = ar->scores[br];
+        c.gboxes[br] = ar->grad_boxes[br];
+        c.gscores[br] = ar->grad_scores[br];
+        c.topk[br] = br ? PTL_OBJ_TOPK_O2O : PTL_OBJ_TOPK_O2M;
+        c.top1[br] = (br ? PTL_OBJ_TOPK2_O2O : PTL_OBJ_TOPK2_O2M) != c.topk[br];
+    }
+    c.res = (double *)(base + off_res);
+    c.ctr = (int32_t *)(base + off_ctr);
+    c.dt = ar->dtype;
+    c.dscale = ar->grad_scale_dev;
+    c.losses = ar->losses;
+    c.wt[0] = ar->o2m_weight;
+    c.wt[1] = ar->o2m_weight < 1 ? 1 - ar->o2m_weight : 0;
+    for (int k = 0; k < 3; k++)
+        c.gain[k] = ar->gain[k];
+    for (int br = 0; br < 2; br++) {
+        const double bsc = c.wt[br] * (double)B * ar->grad_scale;
+        c.kcls[br] = bsc * ar->gain[1];
+        c.kbox[br] = bsc * ar->gain[0];
+        c.kl1[br] = bsc * ar->gain[2];
     }
 
-    /* The side stream writes the workspace before the forward's outputs are ready: after the previous call's final
-     * sum (the last reader of its targets and buffers), or, the first time and when the workspace was just
+    /* The side stream writes the workspace before the forward's outputs are ready: after the previous call's last
+     * launch (the last reader of its targets and buffers), or, the first time and when the workspace was just
      * reallocated, after everything queued on the device stream (the memory's earlier users). */
     PTL_CUDA_TRY(cudaEventRecord(ws->fork, st));
     PTL_CUDA_TRY(cudaStreamWaitEvent(ws->side, grown || !ws->done_used ? ws->fork : ws->done, 0));
@@ -802,104 +978,70 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
         g.lh[l] = ar->H / (8 << l);
         g.loff[l + 1] = g.loff[l] + (int64_t)g.lw[l] * g.lh[l];
     }
+    c.nb_anchor = obj_blocks(BA);
+    c.nb_cls = obj_blocks(v8 ? ncls / 8 : ncls);
     {
-        unsigned nb_anchor = (unsigned)((BA + OBJ_THREADS - 1) / OBJ_THREADS);
-        if (nb_anchor > OBJ_NB)
-            nb_anchor = OBJ_NB;
-        {
-            const int64_t na = ar->assign_in ? 0 : BA, ng = ar->assign_in ? 0 : BM;
-            int64_t n = na > ng ? na : ng;
-            n = n > 4 * OBJ_NB ? n : 4 * OBJ_NB;
-            const int64_t nb = (n + OBJ_THREADS - 1) / OBJ_THREADS;
-            for (int br = 0; br < 2; br++) {
-                ptl_launch(obj_init_kernel, (unsigned)(nb < OBJ_NB ? nb : OBJ_NB), OBJ_THREADS, 0, ws->side, wb[br],
-                           na, ng);
-                PTL_LAUNCH_CHECK("obj_init_kernel");
-            }
-        }
-        PTL_CUDA_TRY(cudaEventRecord(ws->ready, ws->side));
-        PTL_CUDA_TRY(cudaStreamWaitEvent(st, ws->ready, 0));
-        PTL_CUDA_TRY(cudaEventRecord(ws->fork, st));
-        PTL_CUDA_TRY(cudaStreamWaitEvent(ws->side, ws->fork, 0));
-        for (int br = 0; br < 2; br++) {
-            const ObjBufs &w = wb[br];
-            const cudaStream_t bs = br == 0 ? st : ws->side;
-            int topk = topks[br];
-            const void *boxes = ar->boxes[br], *scores = ar->scores[br];
-            if (ar->assign_in) {
-                PTL_CUDA_TRY(cudaMemcpyAsync(w.owner, ar->assign_gt[br], 4 * (size_t)BA, cudaMemcpyDeviceToDevice, bs));
-                PTL_CUDA_TRY(
-                    cudaMemcpyAsync(w.nval, ar->assign_score[br], 4 * (size_t)BA, cudaMemcpyDeviceToDevice, bs));
-            } else {
-                if (BM > 0) {
-                    ptl_launch(obj_select_kernel, (unsigned)(BM * OBJ_SEL_SPLIT), OBJ_SEL_THREADS, 0, bs, g, w, boxes,
-                               scores, ar->dtype, topk);
-                    PTL_LAUNCH_CHECK("obj_select_kernel");
-                    int64_t nsel = BM * topk;
-                    ptl_launch(obj_conflict_kernel, (unsigned)((nsel * 32 + OBJ_THREADS - 1) / OBJ_THREADS),
-                               OBJ_THREADS, 0, bs, g, w, boxes, scores, ar->dtype, topk); /* a warp per entry */
-                    PTL_LAUNCH_CHECK("obj_conflict_kernel");
-                    int top1 = topk2s[br] != topk;
-                    if (top1) {
-                        ptl_launch(obj_top1_kernel, nb_anchor, OBJ_THREADS, 0, bs, g, w);
-                        PTL_LAUNCH_CHECK("obj_top1_kernel");
-                    }
-                    ptl_launch(obj_stats_kernel, nb_anchor, OBJ_THREADS, 0, bs, g, w, top1);
-                    PTL_LAUNCH_CHECK("obj_stats_kernel");
-                }
-            }
-            if (!ar->assign_in) {
-                ptl_launch(obj_nval_kernel, nb_anchor, OBJ_THREADS, 0, bs, g, w);
-                PTL_LAUNCH_CHECK("obj_nval_kernel");
-                if (ar->assign_gt[br])
-                    PTL_CUDA_TRY(
-                        cudaMemcpyAsync(ar->assign_gt[br], w.owner, 4 * (size_t)BA, cudaMemcpyDeviceToDevice, bs));
-                if (ar->assign_score[br])
-                    PTL_CUDA_TRY(
-                        cudaMemcpyAsync(ar->assign_score[br], w.nval, 4 * (size_t)BA, cudaMemcpyDeviceToDevice, bs));
-            } else {
-                ptl_launch(obj_tsum_kernel, nb_anchor, OBJ_THREADS, 0, bs, g, w);
-                PTL_LAUNCH_CHECK("obj_tsum_kernel");
-            }
-            double *res = w.res + 4 * br;
-            ptl_launch(obj_reduce_kernel, 1, OBJ_THREADS, 0, bs, w, 3, 4, res);
-            PTL_LAUNCH_CHECK("obj_reduce_kernel");
-            int64_t ncls = BA * ar->nc;
-            const int v8 = ar->nc % 8 == 0 && ptl_aligned16(scores, ar->grad_scores[br], NULL);
-            const int64_t ncls_threads = v8 ? ncls / 8 : ncls;
-            unsigned nb_cls = (unsigned)((ncls_threads + OBJ_THREADS - 1) / OBJ_THREADS);
-            if (nb_cls > OBJ_NB)
-                nb_cls = OBJ_NB;
-            double bsc = wt[br] * (double)B * ar->grad_scale;
-            const int narrow = ncls <= (int64_t)UINT32_MAX - (int64_t)OBJ_NB * OBJ_THREADS; /* i + stride fits */
-            const double ks = bsc * ar->gain[1];
-            if (v8 && narrow)
-                ptl_launch(obj_cls_kernel<uint32_t, 8>, nb_cls, OBJ_THREADS, 0, bs, g, w, scores,
-                           ar->grad_scores[br], ar->dtype, ks, ar->grad_scale_dev, res);
-            else if (v8)
-                ptl_launch(obj_cls_kernel<int64_t, 8>, nb_cls, OBJ_THREADS, 0, bs, g, w, scores,
-                           ar->grad_scores[br], ar->dtype, ks, ar->grad_scale_dev, res);
-            else if (narrow)
-                ptl_launch(obj_cls_kernel<uint32_t, 1>, nb_cls, OBJ_THREADS, 0, bs, g, w, scores,
-                           ar->grad_scores[br], ar->dtype, ks, ar->grad_scale_dev, res);
-            else
-                ptl_launch(obj_cls_kernel<int64_t, 1>, nb_cls, OBJ_THREADS, 0, bs, g, w, scores,
-                           ar->grad_scores[br], ar->dtype, ks, ar->grad_scale_dev, res);
-            PTL_LAUNCH_CHECK("obj_cls_kernel");
-            ptl_launch(obj_box_kernel, nb_anchor, OBJ_THREADS, 0, bs, g, w, boxes, ar->grad_boxes[br], ar->dtype,
-                       bsc * ar->gain[0], bsc * ar->gain[2], ar->grad_scale_dev, res);
-            PTL_LAUNCH_CHECK("obj_box_kernel");
-            ptl_launch(obj_reduce_kernel, 1, OBJ_THREADS, 0, bs, w, 0, 3, res);
-            PTL_LAUNCH_CHECK("obj_reduce_kernel");
-        }
-        PTL_CUDA_TRY(cudaEventRecord(ws->join, ws->side));
-        PTL_CUDA_TRY(cudaStreamWaitEvent(st, ws->join, 0));
-        ptl_launch(obj_final_kernel, 1, 1, 0, st, wb[0].res, wt[0], wt[1], ar->gain[0], ar->gain[1], ar->gain[2],
-                   (int)B, ar->losses);
-        PTL_LAUNCH_CHECK("obj_final_kernel");
-        PTL_CUDA_TRY(cudaEventRecord(ws->done, st));
-        ws->done_used = 1;
+        const int64_t na = ar->assign_in ? 0 : BA, ng = ar->assign_in ? 0 : BM;
+        int64_t n = na > ng ? na : ng;
+        n = n > 4 * OBJ_NB ? n : 4 * OBJ_NB;
+        ptl_launch(obj_init_kernel, obj_blocks(n), OBJ_THREADS, 0, ws->side, c, na, ng);
+        PTL_LAUNCH_CHECK("obj_init_kernel");
     }
+    PTL_CUDA_TRY(cudaEventRecord(ws->ready, ws->side));
+    PTL_CUDA_TRY(cudaStreamWaitEvent(st, ws->ready, 0));
+
+    /* the assignment of both branches (or the given one), then the normalised targets and T */
+    if (ar->assign_in) {
+        for (int br = 0; br < 2; br++) {
+            PTL_CUDA_TRY(cudaMemcpyAsync(c.w[br].owner, ar->assign_gt[br], 4 * (size_t)BA, cudaMemcpyDeviceToDevice,
+                                         st));
+            PTL_CUDA_TRY(cudaMemcpyAsync(c.w[br].nval, ar->assign_score[br], 4 * (size_t)BA,
+                                         cudaMemcpyDeviceToDevice, st));
+        }
+        ptl_launch(obj_tsum_kernel, 2 * c.nb_anchor, OBJ_THREADS, 0, st, g, c);
+        PTL_LAUNCH_CHECK("obj_tsum_kernel");
+    } else {
+        if (BM > 0) {
+            ptl_launch(obj_select_kernel, (unsigned)(2 * BM * OBJ_SEL_SPLIT), OBJ_SEL_THREADS, 0, st, g, c);
+            PTL_LAUNCH_CHECK("obj_select_kernel");
+            const int64_t nsel = BM * (c.topk[0] + c.topk[1]); /* a warp per entry */
+            ptl_launch(obj_conflict_kernel, (unsigned)((nsel * 32 + OBJ_THREADS - 1) / OBJ_THREADS), OBJ_THREADS, 0,
+                       st, g, c);
+            PTL_LAUNCH_CHECK("obj_conflict_kernel");
+            for (int br = 0; br < 2; br++)
+                if (c.top1[br]) {
+                    ptl_launch(obj_top1_kernel, c.nb_anchor, OBJ_THREADS, 0, st, g, c.w[br]);
+                    PTL_LAUNCH_CHECK("obj_top1_kernel");
+                }
+            ptl_launch(obj_stats_kernel, 2 * c.nb_anchor, OBJ_THREADS, 0, st, g, c);
+            PTL_LAUNCH_CHECK("obj_stats_kernel");
+        }
+        ptl_launch(obj_nval_kernel, 2 * c.nb_anchor, OBJ_THREADS, 0, st, g, c);
+        PTL_LAUNCH_CHECK("obj_nval_kernel");
+        for (int br = 0; br < 2; br++) {
+            if (ar->assign_gt[br])
+                PTL_CUDA_TRY(
+                    cudaMemcpyAsync(ar->assign_gt[br], c.w[br].owner, 4 * (size_t)BA, cudaMemcpyDeviceToDevice, st));
+            if (ar->assign_score[br])
+                PTL_CUDA_TRY(cudaMemcpyAsync(ar->assign_score[br], c.w[br].nval, 4 * (size_t)BA,
+                                             cudaMemcpyDeviceToDevice, st));
+        }
+    }
+
+    /* the losses and gradients */
+    if (v8 && narrow)
+        ptl_launch(obj_cls_kernel<uint32_t, 8>, 2 * c.nb_cls, OBJ_THREADS, 0, st, g, c);
+    else if (v8)
+        ptl_launch(obj_cls_kernel<int64_t, 8>, 2 * c.nb_cls, OBJ_THREADS, 0, st, g, c);
+    else if (narrow)
+        ptl_launch(obj_cls_kernel<uint32_t, 1>, 2 * c.nb_cls, OBJ_THREADS, 0, st, g, c);
+    else
+        ptl_launch(obj_cls_kernel<int64_t, 1>, 2 * c.nb_cls, OBJ_THREADS, 0, st, g, c);
+    PTL_LAUNCH_CHECK("obj_cls_kernel");
+    ptl_launch(obj_box_kernel, 2 * c.nb_anchor, OBJ_THREADS, 0, st, g, c);
+    PTL_LAUNCH_CHECK("obj_box_kernel");
+    PTL_CUDA_TRY(cudaEventRecord(ws->done, st));
+    ws->done_used = 1;
     return 0;
 fail:
     return -1;
