@@ -39,6 +39,7 @@
 #define OBJ_SEL_SPLIT 4
 #define OBJ_NB 2048 /* most blocks of a branch's grid-stride part = length of its partial-sum arrays */
 #define OBJ_KMAX PTL_OBJ_TOPK_O2M
+#define OBJ_NCTR 5 /* block counters a call (ObjCall.ctr) */
 
 struct ptl_obj_workspace {
     ptl_runtime *rt;
@@ -170,7 +171,7 @@ __global__ void obj_init_kernel(ObjCall c, int64_t na, int64_t ng)
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < 4 * OBJ_NB || i < na || i < ng;
          i += stride) {
-        if (i < 5)
+        if (i < OBJ_NCTR)
             c.ctr[i] = 0;
         for (int br = 0; br < 2; br++) {
             const ObjBufs &w = c.w[br];
@@ -880,7 +881,7 @@ extern "C" int ptl_objective_cuda(ptl_obj_workspace *ws, const ptl_obj_args *ar,
     size_t off_part = off_seldone + obj_align(4 * (size_t)BM);
     size_t branch_bytes = off_part + obj_align(sizeof(double) * 4 * OBJ_NB);
     size_t off_res = tgt_bytes + 2 * branch_bytes, off_ctr = off_res + obj_align(sizeof(double) * 8);
-    size_t need = off_ctr + obj_align(sizeof(int32_t) * 5);
+    size_t need = off_ctr + obj_align(sizeof(int32_t) * OBJ_NCTR);
     int grown = 0;
     if (need > ws->dcap) {
         /* grown geometrically: the box count per image varies from batch to batch */

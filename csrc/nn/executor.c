@@ -53,19 +53,27 @@ int ptl_net_record(ptl_net_exec *x, const void *images, int B, int H, int W, con
 
 static void use_main_queue(ptl_net_exec *x);
 
+/* A backward adds its weight gradients into wgc, which the last backward's weight_grad left zero; after a
+ * backward that failed before its weight_grad, wgc is zeroed first (on the main queue). */
+static int wgc_clean(ptl_net_exec *x)
+{
+    if (!x->wgc_dirty)
+        return 0;
+    use_main_queue(x);
+    if (activate(x->be, x->ctx) || x->be->zero(x->ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz))
+        return -1;
+    x->wgc_dirty = 0;
+    return 0;
+}
+
 int ptl_net_replay(ptl_net_exec *x, int part)
 {
     if (!x->be->replay)
         return ptl_set_error(PTL_ERR_RUNTIME, "network replay: the %s backend has no graph recorder", x->be->name);
     if (part == PTL_NET_REPLAY_FORWARD)
         return x->be->replay(x, part);
-    /* the recorded backward adds into wgc as the last weight_grad left it: zero, unless an eager backward failed */
-    if (x->wgc_dirty) {
-        use_main_queue(x);
-        if (activate(x->be, x->ctx) || x->be->zero(x->ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz))
-            return -1;
-        x->wgc_dirty = 0;
-    }
+    if (wgc_clean(x))
+        return -1;
     if (x->be->replay(x, part)) {
         x->wgc_dirty = 1;
         return -1;
@@ -1300,9 +1308,7 @@ int ptl_net_exec_backward(ptl_net_exec *x, const void *const d_out[2][2], void *
                                               "nothing for a backward); run it again with gradients on");
     PTL_CHECK(activate(x->be, x->ctx));
     use_main_queue(x);
-    /* the weight gradients add into wgc, which the last backward's weight_grad left zero unless it failed */
-    if (x->wgc_dirty)
-        PTL_CHECK(x->be->zero(x->ctx, x->wgc.ptr, (size_t)x->wt.total * x->csz));
+    PTL_CHECK(wgc_clean(x));
     x->wgc_dirty = 1;
     const int want = d_images != NULL;
     /* the branches' backwards in reverse order of fork: on each queue the one joined first comes first */
