@@ -350,6 +350,16 @@ def test_maxpool_ties_route_to_first_in_scan_order():
     np.testing.assert_array_equal(N(C.layer_maxpool5_forward(T(x32))), maxpool_ref(x))
 
 
+def test_maxpool_argmax_is_kept_on_cuda_only():
+    # the CPU's backward finds its argmaxes again: a buffer for them is refused, not silently left unwritten
+    x = T(np.zeros((1, 4, 4, 2)))
+    kept = C.empty((1, 4, 4, 2), dtype="uint8")
+    with pytest.raises(ValueError, match="argmax: kept by the CUDA kernels only"):
+        C.layer_maxpool5_forward(x, argmax=kept)
+    with pytest.raises(ValueError, match="argmax: kept by the CUDA kernels only"):
+        C.layer_maxpool5_backward(x, x, T(np.zeros((1, 4, 4, 2))), False, argmax=kept)
+
+
 def test_maxpool_small_and_negative_inputs():
     x = -np.abs(np.random.default_rng(10).standard_normal((1, 1, 2, 2))) - 1e30
     np.testing.assert_array_equal(N(C.layer_maxpool5_forward(T(x))), maxpool_ref(x))

@@ -620,6 +620,18 @@ def test_zero_kernel(dt, n):
 # ---------------------------------------------------------------------------------------------- maxpool / upsample
 
 
+def maxpool_backward(x, dy, dx, acc):
+    """The GPU backward both ways, finding the argmaxes itself and reading those a forward kept (a training
+    forward's, in the network): same bits, and the kept forward's output is the plain one's."""
+    kept = C.empty(tuple(x.shape), dtype="uint8", device="cuda")
+    y = host(C.layer_maxpool5_forward(x, argmax=kept))
+    assert np.array_equal(y, host(C.layer_maxpool5_forward(x)), equal_nan=True)
+    dx2 = dx.to(device="cpu").to(device="cuda")
+    C.layer_maxpool5_backward(x, dy, dx, acc)
+    C.layer_maxpool5_backward(x, dy, dx2, acc, argmax=kept)
+    assert np.array_equal(host(dx), host(dx2), equal_nan=True)
+
+
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("shape", [(2, 7, 9, 5), (1, 3, 2, 17), (2, 20, 20, 64), (3, 17, 11, 40)])
 @pytest.mark.parametrize("ties", [False, True])
@@ -632,7 +644,7 @@ def test_maxpool_matches_cpu(shape, ties, dt):
     assert np.array_equal(host(y), N(C.layer_maxpool5_forward(T64(x))))  # a max is exact in any dtype
     for acc in (False, True):
         dx = gpu(dx0, dt)
-        C.layer_maxpool5_backward(gpu(x, dt), gpu(dy, dt), dx, acc)
+        maxpool_backward(gpu(x, dt), gpu(dy, dt), dx, acc)
         if dt == "float32":  # same sums in the same order as the CPU's float32 kernel
             ref = ptl.tensor(dx0.astype(np.float32))
             C.layer_maxpool5_backward(ptl.tensor(x.astype(np.float32)), ptl.tensor(dy.astype(np.float32)), ref, acc)
@@ -654,7 +666,7 @@ def test_maxpool_nan_propagates():
     x[0, 3, 3, 0] = -np.inf
     dy = np.random.default_rng(14).standard_normal(x.shape).astype(np.float32)
     dx = gpu(np.zeros(x.shape))
-    C.layer_maxpool5_backward(gpu(x), gpu(dy), dx, False)
+    maxpool_backward(gpu(x), gpu(dy), dx, False)
     ref = ptl.tensor(np.zeros(x.shape, np.float32))
     C.layer_maxpool5_backward(ptl.tensor(x.astype(np.float32)), ptl.tensor(dy), ref, False)
     assert np.array_equal(host(dx), N(ref))
@@ -669,7 +681,7 @@ def test_maxpool_backward_windows_of_minus_infinity(channels):
     dy = np.random.default_rng(15).standard_normal(x.shape).astype(np.float32)
     for acc in (False, True):
         dx = gpu(np.ones(x.shape))
-        C.layer_maxpool5_backward(gpu(x), gpu(dy), dx, acc)
+        maxpool_backward(gpu(x), gpu(dy), dx, acc)
         ref = ptl.tensor(np.ones(x.shape, np.float32))
         C.layer_maxpool5_backward(ptl.tensor(x.astype(np.float32)), ptl.tensor(dy), ref, acc)
         assert np.array_equal(host(dx), N(ref))

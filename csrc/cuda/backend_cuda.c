@@ -60,22 +60,29 @@ fail:
 /* the layer rows (executor.h's ptl_net_call) */
 #define IN(c) (c)->in[0]
 
+/* A training forward keeps each output's argmax cell (c->kept), so that the backward is a gather alone. */
 static int cuda_maxpool_forward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
 {
     return ptl_maxpool5_forward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_IN_AT(c, data),
-                                     PTL_NET_OUT_AT(c, data));
+                                     PTL_NET_OUT_AT(c, data), c->kept);
 }
 
 static int cuda_maxpool_backward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
 {
-    return ptl_maxpool5_backward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_IN_AT(c, data),
+    return ptl_maxpool5_backward_cuda(ctx, c->dt, PTL_NET_CALL_NHWC_SLICE(c), PTL_NET_IN_AT(c, data), c->kept,
                                       PTL_NET_OUT_AT(c, grad), ptl_net_arg_at(IN(c).grad, &IN(c), c->dt),
                                       IN(c).accumulate);
 }
 
-static size_t cuda_maxpool_scratch_bytes(const ptl_net_call *c)
+static size_t cuda_maxpool_kept_bytes(const ptl_net_call *c)
 {
     return ptl_maxpool5_cuda_scratch_bytes(c->B, IN(c).h, IN(c).w, IN(c).nc);
+}
+
+/* a backward without kept argmaxes finds them in the layer scratch */
+static size_t cuda_maxpool_scratch_bytes(const ptl_net_call *c)
+{
+    return c->kept ? 0 : ptl_maxpool5_cuda_scratch_bytes(c->B, IN(c).h, IN(c).w, IN(c).nc);
 }
 
 static int cuda_upsample_forward(ptl_cuda_ctx *ctx, const ptl_net_call *c)
@@ -232,7 +239,7 @@ const ptl_net_backend ptl_net_backend_cuda = {
     .layer = {PTL_NET_CAT_LAYER,
               [PTL_OP_ADD] = {cuda_add_forward, cuda_add_backward, .slices = PTL_NET_SLICE_OUT},
               [PTL_OP_POOL] = {cuda_maxpool_forward, cuda_maxpool_backward, cuda_maxpool_scratch_bytes,
-                               .slices = PTL_NET_SLICE_IN | PTL_NET_SLICE_OUT},
+                               .slices = PTL_NET_SLICE_IN | PTL_NET_SLICE_OUT, .kept_bytes = cuda_maxpool_kept_bytes},
               [PTL_OP_UP] = {cuda_upsample_forward, cuda_upsample_backward, .slices = PTL_NET_SLICE_IN | PTL_NET_SLICE_OUT},
               [PTL_OP_ATTN] = {cuda_attention_forward, cuda_attention_backward, cuda_attention_scratch_bytes, 1}},
     .head_out = ptl_net_head_out_cuda,

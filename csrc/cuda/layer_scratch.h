@@ -25,7 +25,7 @@ int ptl_layers_cuda_scratch(struct ptl_cuda_ctx *ctx, size_t bytes, void **out);
 uint64_t ptl_layers_cuda_scratch_generation(struct ptl_cuda_ctx *ctx);
 size_t ptl_batchnorm_cuda_scratch_bytes(int64_t m, int c);
 size_t ptl_attention_cuda_scratch_bytes(ptl_dtype dt, int n, int heads);
-size_t ptl_maxpool5_cuda_scratch_bytes(int n, int h, int w, int c); /* the backward's argmaxes */
+size_t ptl_maxpool5_cuda_scratch_bytes(int n, int h, int w, int c); /* the argmaxes, one byte a channel */
 
 #ifdef __cplusplus
 }

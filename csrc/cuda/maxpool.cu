@@ -48,24 +48,42 @@ __device__ __forceinline__ void maxpool_windows(int64_t groups, int h, int w, in
     }
 }
 
-template <typename T, int V>
-__global__ void maxpool_fwd_kernel(int64_t groups, int h, int w, int c, const T *x, int ldx, T *y, int ldy)
+/* The argmax rule of the CPU backward, one candidate at a time in scan order: the first strictly greater value,
+ * a NaN replacing a number, the first cell inside the image if nothing else wins (all of them -inf). */
+__device__ __forceinline__ void maxpool_take_argmax(float f, int index, float &best, int &at)
+{
+    if (f > best || (f != f && best == best) || at < 0) {
+        best = f;
+        at = index;
+    }
+}
+
+/* The forward; with ARG it also writes each output's argmax cell (as maxpool_argmax_kernel below) into arg, what
+ * a training forward keeps for its backward, so that the backward is the gather alone. */
+template <typename T, int V, bool ARG>
+__global__ void maxpool_fwd_kernel(int64_t groups, int h, int w, int c, const T *x, int ldx, T *y, int ldy,
+                                   uint8_t *arg)
 {
     ptl_wait_prior();
-    float best[V];
+    float best[V], first[V];
+    int at[V];
     maxpool_windows<T, V>(
         groups, h, w, c, x, ldx,
         [&]() {
 #pragma unroll
-            for (int k = 0; k < V; k++)
-                best[k] = -INFINITY;
+            for (int k = 0; k < V; k++) {
+                best[k] = first[k] = -INFINITY;
+                at[k] = -1;
+            }
         },
-        [&](const ptl_pack<T, V> &v, int, bool inside) {
+        [&](const ptl_pack<T, V> &v, int index, bool inside) {
 #pragma unroll
             for (int k = 0; k < V; k++) {
                 const float f = ptl_ld(&v.v[k]);
                 if (inside && (f > best[k] || f != f))
                     best[k] = f;
+                if (ARG && inside)
+                    maxpool_take_argmax(f, index, first[k], at[k]);
             }
         },
         [&](int64_t pix, int ch) {
@@ -74,14 +92,20 @@ __global__ void maxpool_fwd_kernel(int64_t groups, int h, int w, int c, const T 
             for (int k = 0; k < V; k++)
                 ptl_st(&out.v[k], best[k]);
             *reinterpret_cast<ptl_pack<T, V> *>(y + pix * ldy + ch) = out;
+            if (ARG) {
+                ptl_pack<uint8_t, V> a;
+#pragma unroll
+                for (int k = 0; k < V; k++)
+                    a.v[k] = (uint8_t)at[k];
+                *reinterpret_cast<ptl_pack<uint8_t, V> *>(arg + pix * c + ch) = a;
+            }
         });
 }
 
 /* Backward, in two launches: the argmax of every output's window (its cell, 0..K*K-1 row-major, one byte a
- * channel, into the layer scratch), then a gather: each input sums, in output scan order, the gradients of the
- * up to 25 outputs whose windows contain it and whose argmax is its cell. The argmax follows the CPU backward's
- * rule, one candidate at a time in scan order: the first strictly greater value, a NaN replacing a number, the
- * first cell inside the image if nothing else wins (all of them -inf). Each launch is a thread per pixel and V
+ * channel, into the layer scratch; skipped where the forward kept them), then a gather: each input sums, in
+ * output scan order, the gradients of the up to 25 outputs whose windows contain it and whose argmax is its
+ * cell. The argmax follows maxpool_take_argmax's rule. Each launch is a thread per pixel and V
  * channels, as the forward: 9 + 5 us at yolo26n's SPPF (b4, 20x20x128, H100), where one kernel finding the
  * argmaxes of a tile and its halo in shared memory took 19 us, issue-bound on its index arithmetic. */
 template <typename T, int V>
@@ -104,13 +128,8 @@ __global__ void maxpool_argmax_kernel(int64_t groups, int h, int w, int c, const
             if (!inside)
                 return;
 #pragma unroll
-            for (int k = 0; k < V; k++) {
-                const float f = ptl_ld(&v.v[k]);
-                if (f > best[k] || (f != f && best[k] == best[k]) || at[k] < 0) {
-                    best[k] = f;
-                    at[k] = index;
-                }
-            }
+            for (int k = 0; k < V; k++)
+                maxpool_take_argmax(ptl_ld(&v.v[k]), index, best[k], at[k]);
         },
         [&](int64_t pix, int ch) {
             ptl_pack<uint8_t, V> out;
@@ -172,20 +191,31 @@ __global__ void maxpool_gather_kernel(int64_t groups, int h, int w, int c, const
     }
 }
 
+/* One forward launch at V channels a thread, writing the argmaxes too where arg is given. */
+template <typename T, int V>
+static void maxpool_forward_launch(ptl_cuda_ctx *ctx, int64_t total, int h, int w, int c, const T *x, int ldx, T *y,
+                                   int ldy, uint8_t *arg)
+{
+    if (arg)
+        ptl_launch(maxpool_fwd_kernel<T, V, true>, ptl_grid_for(total / V, 256), 256, 0, ctx->stream, total / V, h, w,
+                   c, x, ldx, y, ldy, arg);
+    else
+        ptl_launch(maxpool_fwd_kernel<T, V, false>, ptl_grid_for(total / V, 256), 256, 0, ctx->stream, total / V, h,
+                   w, c, x, ldx, y, ldy, arg);
+}
+
 extern "C" int ptl_maxpool5_forward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x,
-                                         int ldx, void *y, int ldy)
+                                         int ldx, void *y, int ldy, uint8_t *arg)
 {
     const int64_t total = (int64_t)n * h * w * c;
     if (ptl_nn_check_pixels("maxpool5_forward_cuda", n, h, w, c, ldx, ldy))
         return -1;
     PTL_LAYER_DISPATCH("maxpool5_forward_cuda", dt, {
         constexpr int V = 16 / sizeof(T);
-        if (ptl_vec_ok(c, V, x, y, y) && ldx % V == 0 && ldy % V == 0)
-            ptl_launch(maxpool_fwd_kernel<T, V>, ptl_grid_for(total / V, 256), 256, 0, ctx->stream, total / V, h, w,
-                       c, (const T *)x, ldx, (T *)y, ldy);
+        if (ptl_vec_ok(c, V, x, y, y) && ldx % V == 0 && ldy % V == 0 && (uintptr_t)arg % V == 0)
+            maxpool_forward_launch<T, V>(ctx, total, h, w, c, (const T *)x, ldx, (T *)y, ldy, arg);
         else
-            ptl_launch(maxpool_fwd_kernel<T, 1>, ptl_grid_for(total, 256), 256, 0, ctx->stream, total, h, w, c,
-                       (const T *)x, ldx, (T *)y, ldy);
+            maxpool_forward_launch<T, 1>(ctx, total, h, w, c, (const T *)x, ldx, (T *)y, ldy, arg);
     });
     PTL_LAUNCH_CHECK("maxpool_fwd_kernel");
     return 0;
@@ -198,32 +228,43 @@ extern "C" size_t ptl_maxpool5_cuda_scratch_bytes(int n, int h, int w, int c)
     return n > 0 && h > 0 && w > 0 && c > 0 ? (size_t)n * h * w * c : 0;
 }
 
+/* The backward at V channels a thread: the argmaxes into the scratch where arg is NULL, then the gather. */
+template <typename T, int V>
+static int maxpool_backward_launch(ptl_cuda_ctx *ctx, int64_t total, int h, int w, int c, const T *x, int ldx,
+                                   const uint8_t *arg, uint8_t *scratch, const T *dy, int ldy, T *dx, int accumulate)
+{
+    if (!arg) {
+        ptl_launch(maxpool_argmax_kernel<T, V>, ptl_grid_for(total / V, 256), 256, 0, ctx->stream, total / V, h, w, c,
+                   x, ldx, scratch);
+        PTL_LAUNCH_CHECK("maxpool_argmax_kernel");
+        arg = scratch;
+    }
+    ptl_launch(maxpool_gather_kernel<T, V>, ptl_grid_for(total / V, 256), 256, 0, ctx->stream, total / V, h, w, c, arg,
+               dy, ldy, dx, ldx, accumulate);
+    PTL_LAUNCH_CHECK("maxpool_gather_kernel");
+    return 0;
+fail:
+    return -1;
+}
+
 extern "C" int ptl_maxpool5_backward_cuda(ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c,
-                                          const void *x, int ldx, const void *dy, int ldy, void *dx, int accumulate)
+                                          const void *x, int ldx, const uint8_t *arg, const void *dy, int ldy,
+                                          void *dx, int accumulate)
 {
     const int64_t total = (int64_t)n * h * w * c;
     void *scratch = NULL;
     if (ptl_nn_check_pixels("maxpool5_backward_cuda", n, h, w, c, ldx, ldy) ||
-        ptl_layers_cuda_scratch(ctx, ptl_maxpool5_cuda_scratch_bytes(n, h, w, c), &scratch))
+        (!arg && ptl_layers_cuda_scratch(ctx, ptl_maxpool5_cuda_scratch_bytes(n, h, w, c), &scratch)))
         return -1;
-    uint8_t *arg = (uint8_t *)scratch;
     PTL_LAYER_DISPATCH("maxpool5_backward_cuda", dt, {
         constexpr int V = 16 / sizeof(T);
-        if (ptl_vec_ok(c, V, x, dy, dx) && ldx % V == 0 && ldy % V == 0) {
-            ptl_launch(maxpool_argmax_kernel<T, V>, ptl_grid_for(total / V, 256), 256, 0, ctx->stream, total / V, h,
-                       w, c, (const T *)x, ldx, arg);
-            PTL_LAUNCH_CHECK("maxpool_argmax_kernel");
-            ptl_launch(maxpool_gather_kernel<T, V>, ptl_grid_for(total / V, 256), 256, 0, ctx->stream, total / V, h,
-                       w, c, (const uint8_t *)arg, (const T *)dy, ldy, (T *)dx, ldx, accumulate);
-        } else {
-            ptl_launch(maxpool_argmax_kernel<T, 1>, ptl_grid_for(total, 256), 256, 0, ctx->stream, total, h, w, c,
-                       (const T *)x, ldx, arg);
-            PTL_LAUNCH_CHECK("maxpool_argmax_kernel");
-            ptl_launch(maxpool_gather_kernel<T, 1>, ptl_grid_for(total, 256), 256, 0, ctx->stream, total, h, w, c,
-                       (const uint8_t *)arg, (const T *)dy, ldy, (T *)dx, ldx, accumulate);
-        }
+        const int vec = ptl_vec_ok(c, V, x, dy, dx) && ldx % V == 0 && ldy % V == 0 && (uintptr_t)arg % V == 0;
+        if (vec ? maxpool_backward_launch<T, V>(ctx, total, h, w, c, (const T *)x, ldx, arg, (uint8_t *)scratch,
+                                                (const T *)dy, ldy, (T *)dx, accumulate)
+                : maxpool_backward_launch<T, 1>(ctx, total, h, w, c, (const T *)x, ldx, arg, (uint8_t *)scratch,
+                                                (const T *)dy, ldy, (T *)dx, accumulate))
+            goto fail;
     });
-    PTL_LAUNCH_CHECK("maxpool_gather_kernel");
     return 0;
 fail:
     return -1;

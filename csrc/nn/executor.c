@@ -107,6 +107,10 @@ static void free_slot(ptl_net_exec *x, ptl_net_slot *s)
         }
     bfree(x, &s->arena);
     bfree(x, &s->saved);
+    bfree(x, &s->kept);
+    free(s->kept_off);
+    s->kept_off = NULL;
+    s->kept_bytes = 0;
     for (int k = 0; k < PTL_NET_QUEUES; k++) {
         bfree(x, &s->ws[k]);
         s->ws_bytes[k] = 0;
@@ -272,6 +276,38 @@ static void arena_workspaces(const ptl_net_exec *x, const ptl_net_slot *s, int f
     }
 }
 
+/* Slot s's (the current one's) kept bytes: each op's whose backend row keeps some for its backward
+ * (ptl_net_layer.kept_bytes), in one buffer; a forward-only layout keeps none. */
+static int fill_kept(ptl_net_exec *x, ptl_net_slot *s)
+{
+    const ptl_network *net = x->net;
+    int64_t *off = malloc((size_t)(net->nops ? net->nops : 1) * sizeof *off);
+    size_t total = 0;
+    if (!off)
+        return oom();
+    for (int i = 0; i < net->nops; i++) {
+        const ptl_net_op *op = &net->ops[i];
+        size_t (*bytes)(const ptl_net_call *) = has_own_case(op->kind) ? NULL : x->be->layer[op->kind].kept_bytes;
+        off[i] = -1;
+        if (bytes && !s->L.forward_only) {
+            ptl_net_call c;
+            make_call(x, i, 0, 0, &c);
+            const size_t b = bytes(&c);
+            if (b) {
+                off[i] = (int64_t)total;
+                total += (b + 255) & ~(size_t)255;
+            }
+        }
+    }
+    PTL_CHECK(balloc(x, total, &s->kept));
+    s->kept_off = off;
+    s->kept_bytes = total;
+    return 0;
+fail:
+    free(off);
+    return -1;
+}
+
 /* Allocates slot s's (the current one's) buffers for its layout and plans. */
 static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
 {
@@ -282,6 +318,7 @@ static int fill_slot(ptl_net_exec *x, ptl_net_slot *s)
     const int wgrad = x->side_lag && x->side[PTL_NET_SIDE_WGRAD] && !L->forward_only;
     PTL_CHECK(balloc(x, (size_t)L->arena_numel * x->csz, &s->arena));
     PTL_CHECK(balloc(x, (size_t)L->saved_numel * x->csz, &s->saved));
+    PTL_CHECK(fill_kept(x, s)); /* before the scratch: a row's kept bytes may spare it its scratch */
     for (int i = 0; i < net->nops; i++) {
         const ptl_net_op *op = &net->ops[i];
         /* a branch op's calls run on its queue, its parameter gradients on their own queue where they lag
@@ -801,7 +838,7 @@ void ptl_net_exec_memory(const ptl_net_exec *x, int64_t *fixed_bytes, int64_t *s
     for (int k = 0; k < PTL_NET_SHAPES; k++) {
         const ptl_net_slot *s = &x->slot[k];
         if (s->L.B)
-            shape += (s->L.arena_numel + s->L.saved_numel) * (int64_t)x->csz +
+            shape += (s->L.arena_numel + s->L.saved_numel) * (int64_t)x->csz + (int64_t)s->kept_bytes +
                      2 * (int64_t)s->L.B * s->L.A * (4 + net->nc) * (int64_t)x->msz;
         for (int q = 0; s->L.B && q < PTL_NET_QUEUES; q++)
             shape += (int64_t)s->ws_bytes[q];
@@ -879,6 +916,7 @@ static void make_call(ptl_net_exec *x, int i, int backward, int want_input_grad,
             c->nout++;
         }
     c->saved = AT(S->saved.ptr, S->L.saved_off[i]);
+    c->kept = S->kept_off && S->kept_off[i] >= 0 ? (char *)S->kept.ptr + S->kept_off[i] : NULL;
     for (int k = 0; k < op->nparams; k++) {
         c->params[k] = PAR(x->params, op->param[k]);
         c->grads[k] = fz & (1u << k) ? NULL : PAR(x->grads, op->param[k]);

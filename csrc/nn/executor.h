@@ -122,6 +122,8 @@ typedef struct {
     int nin, nout;
     ptl_net_arg in[PTL_NET_MAX_PARTS], out[2];
     void *saved; /* ptl_net_op_saved_numel elements, written by the forward for the backward */
+    void *kept;  /* the backend's own bytes for the backward (its row's kept_bytes; NULL: none, or a
+                  * forward-only layout's call) */
     const void *params[PTL_NET_MAX_OP_PARAMS];
     void *grads[PTL_NET_MAX_OP_PARAMS]; /* the backward adds (NULL: frozen) */
     void *buffers[PTL_NET_MAX_OP_BUFFERS];
@@ -140,6 +142,8 @@ typedef struct {
     int slices;     /* net_plan.h's PTL_NET_SLICE_* its kernels take: inputs (and their gradients) read at
                      * in[j].c0 in rows of in[j].c, the output written at out[0].c0 (out[0].nc channels) in rows
                      * of out[0].c, for a Concat built in place */
+    size_t (*kept_bytes)(const ptl_net_call *c); /* the bytes of its own that a training forward keeps for the
+                                                    * backward, at the call's `kept` (NULL: none) */
 } ptl_net_layer;
 
 /* Add and Concat (copy_layers.c): rows written once over the calling backend's add, accumulate, copy and
@@ -352,6 +356,9 @@ enum {
 typedef struct {
     ptl_net_layout L;            /* B == 0: empty */
     ptl_net_buf arena, saved, out[2][2]; /* arena: activations, gradients, scratch (layout L) */
+    ptl_net_buf kept;            /* the layer rows' kept bytes, op i's at kept_off[i] (-1: none) */
+    int64_t *kept_off;
+    size_t kept_bytes;
     ptl_net_buf ws[PTL_NET_QUEUES];     /* each queue's conv workspace, when it has one */
     size_t ws_bytes[PTL_NET_QUEUES];
     void **plans;                /* per op (convs only) */

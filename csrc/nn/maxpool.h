@@ -23,10 +23,14 @@ int ptl_maxpool5_backward(ptl_dtype dt, int n, int h, int w, int c, const void *
 
 #ifdef PTL_WITH_CUDA
 struct ptl_cuda_ctx;
+/* arg (NULL: none), n h w c bytes: each output channel's argmax cell (0..24, rows first), which the forward
+ * writes for the backward to read (what a training forward keeps, executor.h's kept bytes); a backward given
+ * none finds them again. */
 int ptl_maxpool5_forward_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c, const void *x,
-                              int ldx, void *y, int ldy);
+                              int ldx, void *y, int ldy, uint8_t *arg);
 int ptl_maxpool5_backward_cuda(struct ptl_cuda_ctx *ctx, ptl_dtype dt, int n, int h, int w, int c,
-                               const void *x, int ldx, const void *dy, int ldy, void *dx, int accumulate);
+                               const void *x, int ldx, const uint8_t *arg, const void *dy, int ldy, void *dx,
+                               int accumulate);
 #endif
 
 #ifdef __cplusplus

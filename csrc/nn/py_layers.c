@@ -615,21 +615,42 @@ static ptl_net_call layer_call(const kernels *k, const ptl_net_op *op, PtlTensor
     return c;
 }
 
-/* layer_maxpool5_forward(x, y=None, *, cpu_kernels=None) -> y */
+/* The uint8 tensor of x's shape on its device where a CUDA forward keeps (and a backward reads) the argmaxes:
+ * NULL for None; *err set on a bad one. The CPU kernels find the argmaxes again in their backward. */
+static PtlTensor *argmax_arg(PyObject *m, PyObject *obj, PtlTensor *x, int *err)
+{
+    if (!obj || obj == Py_None)
+        return NULL;
+    if (x->storage->device.type == PTL_CPU) {
+        PyErr_SetString(PyExc_ValueError, "argmax: kept by the CUDA kernels only (the CPU's backward finds them)");
+        *err = 1;
+        return NULL;
+    }
+    PtlTensor *t = ptl_tensor_arg(m, obj, "argmax", PTL_UINT8, &x->storage->device, 4, x->shape);
+    *err = !t;
+    return t;
+}
+
+/* layer_maxpool5_forward(x, y=None, *, argmax=None, cpu_kernels=None) -> y */
 static PyObject *py_maxpool5_forward(PyObject *m, PyObject *args, PyObject *kwargs)
 {
-    static char *kw[] = {"x", "y", "cpu_kernels", NULL};
-    PyObject *xo, *yo = NULL;
+    static char *kw[] = {"x", "y", "argmax", "cpu_kernels", NULL};
+    PyObject *xo, *yo = NULL, *ao = NULL;
     const char *kn = NULL;
+    int err = 0;
     kernels k;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$z:layer_maxpool5_forward", kw, &xo, &yo, &kn))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$Oz:layer_maxpool5_forward", kw, &xo, &yo, &ao, &kn))
         return NULL;
     PtlTensor *x = arg(m, xo, "x", NULL, 4, NULL), *y;
-    if (!x || kernels_of(m, x, kn, &k) || !(y = out_arg(m, yo, "y", x, 4, x->shape, x->dtype)))
+    if (!x || kernels_of(m, x, kn, &k))
+        return NULL;
+    PtlTensor *am = argmax_arg(m, ao, x, &err);
+    if (err || !(y = out_arg(m, yo, "y", x, 4, x->shape, x->dtype)))
         return NULL;
     const ptl_net_op op = {.kind = PTL_OP_POOL};
     ptl_net_call c = layer_call(&k, &op, x, ptl_tensor_data(x), NULL, 0);
     c.out[c.nout++] = nhwc_arg(y, ptl_tensor_data(y), NULL);
+    c.kept = data_or_null(am);
     RUN(k.be->layer[PTL_OP_POOL].forward(k.ctx, &c));
     return (PyObject *)y;
 fail:
@@ -637,23 +658,28 @@ fail:
     return NULL;
 }
 
-/* layer_maxpool5_backward(x, dy, dx, accumulate, *, cpu_kernels=None) */
+/* layer_maxpool5_backward(x, dy, dx, accumulate, *, argmax=None, cpu_kernels=None) */
 static PyObject *py_maxpool5_backward(PyObject *m, PyObject *args, PyObject *kwargs)
 {
-    static char *kw[] = {"x", "dy", "dx", "accumulate", "cpu_kernels", NULL};
-    PyObject *xo, *dyo, *dxo;
+    static char *kw[] = {"x", "dy", "dx", "accumulate", "argmax", "cpu_kernels", NULL};
+    PyObject *xo, *dyo, *dxo, *ao = NULL;
     const char *kn = NULL;
-    int acc;
+    int acc, err = 0;
     kernels k;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOp|$z:layer_maxpool5_backward", kw, &xo, &dyo, &dxo, &acc, &kn))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOp|$Oz:layer_maxpool5_backward", kw, &xo, &dyo, &dxo, &acc,
+                                     &ao, &kn))
         return NULL;
     PtlTensor *x = arg(m, xo, "x", NULL, 4, NULL), *dy, *dx;
     if (!x || !(dy = arg(m, dyo, "dy", x, 4, x->shape)) || !(dx = arg(m, dxo, "dx", x, 4, x->shape)) ||
         kernels_of(m, x, kn, &k))
         return NULL;
+    PtlTensor *am = argmax_arg(m, ao, x, &err);
+    if (err)
+        return NULL;
     const ptl_net_op op = {.kind = PTL_OP_POOL};
     ptl_net_call c = layer_call(&k, &op, x, ptl_tensor_data(x), ptl_tensor_data(dx), acc);
     c.out[c.nout++] = nhwc_arg(dy, NULL, ptl_tensor_data(dy));
+    c.kept = data_or_null(am);
     RUN(k.be->layer[PTL_OP_POOL].backward(k.ctx, &c));
     Py_RETURN_NONE;
 fail:
@@ -1107,8 +1133,9 @@ static PyMethodDef methods[] = {
      "(x, dy, gamma, beta, save_mean, save_invstd, training, act, dx, dgamma|None, dbeta|None, *, cpu_kernels=None)"},
     {"layer_silu_forward", KEYWORDS(py_silu_forward), "(x, y=None, *, cpu_kernels=None) -> silu(x)"},
     {"layer_silu_backward", KEYWORDS(py_silu_backward), "(x, dy, dx=None, *, cpu_kernels=None) -> dx"},
-    {"layer_maxpool5_forward", KEYWORDS(py_maxpool5_forward), "(x, y=None, *, cpu_kernels=None) -> y"},
-    {"layer_maxpool5_backward", KEYWORDS(py_maxpool5_backward), "(x, dy, dx, accumulate, *, cpu_kernels=None)"},
+    {"layer_maxpool5_forward", KEYWORDS(py_maxpool5_forward), "(x, y=None, *, argmax=None, cpu_kernels=None) -> y"},
+    {"layer_maxpool5_backward", KEYWORDS(py_maxpool5_backward),
+     "(x, dy, dx, accumulate, *, argmax=None, cpu_kernels=None)"},
     {"layer_upsample2x_forward", KEYWORDS(py_upsample2x_forward), "(x, y=None, *, cpu_kernels=None) -> y"},
     {"layer_upsample2x_backward", KEYWORDS(py_upsample2x_backward), "(dy, dx, accumulate, *, cpu_kernels=None)"},
     {"layer_concat_forward", py_concat_forward, METH_O, "([x0, x1, ...]) -> y"},
