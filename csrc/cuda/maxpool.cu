@@ -4,7 +4,8 @@
  * the window scanned rows first and a value taking over only when strictly greater (or NaN), as on the
  * CPU. Backward: a gather instead of the CPU's scatter, with the same result bit for bit: each input sums,
  * in output scan order, the gradients of the outputs (of the up to 25 whose windows contain it) whose
- * first maximum it is, so no atomics are needed; the argmaxes are found first, into the layer scratch. */
+ * first maximum it is, so no atomics are needed. The argmaxes are those a training forward kept (the executor's
+ * kept bytes), or else are found first, into the layer scratch. */
 #include <math.h>
 
 #include "../nn/maxpool.h"
