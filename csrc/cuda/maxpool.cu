@@ -49,18 +49,28 @@ __device__ __forceinline__ void maxpool_windows(int64_t groups, int h, int w, in
     }
 }
 
-/* The argmax rule of the CPU backward, one candidate at a time in scan order: the first strictly greater value,
- * a NaN replacing a number, the first cell inside the image if nothing else wins (all of them -inf). */
+/* The argmax rule of the CPU backward, one candidate at a time in scan order from best = -inf, at = -1: the first
+ * strictly greater value, a NaN replacing a number. The rule's last case, the first cell inside the image where
+ * nothing else wins (all of them -inf), is maxpool_argmax_or_first once the window is done, which keeps a test
+ * out of the 25 cells' chain. */
 __device__ __forceinline__ void maxpool_take_argmax(float f, int index, float &best, int &at)
 {
-    if (f > best || (f != f && best == best) || at < 0) {
+    if (f > best || (f != f && best == best)) {
         best = f;
         at = index;
     }
 }
 
+__device__ __forceinline__ int maxpool_argmax_or_first(int at, int64_t pix, int h, int w)
+{
+    const int ox = (int)(pix % w), oy = (int)((pix / w) % h);
+    return at >= 0 ? at : (oy < R ? R - oy : 0) * PTL_MAXPOOL_K + (ox < R ? R - ox : 0);
+}
+
 /* The forward; with ARG it also writes each output's argmax cell (as maxpool_argmax_kernel below) into arg, what
- * a training forward keeps for its backward, so that the backward is the gather alone. */
+ * a training forward keeps for its backward, so that the backward is the gather alone. The argmax's value is then
+ * the output, but for the NaN kept: the first of the window, where the forward keeps the last. A 2-byte store
+ * rounds every NaN to the canonical one, so there the two are the same bits and only float keeps both. */
 template <typename T, int V, bool ARG>
 __global__ void maxpool_fwd_kernel(int64_t groups, int h, int w, int c, const T *x, int ldx, T *y, int ldy,
                                    uint8_t *arg)
@@ -81,7 +91,7 @@ __global__ void maxpool_fwd_kernel(int64_t groups, int h, int w, int c, const T 
 #pragma unroll
             for (int k = 0; k < V; k++) {
                 const float f = ptl_ld(&v.v[k]);
-                if (inside && (f > best[k] || f != f))
+                if (inside && (!ARG || sizeof(T) == 4) && (f > best[k] || f != f))
                     best[k] = f;
                 if (ARG && inside)
                     maxpool_take_argmax(f, index, first[k], at[k]);
@@ -91,13 +101,13 @@ __global__ void maxpool_fwd_kernel(int64_t groups, int h, int w, int c, const T 
             ptl_pack<T, V> out;
 #pragma unroll
             for (int k = 0; k < V; k++)
-                ptl_st(&out.v[k], best[k]);
+                ptl_st(&out.v[k], ARG && sizeof(T) == 2 ? first[k] : best[k]);
             *reinterpret_cast<ptl_pack<T, V> *>(y + pix * ldy + ch) = out;
             if (ARG) {
                 ptl_pack<uint8_t, V> a;
 #pragma unroll
                 for (int k = 0; k < V; k++)
-                    a.v[k] = (uint8_t)at[k];
+                    a.v[k] = (uint8_t)maxpool_argmax_or_first(at[k], pix, h, w);
                 *reinterpret_cast<ptl_pack<uint8_t, V> *>(arg + pix * c + ch) = a;
             }
         });
@@ -136,7 +146,7 @@ __global__ void maxpool_argmax_kernel(int64_t groups, int h, int w, int c, const
             ptl_pack<uint8_t, V> out;
 #pragma unroll
             for (int k = 0; k < V; k++)
-                out.v[k] = (uint8_t)at[k];
+                out.v[k] = (uint8_t)maxpool_argmax_or_first(at[k], pix, h, w);
             *reinterpret_cast<ptl_pack<uint8_t, V> *>(arg + pix * c + ch) = out;
         });
 }
