@@ -295,7 +295,7 @@ static int fill_kept(ptl_net_exec *x, ptl_net_slot *s)
             const size_t b = bytes(&c);
             if (b) {
                 off[i] = (int64_t)total;
-                total += (b + PTL_NET_ALIGN - 1) / PTL_NET_ALIGN * PTL_NET_ALIGN;
+                total += (size_t)ptl_net_align_up((int64_t)b);
             }
         }
     }

@@ -7,8 +7,6 @@
 
 _Static_assert(PTL_NET_MAX_PARTS <= 8, "an op's grad_in and keep_in hold a bit per input");
 
-static int64_t align_up(int64_t n) { return (n + PTL_NET_ALIGN - 1) / PTL_NET_ALIGN * PTL_NET_ALIGN; }
-
 static int is_conv(const ptl_net_op *op) { return op->kind == PTL_OP_CONV || op->kind == PTL_OP_CONV_BIAS; }
 
 static int oom(void) { return ptl_set_error(PTL_ERR_MEMORY, "network plan: out of host memory"); }
@@ -351,11 +349,11 @@ int ptl_net_wtab_build(const ptl_network *net, int cast_biases, ptl_net_wtab *wt
         const int cin_g = op->cin / op->g;
         wt->tab[n++] = (ptl_wcast_entry){op->param[PTL_CONV_W], cursor, op->cout, cin_g, op->k, 0};
         wt->op_w[i] = cursor;
-        cursor += align_up((int64_t)op->cout * cin_g * op->k * op->k);
+        cursor += ptl_net_align_up((int64_t)op->cout * cin_g * op->k * op->k);
         if (op->kind == PTL_OP_CONV_BIAS && cast_biases) {
             wt->tab[n++] = (ptl_wcast_entry){op->param[PTL_CONV_BIAS], cursor, op->cout, 1, 1, 0};
             wt->op_b[i] = cursor;
-            cursor += align_up(op->cout);
+            cursor += ptl_net_align_up(op->cout);
         }
     }
     wt->n = n;
@@ -677,10 +675,10 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
     L->W = W;
     for (int v = 0; v < nv; v++) {
         const int64_t n = ptl_net_value_dims(net, L, v).m * net->values[v].C;
-        size[v] = size[nv + v] = align_up(n);
+        size[v] = size[nv + v] = ptl_net_align_up(n);
         maxv = n > maxv ? n : maxv;
     }
-    size[2 * nv] = align_up(maxv);
+    size[2 * nv] = ptl_net_align_up(maxv);
     const int fwd_only = !!(flags & PTL_NET_FORWARD_ONLY);
     activation_lives(net, fwd_only, born, dies);
     for (int v = 0; v < nv; v++) {
@@ -701,7 +699,7 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
         born[s] = dies[s] = -1;
     for (int k = 0; k < 2 * net->nops; k++) {
         const int i = k / 2, step = k % 2, t = step ? bwd_time(net, net->nops - 1 - i) : fwd_time(i);
-        size[nw + k] = align_up(op_ws && (!step || !fwd_only) ? op_ws[k] : 0);
+        size[nw + k] = ptl_net_align_up(op_ws && (!step || !fwd_only) ? op_ws[k] : 0);
         if (size[nw + k] > 0)
             born[nw + k] = dies[nw + k] = t;
     }
@@ -761,7 +759,7 @@ int ptl_net_layout_build(const ptl_network *net, const ptl_net_grad_plan *gp, in
         const ptl_net_op *op = &net->ops[i];
         const ptl_net_dims d = op->nin ? ptl_net_value_dims(net, L, op->ins[0].value) : (ptl_net_dims){0, 0, 0};
         L->saved_off[i] = saved;
-        saved += align_up(ptl_net_op_saved_numel(op, B, d.h, d.w));
+        saved += ptl_net_align_up(ptl_net_op_saved_numel(op, B, d.h, d.w));
     }
     L->saved_numel = saved;
     L->A = 0;

@@ -15,6 +15,7 @@ extern "C" {
 /* Elements every device sub-buffer starts on: 256 bytes for float32, what cuDNN's vectorised kernels
  * like (the CPU kernels do not care). */
 #define PTL_NET_ALIGN 64
+static inline int64_t ptl_net_align_up(int64_t n) { return (n + PTL_NET_ALIGN - 1) / PTL_NET_ALIGN * PTL_NET_ALIGN; }
 
 /* Who writes each gradient first in the backward (ops in reverse; backward step t runs op nops-1-t).
  * A write flagged in `first` overwrites; every other write adds. */
